@@ -1,0 +1,814 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/idemkit/idem/internal/commit"
+	"github.com/idemkit/idem/internal/fault"
+)
+
+// Defaults for the zero values of Options.
+const (
+	// MaxKeyLen is the longest idempotency key in bytes: Stripe's limit of 255
+	// characters, counted in bytes of UTF-8.
+	MaxKeyLen = 255
+	// DefaultRetention is how long a record stays after it completes: Stripe
+	// and the IETF Idempotency-Key draft both suggest at least 24 hours.
+	DefaultRetention = 24 * time.Hour
+	// DefaultPruneInterval is how often the background pruner runs.
+	DefaultPruneInterval = time.Minute
+	// DefaultLockTimeout bounds how long Open waits for the file lock.
+	DefaultLockTimeout = time.Second
+	// DefaultMaxResponseSize is the largest response stored, in bytes (1 MiB).
+	DefaultMaxResponseSize = 1 << 20
+)
+
+// InFlightPolicy says what a call does while another call with the same key
+// runs in this process.
+type InFlightPolicy uint8
+
+const (
+	// InFlightWait: wait for the running call and answer from its outcome.
+	InFlightWait InFlightPolicy = iota
+	// InFlightFail: fail at once with ErrInProgress (the IETF draft's HTTP 409).
+	InFlightFail
+)
+
+// RecoveryPolicy says what to do with an interrupted execution: a started
+// record that no live call owns, after which fn may or may not have had its
+// effect.
+type RecoveryPolicy uint8
+
+const (
+	// RecoverReexecute runs fn again (at-least-once). fn sees CallFrom(ctx)
+	// with Recovered set and the attempt number, so it can reconcile with the
+	// downstream system, passing the same key on.
+	RecoverReexecute RecoveryPolicy = iota
+	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
+	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
+	// expire.
+	RecoverRefuse
+)
+
+// Options configure Open. The zero value of every field means its default; a
+// nil *Options means all defaults.
+type Options struct {
+	// Retention is the retention window, wall-clock: a record expires this long
+	// after it completed (an orphaned started record, after it started). Zero
+	// means DefaultRetention. It is a floor: space may be reclaimed later.
+	Retention time.Duration
+
+	// PruneInterval is the period of the background pruner. Zero means
+	// DefaultPruneInterval; a negative value disables the pruner (call Prune).
+	PruneInterval time.Duration
+
+	// LockTimeout bounds the wait for the file lock, held by any other Open of
+	// the file, in this process or another. Zero means DefaultLockTimeout. The
+	// error then matches bbolt's errors.ErrTimeout.
+	LockTimeout time.Duration
+
+	// InFlight is the policy for concurrent duplicates. Zero is InFlightWait.
+	InFlight InFlightPolicy
+
+	// Recovery is the policy for interrupted executions. Zero is
+	// RecoverReexecute.
+	Recovery RecoveryPolicy
+
+	// MaxResponseSize is the largest response stored, in bytes. Zero means
+	// DefaultMaxResponseSize; negative means no limit. A larger response fails
+	// closed with ErrResponseTooLarge (stored, replayed, never truncated).
+	MaxResponseSize int
+
+	// NoSync skips fsync on every commit. UNSAFE: a crash of the machine (not
+	// just of the process) may lose records, and a lost started record means a
+	// duplicate execution. For tests and benchmarks.
+	NoSync bool
+
+	// Now is the clock, for expiry and record times. Nil means time.Now.
+	Now func() time.Time
+
+	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
+	Outbox OutboxOptions
+
+	// Logger receives the engine's own events (pruning, recovery) at debug
+	// and warn level; keys and responses are never logged. Nil discards.
+	Logger *slog.Logger
+}
+
+// Result describes the answer of Do or DoTx. It is returned beside a non-nil
+// error too.
+type Result struct {
+	// Response is fn's response (nil and empty differ). Callers may modify it:
+	// every caller gets its own copy.
+	Response []byte
+	// Replayed is true when the answer came from the stored record, not from
+	// running fn in this call.
+	Replayed bool
+	// Attempt is the execution the answer comes from, starting at 1.
+	Attempt int
+	// StartedAt and CompletedAt are the record's times (engine clock).
+	StartedAt   time.Time
+	CompletedAt time.Time
+}
+
+// Engine is an open idem file. It is safe for concurrent use.
+type Engine struct {
+	db    *bbolt.DB
+	path  string
+	opts  Options
+	st    store
+	pipe  *commit.Pipeline
+	locks *keyLocks
+	now   func() time.Time
+	log   *slog.Logger
+
+	// ctx is cancelled by Close; every fn's context ends with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.RWMutex // guards closed against calls entering
+	closed   bool
+	calls    sync.WaitGroup // calls in Do, DoTx and operator methods
+	bg       sync.WaitGroup // pruner, dispatcher
+	stopBg   chan struct{}
+	closing  sync.Once
+	shutDone chan struct{}
+	closeErr error
+
+	n counters
+}
+
+type counters struct {
+	replays, executions, conflicts, pruned atomic.Uint64
+}
+
+// Open opens or creates the idem file at path. One Engine holds a file at a
+// time: another Open of the same file, in this process or another, fails after
+// opts.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
+// of another format version fails with ErrFormat and is left as it is.
+func Open(path string, opts *Options) (*Engine, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Retention <= 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.PruneInterval == 0 {
+		o.PruneInterval = DefaultPruneInterval
+	}
+	if o.LockTimeout <= 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.MaxResponseSize == 0 {
+		o.MaxResponseSize = DefaultMaxResponseSize
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{
+		Timeout:      o.LockTimeout,
+		NoSync:       o.NoSync,
+		FreelistType: bbolt.FreelistMapType,
+		NoStatistics: true,
+	})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			err = fmt.Errorf("file is in use by another program or engine (no lock after %v): %w", o.LockTimeout, err)
+		}
+		return nil, &OpError{Op: "open", Key: path, Err: err}
+	}
+	width, err := initFile(db, o.Retention)
+	if err != nil {
+		_ = db.Close()
+		return nil, &OpError{Op: "open", Key: path, Err: err}
+	}
+	e := &Engine{
+		db:       db,
+		path:     path,
+		opts:     o,
+		st:       store{slotWidth: width},
+		locks:    newKeyLocks(),
+		now:      o.Now,
+		log:      o.Logger,
+		stopBg:   make(chan struct{}),
+		shutDone: make(chan struct{}),
+	}
+	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.pipe = commit.New(db, e.committed)
+	if err := e.startOutbox(); err != nil {
+		_ = e.Close()
+		return nil, &OpError{Op: "open", Key: path, Err: err}
+	}
+	if o.PruneInterval > 0 {
+		e.bg.Add(1)
+		go e.pruneLoop(o.PruneInterval)
+	}
+	return e, nil
+}
+
+// Path returns the file's path.
+func (e *Engine) Path() string { return e.path }
+
+// validateKey checks the key rules: non-empty, at most MaxKeyLen bytes (Stripe's
+// limit), valid UTF-8.
+func validateKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty", ErrInvalidKey)
+	case len(key) > MaxKeyLen:
+		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
+	}
+	return nil
+}
+
+// Do runs fn once per idempotency key and records its outcome, so that every
+// later call with the key gets that outcome back instead of running fn again.
+//
+// key is the idempotency key: 1 to MaxKeyLen bytes of UTF-8 (else
+// ErrInvalidKey, nothing stored). fingerprint is the bytes that define "the
+// same request" (canonical arguments, see Fingerprint); the engine stores a
+// 64-bit xxhash of them, and a reused key with a different fingerprint fails
+// with ErrFingerprintMismatch, whatever the record's state.
+//
+// The first call commits a started record (fsync), runs fn with a context
+// that carries CallFrom information and ends on Close, then commits a done
+// record with fn's response and error. A done key replays: Result.Replayed is
+// true, Response is the stored one, and a stored error comes back as *Error
+// with its Code and Message. While a call runs, others with the same key wait
+// for it (InFlightWait) or fail with ErrInProgress (InFlightFail); a waiter
+// whose ctx ends returns ctx.Err() and changes nothing.
+//
+// Outcomes of fn: a response and no error, or a permanent error (returned as
+// *Error wrapping fn's error), are recorded. An error made with Retryable
+// deletes the started record and frees the key. An error that is
+// context.Canceled or DeadlineExceeded, a panic (re-raised in the caller with
+// its value and stack), or a failed commit leave the started record: an
+// interrupted execution that the RecoveryPolicy handles on the next call;
+// waiters then get ErrIncomplete. A response over MaxResponseSize fails closed
+// with ErrResponseTooLarge. Once fn has returned, its outcome is recorded even
+// if ctx ends. After Close, Do returns ErrClosed.
+func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
+	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+		return e.execute(ctx, c, fn)
+	})
+}
+
+// leading is the state of the call that leads a key.
+type leading struct {
+	key       string
+	fp        uint64
+	attempt   int
+	recovered bool
+	prev      *Record // the interrupted execution being recovered, if any
+	// again asks the waiters to try to lead: nothing was stored.
+	again bool
+	// incomplete: fn ended without an outcome; waiters get ErrIncomplete.
+	incomplete bool
+}
+
+// call is the part of Do and DoTx before execution: validation, the replay
+// fast path, the singleflight, and the state machine on the stored record.
+func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
+	exec func(context.Context, *leading) (Result, error)) (Result, error) {
+	if err := validateKey(key); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	if err := e.reentrant(ctx, key); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	if err := e.enter(); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	defer e.calls.Done()
+	fp := xxhash.Sum64(fingerprint)
+
+	// The fast path: a done record answers without the per-key lock, after
+	// the fingerprint check.
+	rec, err := e.load(key)
+	if err != nil {
+		return Result{}, err
+	}
+	if rec != nil && rec.State == StateDone {
+		return e.replay(op, rec, fp)
+	}
+
+	for {
+		f, leader := e.locks.acquire(key, fp)
+		if !leader {
+			if f.fp != fp {
+				e.n.conflicts.Add(1)
+				return Result{}, &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the call in progress has another fingerprint", ErrFingerprintMismatch)}
+			}
+			if e.opts.InFlight == InFlightFail {
+				return Result{}, &OpError{Op: op, Key: key, Err: ErrInProgress}
+			}
+			if err := f.wait(ctx); err != nil {
+				return Result{}, err
+			}
+			if f.again {
+				continue
+			}
+			res := f.res
+			res.Response = cloneBytes(res.Response)
+			return res, f.err
+		}
+		return e.lead(ctx, op, key, fp, f, exec)
+	}
+}
+
+// lead runs the state machine for the leader and publishes its outcome to
+// the waiters, also when exec panics or calls runtime.Goexit.
+func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight,
+	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
+	c := &leading{key: key, fp: fp, attempt: 1}
+	returned := false
+	defer func() {
+		switch {
+		case !returned || c.incomplete:
+			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
+		case c.again:
+			f.again = true
+		default:
+			f.res, f.err = res, err
+		}
+		e.locks.release(key, f)
+	}()
+	res, err = e.decide(ctx, op, c, exec)
+	returned = true
+	return res, err
+}
+
+func (e *Engine) decide(ctx context.Context, op string, c *leading,
+	exec func(context.Context, *leading) (Result, error)) (Result, error) {
+	rec, err := e.load(c.key)
+	if err != nil {
+		c.again = true
+		return Result{}, err
+	}
+	if rec != nil {
+		if rec.Fingerprint != c.fp {
+			e.n.conflicts.Add(1)
+			return Result{}, &OpError{Op: op, Key: c.key, Err: ErrFingerprintMismatch}
+		}
+		if rec.State == StateDone {
+			return e.replay(op, rec, c.fp)
+		}
+		// A started record while we hold the key: nobody owns it.
+		if e.opts.Recovery == RecoverRefuse {
+			return Result{}, &OpError{Op: op, Key: c.key, Err: fmt.Errorf("%w: interrupted execution (attempt %d, started %s); resolve or forget the key",
+				ErrIncomplete, rec.Attempt, rec.StartedAt.UTC().Format(time.RFC3339))}
+		}
+		c.attempt, c.recovered, c.prev = rec.Attempt+1, true, rec
+		e.log.Debug("idem: re-executing an interrupted execution", "attempt", c.attempt)
+	}
+	if err := ctx.Err(); err != nil {
+		c.again = true
+		return Result{}, err
+	}
+	return exec(ctx, c)
+}
+
+// execute is Do's execution: started commit, fn, done commit.
+func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
+	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.putStarted(tx, started) }); err != nil {
+		c.again = true
+		return Result{}, e.writeErr("do", c.key, err)
+	}
+	fault.Point("do-after-started")
+	if err := ctx.Err(); err != nil {
+		// fn has not started: put the key back as it was.
+		c.again = true
+		if rerr := e.pipe.Do(func(tx *bbolt.Tx) error { return e.restore(tx, c) }); rerr != nil {
+			e.log.Warn("idem: cannot remove a started record after cancellation", "err", rerr)
+		}
+		return Result{}, err
+	}
+
+	e.n.executions.Add(1)
+	fnCtx, stop := e.fnContext(ctx, c, false)
+	resp, ferr := fn(fnCtx)
+	stop()
+	fault.Point("do-after-fn")
+
+	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
+	switch {
+	case errors.Is(ferr, ErrRetryable):
+		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.deleteStarted(tx, c.key) }); err != nil {
+			c.incomplete = true
+			return res, errors.Join(ferr, e.writeErr("do", c.key, err))
+		}
+		return res, ferr
+	case errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
+		c.incomplete = true
+		return res, ferr
+	}
+	done := e.doneRecord(started, resp, ferr)
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.putDone(tx, done) }); err != nil {
+		c.incomplete = true
+		return res, e.writeErr("do", c.key, err)
+	}
+	fault.Point("do-after-done")
+	return e.firstAnswer(done, resp, ferr)
+}
+
+// doneRecord builds the done record for fn's outcome, failing closed on a
+// response over the limit.
+func (e *Engine) doneRecord(started *Record, resp []byte, ferr error) *Record {
+	done := *started
+	done.State, done.CompletedAt, done.Response = StateDone, e.now(), resp
+	if max := e.opts.MaxResponseSize; max > 0 && len(resp) > max {
+		done.Response = nil
+		done.Err = &Error{Code: CodeResponseTooLarge,
+			Message: fmt.Sprintf("response of %d bytes exceeds the limit of %d bytes", len(resp), max)}
+	} else if ferr != nil {
+		done.Err = &Error{Code: errorCode(ferr), Message: ferr.Error()}
+	}
+	return &done
+}
+
+// firstAnswer is the caller's answer once done is committed: the record as a
+// replay would give it, except that the error wraps fn's own.
+func (e *Engine) firstAnswer(done *Record, resp []byte, ferr error) (Result, error) {
+	res := Result{Response: done.Response, Attempt: done.Attempt, StartedAt: done.StartedAt, CompletedAt: done.CompletedAt}
+	if done.Err == nil {
+		return res, nil
+	}
+	out := *done.Err
+	if out.Code != CodeResponseTooLarge {
+		out.err = ferr
+	}
+	return res, &out
+}
+
+// restore undoes this call's started record: back to the interrupted
+// execution it recovered, or deleted.
+func (e *Engine) restore(tx *bbolt.Tx, c *leading) error {
+	if c.prev != nil {
+		return e.st.putStarted(tx, c.prev)
+	}
+	return e.st.deleteStarted(tx, c.key)
+}
+
+func (e *Engine) replay(op string, rec *Record, fp uint64) (Result, error) {
+	if rec.Fingerprint != fp {
+		e.n.conflicts.Add(1)
+		return Result{}, &OpError{Op: op, Key: rec.Key, Err: ErrFingerprintMismatch}
+	}
+	e.n.replays.Add(1)
+	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
+	if rec.Err != nil {
+		return res, rec.Err
+	}
+	return res, nil
+}
+
+// load reads key's live record, or nil if it has none or it expired.
+func (e *Engine) load(key string) (*Record, error) {
+	var rec *Record
+	now := e.now()
+	err := e.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		rec, err = e.st.lookup(tx, key, now.Add(-e.opts.Retention))
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil && !e.live(rec, now) {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// live reports whether r is inside the retention window at now. Under
+// RecoverRefuse an interrupted execution stays until it is resolved.
+func (e *Engine) live(r *Record, now time.Time) bool {
+	if r.State == StateStarted && e.opts.Recovery == RecoverRefuse {
+		return true
+	}
+	return now.Before(r.ExpiresAt(e.opts.Retention))
+}
+
+func (e *Engine) writeErr(op, key string, err error) error {
+	if errors.Is(err, commit.ErrStopped) {
+		err = ErrClosed
+	}
+	return &OpError{Op: op, Key: key, Err: err}
+}
+
+// enter registers a call, or fails after Close.
+func (e *Engine) enter() error {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.closed {
+		return ErrClosed
+	}
+	e.calls.Add(1)
+	return nil
+}
+
+// Call describes the execution a fn belongs to; CallFrom reads it from fn's
+// context.
+type Call struct {
+	// Key is the idempotency key: pass it on to the downstream system.
+	Key string
+	// Attempt is 1 on the first execution and counts re-executions.
+	Attempt int
+	// Recovered is true when this execution recovers an interrupted one: fn
+	// may have had its effect before, so reconcile with the downstream system.
+	Recovered bool
+}
+
+type callCtxKey struct{}
+
+type callCtx struct {
+	Call
+	e    *Engine
+	inTx bool
+}
+
+// CallFrom returns the Call that ctx belongs to, if ctx is (derived from) the
+// context given to fn by Do or DoTx.
+func CallFrom(ctx context.Context) (Call, bool) {
+	c, ok := ctx.Value(callCtxKey{}).(*callCtx)
+	if !ok {
+		return Call{}, false
+	}
+	return c.Call, true
+}
+
+// fnContext derives fn's context: ctx's values and deadline, the Call, and
+// cancellation on Close.
+func (e *Engine) fnContext(ctx context.Context, c *leading, inTx bool) (context.Context, func()) {
+	ctx = context.WithValue(ctx, callCtxKey{}, &callCtx{
+		Call: Call{Key: c.key, Attempt: c.attempt, Recovered: c.recovered}, e: e, inTx: inTx})
+	ctx, cancel := context.WithCancel(ctx)
+	unregister := context.AfterFunc(e.ctx, cancel)
+	return ctx, func() { unregister(); cancel() }
+}
+
+// reentrant refuses calls that would deadlock: any call from inside a DoTx fn
+// (which holds the writer), and a call for the key whose fn is running.
+func (e *Engine) reentrant(ctx context.Context, key string) error {
+	c, ok := ctx.Value(callCtxKey{}).(*callCtx)
+	if !ok || c.e != e {
+		return nil
+	}
+	if c.inTx {
+		return ErrReentrant
+	}
+	if c.Key == key {
+		return fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+	}
+	return nil
+}
+
+// Close is Shutdown without a deadline.
+func (e *Engine) Close() error { return e.Shutdown(context.Background()) }
+
+// Shutdown closes the engine: new calls fail with ErrClosed, the contexts
+// given to running fns are cancelled, and Shutdown waits for running calls,
+// then stops the pruner and the commit pipeline and closes the file. If ctx
+// ends first, Shutdown returns ctx.Err() and the engine finishes closing in the
+// background when the last call returns. It is idempotent: later calls wait
+// the same way and return the first close's result.
+func (e *Engine) Shutdown(ctx context.Context) error {
+	e.closing.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		e.mu.Unlock()
+		e.cancel()
+		go func() {
+			e.calls.Wait()
+			close(e.stopBg)
+			e.bg.Wait()
+			e.pipe.Stop()
+			e.closeErr = e.db.Close()
+			close(e.shutDone)
+		}()
+	})
+	select {
+	case <-e.shutDone:
+		return e.closeErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Get returns key's live record without side effects: no execution, no
+// recovery, no lock. A key with no record, or an expired one, gives
+// ErrNotFound; an undecodable one ErrCorrupt.
+func (e *Engine) Get(key string) (*Record, error) {
+	if err := validateKey(key); err != nil {
+		return nil, &OpError{Op: "get", Key: key, Err: err}
+	}
+	if err := e.enter(); err != nil {
+		return nil, &OpError{Op: "get", Key: key, Err: err}
+	}
+	defer e.calls.Done()
+	rec, err := e.load(key)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, &OpError{Op: "get", Key: key, Err: ErrNotFound}
+	}
+	return rec, nil
+}
+
+// Forget deletes key's record in any state, so the next call runs fn as new.
+// It fails with ErrInProgress while a call with the key runs, and with
+// ErrNotFound if nothing is stored.
+func (e *Engine) Forget(key string) error {
+	return e.operate("forget", key, func(tx *bbolt.Tx) error {
+		found, err := e.st.deleteAll(tx, key)
+		if err == nil && !found {
+			err = ErrNotFound
+		}
+		return err
+	})
+}
+
+// Resolve completes an interrupted execution by hand: key's started record
+// becomes done with response (and, if errMsg is not empty, a stored *Error
+// with code and errMsg), as if fn had returned them. It fails with ErrNotFound
+// if key has no record, with ErrState if its record is done, and with
+// ErrInProgress while a call with the key runs.
+func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error {
+	return e.operate("resolve", key, func(tx *bbolt.Tx) error {
+		rec, err := e.st.lookup(tx, key, time.Time{})
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			return ErrNotFound
+		}
+		if rec.State != StateStarted {
+			return fmt.Errorf("%w: the record is %s, only an interrupted execution can be resolved", ErrState, rec.State)
+		}
+		rec.State, rec.CompletedAt, rec.Response = StateDone, e.now(), response
+		if errMsg != "" || code != "" {
+			rec.Err = &Error{Code: code, Message: errMsg}
+		}
+		return e.st.putDone(tx, rec)
+	})
+}
+
+// operate runs an operator write on key while holding the key, so it never
+// races a running call.
+func (e *Engine) operate(op, key string, fn func(tx *bbolt.Tx) error) error {
+	if err := validateKey(key); err != nil {
+		return &OpError{Op: op, Key: key, Err: err}
+	}
+	if err := e.enter(); err != nil {
+		return &OpError{Op: op, Key: key, Err: err}
+	}
+	defer e.calls.Done()
+	f, leader := e.locks.acquire(key, 0)
+	if !leader {
+		return &OpError{Op: op, Key: key, Err: ErrInProgress}
+	}
+	defer func() {
+		f.again = true
+		e.locks.release(key, f)
+	}()
+	if err := e.pipe.Do(fn); err != nil {
+		return e.writeErr(op, key, err)
+	}
+	return nil
+}
+
+// Stats counts the records in the file and the engine's work since Open.
+type Stats struct {
+	// Records by state, inside the retention window.
+	Started, Done int
+	// ExpiredPending counts records past the retention window that the pruner
+	// has not reclaimed yet; every reader already treats them as absent.
+	ExpiredPending int
+	// Corrupt counts records that fail to decode (see `idem check`).
+	Corrupt int
+	// Since Open: records pruned, answers replayed from storage, executions of
+	// fn, and calls refused for a fingerprint mismatch.
+	Pruned, Replays, Executions, Conflicts uint64
+	// Commits made and the writes they carried since Open (their ratio is the
+	// group-commit batch size).
+	Commits, Writes uint64
+	// FileSize is the size of the file in bytes.
+	FileSize int64
+	// Outbox counts the outbox messages by state.
+	Outbox OutboxStats
+}
+
+// Stats scans the file (one read transaction, linear in the records stored)
+// and returns the counts.
+func (e *Engine) Stats() (Stats, error) {
+	if err := e.enter(); err != nil {
+		return Stats{}, &OpError{Op: "stats", Err: err}
+	}
+	defer e.calls.Done()
+	s := Stats{
+		Pruned: e.n.pruned.Load(), Replays: e.n.replays.Load(),
+		Executions: e.n.executions.Load(), Conflicts: e.n.conflicts.Load(),
+	}
+	s.Commits, s.Writes = e.pipe.Stats()
+	now := e.now()
+	err := e.db.View(func(tx *bbolt.Tx) error {
+		s.FileSize = tx.Size()
+		if err := e.outboxStats(tx, &s.Outbox); err != nil {
+			return err
+		}
+		return e.st.forEach(tx, func(r *Record, err error) error {
+			switch {
+			case err != nil:
+				s.Corrupt++
+			case !e.live(r, now):
+				s.ExpiredPending++
+			case r.State == StateStarted:
+				s.Started++
+			default:
+				s.Done++
+			}
+			return nil
+		})
+	})
+	return s, err
+}
+
+// Records calls fn for every live record in the file (one read transaction),
+// in no particular order. Corrupt records are passed with an ErrCorrupt error.
+func (e *Engine) Records(fn func(r *Record, err error) error) error {
+	if err := e.enter(); err != nil {
+		return &OpError{Op: "records", Err: err}
+	}
+	defer e.calls.Done()
+	now := e.now()
+	return e.db.View(func(tx *bbolt.Tx) error {
+		return e.st.forEach(tx, func(r *Record, err error) error {
+			if err == nil && !e.live(r, now) {
+				return nil
+			}
+			return fn(r, err)
+		})
+	})
+}
+
+// Backup writes a consistent copy of the live file to w (bbolt's Tx.WriteTo,
+// in a read transaction: calls go on meanwhile) and returns the bytes written.
+func (e *Engine) Backup(w io.Writer) (int64, error) {
+	if err := e.enter(); err != nil {
+		return 0, &OpError{Op: "backup", Err: err}
+	}
+	defer e.calls.Done()
+	var n int64
+	err := e.db.View(func(tx *bbolt.Tx) error {
+		var err error
+		n, err = tx.WriteTo(w)
+		return err
+	})
+	return n, err
+}
+
+// BackupFile is Backup into a new file at path (created with mode 0600; an
+// existing file is refused).
+func (e *Engine) BackupFile(path string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := e.Backup(f); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func cloneBytes(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append(make([]byte, 0, len(b)), b...)
+}

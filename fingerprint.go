@@ -1,0 +1,60 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+)
+
+// Fingerprint turns a call's arguments into canonical bytes for Do: the JSON
+// encoding of args with object keys sorted at every depth and no insignificant
+// space, so the same arguments give the same bytes whatever the map order or
+// struct field order of the caller. Numbers keep their JSON text (1 and 1.0
+// differ). It fails only if args cannot be encoded as JSON.
+func Fingerprint(args any) ([]byte, error) {
+	raw, err := json.Marshal(args)
+	if err != nil {
+		return nil, fmt.Errorf("idem: fingerprint: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, fmt.Errorf("idem: fingerprint: %w", err)
+	}
+	// encoding/json writes map keys sorted, so a round trip through
+	// map[string]any is canonical.
+	return json.Marshal(v)
+}
+
+// DoJSON is Do for a fn that returns a value: the fingerprint is
+// Fingerprint(args), the response is v encoded as JSON, and a replay decodes
+// the stored JSON into a new T. When fn fails, the returned T is the zero
+// value unless a response was stored beside the error.
+func DoJSON[T any](ctx context.Context, e *Engine, key string, args any, fn func(context.Context) (T, error)) (T, Result, error) {
+	var zero T
+	fp, err := Fingerprint(args)
+	if err != nil {
+		return zero, Result{}, &OpError{Op: "do", Key: key, Err: err}
+	}
+	res, err := e.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
+		v, ferr := fn(ctx)
+		if ferr != nil {
+			return nil, ferr
+		}
+		b, merr := json.Marshal(v)
+		if merr != nil {
+			return nil, fmt.Errorf("idem: encode response: %w", merr)
+		}
+		return b, nil
+	})
+	if res.Response == nil {
+		return zero, res, err
+	}
+	var out T
+	if uerr := json.Unmarshal(res.Response, &out); uerr != nil && err == nil {
+		return zero, res, &OpError{Op: "do", Key: key, Err: fmt.Errorf("%w: decode stored response: %v", ErrCorrupt, uerr)}
+	}
+	return out, res, err
+}

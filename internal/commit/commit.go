@@ -1,0 +1,202 @@
+// Package commit is the engine's write path: a commit pipeline in which
+// concurrent writers share bbolt write transactions (group commit).
+//
+// One committer goroutine owns the writer. Each commit takes every request
+// that queued while the previous commit was syncing, so under load one fsync
+// serves many calls, and a lone caller pays no delay (unlike bbolt's Batch,
+// whose timer costs it up to MaxBatchDelay).
+//
+// bbolt has no savepoints: when a request's function fails or panics, the
+// whole transaction is rolled back, that request gets its own error, and the
+// others are run again in a fresh transaction. A function may therefore run
+// more than once and must touch nothing but the transaction it is given.
+package commit
+
+import (
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+
+	"go.etcd.io/bbolt"
+)
+
+// ErrStopped is returned by Do after Stop.
+var ErrStopped = errors.New("commit pipeline stopped")
+
+// Func writes into tx. A non-nil error rolls back every write of its batch;
+// the pipeline re-runs the other functions of the batch without it.
+type Func func(tx *bbolt.Tx) error
+
+// PanicError is the error a Func's panic becomes, with its value and the stack
+// of the goroutine that panicked. The engine re-raises it in the caller.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (p *PanicError) Error() string { return fmt.Sprintf("panic: %v\n\n%s", p.Value, p.Stack) }
+
+// Pipeline serialises writers into shared transactions.
+type Pipeline struct {
+	db       *bbolt.DB
+	onCommit func()
+
+	mu      sync.Mutex
+	queue   []*request
+	spare   []*request
+	stopped bool
+
+	wake chan struct{}
+	quit chan struct{}
+	done chan struct{}
+
+	commits  atomic.Uint64
+	requests atomic.Uint64
+}
+
+type request struct {
+	fn   Func
+	err  error
+	done chan struct{}
+}
+
+// New starts a pipeline over db. onCommit, if not nil, runs on the committer
+// after every successful commit (it must not block).
+func New(db *bbolt.DB, onCommit func()) *Pipeline {
+	p := &Pipeline{
+		db:       db,
+		onCommit: onCommit,
+		wake:     make(chan struct{}, 1),
+		quit:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	go p.loop()
+	return p
+}
+
+var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
+
+// Do runs fn in a write transaction shared with other callers and returns once
+// that transaction has committed (and synced, unless the DB is NoSync), or the
+// error of fn, of the commit, or ErrStopped.
+func (p *Pipeline) Do(fn Func) error {
+	r := requestPool.Get().(*request)
+	r.fn, r.err = fn, nil
+	p.mu.Lock()
+	if p.stopped {
+		p.mu.Unlock()
+		requestPool.Put(r)
+		return ErrStopped
+	}
+	p.queue = append(p.queue, r)
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	<-r.done
+	err := r.err
+	r.fn, r.err = nil, nil
+	requestPool.Put(r)
+	return err
+}
+
+// Stop commits what is queued, stops the committer and waits for it. Later
+// calls of Do return ErrStopped. Stop is idempotent.
+func (p *Pipeline) Stop() {
+	p.mu.Lock()
+	if !p.stopped {
+		p.stopped = true
+		close(p.quit)
+	}
+	p.mu.Unlock()
+	<-p.done
+}
+
+// Stats reports the commits made and the requests they carried.
+func (p *Pipeline) Stats() (commits, requests uint64) {
+	return p.commits.Load(), p.requests.Load()
+}
+
+func (p *Pipeline) loop() {
+	defer close(p.done)
+	for {
+		select {
+		case <-p.wake:
+		case <-p.quit:
+			// Stopped: Do refuses new requests, so one last drain empties the queue.
+			p.run(p.take())
+			return
+		}
+		p.run(p.take())
+	}
+}
+
+// take swaps the queue out, reusing the previous batch's backing array.
+func (p *Pipeline) take() []*request {
+	p.mu.Lock()
+	batch := p.queue
+	p.queue, p.spare = p.spare[:0], nil
+	p.mu.Unlock()
+	return batch
+}
+
+func (p *Pipeline) run(batch []*request) {
+	defer func() {
+		clear(batch)
+		p.mu.Lock()
+		if p.spare == nil {
+			p.spare = batch[:0]
+		}
+		p.mu.Unlock()
+	}()
+	pending := batch
+	for len(pending) > 0 {
+		tx, err := p.db.Begin(true)
+		if err != nil {
+			finish(pending, err)
+			return
+		}
+		failed := -1
+		for i, r := range pending {
+			if err := call(r.fn, tx); err != nil {
+				r.err, failed = err, i
+				break
+			}
+		}
+		if failed >= 0 {
+			_ = tx.Rollback()
+			r := pending[failed]
+			pending = append(pending[:failed:failed], pending[failed+1:]...)
+			finish([]*request{r}, r.err)
+			continue
+		}
+		err = tx.Commit()
+		p.commits.Add(1)
+		p.requests.Add(uint64(len(pending)))
+		finish(pending, err)
+		if err == nil && p.onCommit != nil {
+			p.onCommit()
+		}
+		return
+	}
+}
+
+func finish(rs []*request, err error) {
+	for _, r := range rs {
+		r.err = err
+		r.done <- struct{}{}
+	}
+}
+
+// call runs fn, turning a panic into a *PanicError.
+func call(fn Func, tx *bbolt.Tx) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	return fn(tx)
+}

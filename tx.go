@@ -1,0 +1,138 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem/internal/commit"
+	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/layout"
+)
+
+// Tx is the write transaction a DoTx fn runs in: the same bbolt transaction
+// that stores the call's done record. It is valid only until fn returns.
+type Tx struct {
+	tx   *bbolt.Tx
+	e    *Engine
+	key  string
+	msgs int // outbox messages enqueued by this call, for their index
+}
+
+// Bucket returns the user's top-level bucket name, creating it if needed. The
+// engine's own bucket ("idem") is refused with ErrReservedBucket. The bucket
+// is valid only inside fn; write to it freely: the writes commit with the
+// record, or not at all.
+func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
+	if t.tx == nil {
+		return nil, fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+	}
+	if bytes.Equal(name, layout.Root) {
+		return nil, fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)
+	}
+	return t.tx.CreateBucketIfNotExists(name)
+}
+
+// Key is the idempotency key of the call fn belongs to.
+func (t *Tx) Key() string { return t.key }
+
+// errRolledBack marks a DoTx fn outcome that must not commit: the pipeline
+// rolls the transaction back and the caller records the outcome on its own.
+var errRolledBack = errors.New("idem: fn's writes rolled back")
+
+// DoTx is Do for effects that live in the same file: fn writes its own data
+// through tx (user buckets, outbox messages) in the bbolt write transaction
+// that stores the done record, so the effect and its record commit together
+// or not at all, and no started record is needed. Key, fingerprint, replay,
+// waiting and the returned errors are as for Do.
+//
+// If fn returns an error or panics, nothing it wrote commits. A permanent
+// error is then recorded without fn's writes (in a transaction of its own) and
+// replayed as in Do; Retryable(err) and context errors store nothing, so the
+// key is free; a panic is re-raised in the caller as a *PanicError carrying
+// the value and the stack. A response over MaxResponseSize is recorded as
+// ErrResponseTooLarge, also without fn's writes.
+//
+// Concurrent DoTx calls share one write transaction (group commit), and bbolt
+// has no savepoints: when one fn fails or panics, the whole transaction rolls
+// back and the others run again without it. So fn MAY RUN MORE THAN ONCE,
+// must touch nothing but tx (no I/O, no shared memory, no goroutines), and
+// should be short: it holds the file's single writer while it runs, and every
+// other call's commit waits for it. Calling the engine from inside fn returns
+// ErrReentrant.
+func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
+	return e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+		return e.executeTx(ctx, c, fn)
+	})
+}
+
+func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Context, *Tx) ([]byte, error)) (Result, error) {
+	fnCtx, stop := e.fnContext(ctx, c, true)
+	defer stop()
+	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
+	var (
+		resp []byte
+		ferr error
+		done *Record
+	)
+	e.n.executions.Add(1)
+	err := e.pipe.Do(func(btx *bbolt.Tx) error {
+		tx := &Tx{tx: btx, e: e, key: c.key}
+		resp, ferr = fn(fnCtx, tx)
+		tx.tx = nil
+		if ferr != nil {
+			return errRolledBack
+		}
+		done = e.doneRecord(started, resp, nil)
+		if done.Err != nil { // too large: fail closed without fn's writes
+			return errRolledBack
+		}
+		fault.Point("dotx-before-commit")
+		return e.st.putDone(btx, done)
+	})
+	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
+	var pe *commit.PanicError
+	switch {
+	case err == nil:
+		fault.Point("dotx-after-commit")
+		return e.firstAnswer(done, resp, nil)
+	case errors.As(err, &pe):
+		c.incomplete = true
+		panic(&PanicError{Value: pe.Value, Stack: pe.Stack})
+	case err != errRolledBack:
+		c.again = true
+		return res, e.writeErr("dotx", c.key, err)
+	case errors.Is(ferr, ErrRetryable), errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
+		// Nothing of fn's committed: the key is free (an interrupted
+		// execution being recovered is released too).
+		c.again = !errors.Is(ferr, ErrRetryable)
+		if c.prev != nil {
+			if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.deleteStarted(tx, c.key) }); err != nil {
+				return res, errors.Join(ferr, e.writeErr("dotx", c.key, err))
+			}
+		}
+		return res, ferr
+	}
+	// A permanent error or an oversized response: record it alone.
+	if done == nil || done.Err == nil {
+		done = e.doneRecord(started, resp, ferr)
+	}
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.putDone(tx, done) }); err != nil {
+		c.incomplete = true
+		return res, e.writeErr("dotx", c.key, err)
+	}
+	return e.firstAnswer(done, resp, ferr)
+}
+
+// PanicError is the panic value DoTx re-raises in the caller when fn panicked
+// on the committer goroutine: fn's panic value and the stack where it
+// panicked.
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (p *PanicError) Error() string { return fmt.Sprintf("idem: DoTx fn panicked: %v\n\n%s", p.Value, p.Stack) }
