@@ -135,4 +135,6 @@ type PanicError struct {
 	Stack []byte
 }
 
-func (p *PanicError) Error() string { return fmt.Sprintf("idem: DoTx fn panicked: %v\n\n%s", p.Value, p.Stack) }
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("idem: DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
+}
