@@ -321,6 +321,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 			if e.opts.InFlight == InFlightFail {
 				return Result{}, &OpError{Op: op, Key: key, Err: ErrInProgress}
 			}
+			fault.Point("do-wait")
 			if err := f.wait(ctx); err != nil {
 				return Result{}, err
 			}
