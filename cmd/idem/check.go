@@ -1,0 +1,187 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/layout"
+)
+
+// maxPageErrors bounds the page-level errors kept for the report.
+const maxPageErrors = 100
+
+func newCheckCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "check",
+		Short: "Check the file: bbolt's consistency check, then decode every record",
+		Long: `check runs bbolt's consistency check on the file (read-only), then decodes every
+record and names the keys of the corrupt ones. It exits with status 1 if it
+finds any problem. A file with page-level damage is not opened for writing, and
+its records are not decoded: restore it from a backup.`,
+		Args: cobra.NoArgs,
+		RunE: func(*cobra.Command, []string) error { return a.check() },
+	}
+}
+
+type checkJSON struct {
+	Path string `json:"path"`
+	OK   bool   `json:"ok"`
+	// Pages is bbolt's consistency check: its errors, at most 100 of them.
+	Pages struct {
+		OK     bool     `json:"ok"`
+		Errors []string `json:"errors"`
+		Total  int      `json:"total_errors"`
+	} `json:"pages"`
+	// Records is the decoding of every record; Checked is false when the
+	// page check failed and the records were not read.
+	Records struct {
+		Checked        bool          `json:"checked"`
+		Decoded        int           `json:"decoded"`
+		Started        int           `json:"started"`
+		Done           int           `json:"done"`
+		ExpiredPending int           `json:"expired_pending"`
+		Corrupt        []corruptJSON `json:"corrupt"`
+	} `json:"records"`
+}
+
+type corruptJSON struct {
+	Key   string `json:"key"`
+	Error string `json:"error"`
+}
+
+func (a *app) check() error {
+	out := checkJSON{Path: a.db}
+	out.Pages.Errors = []string{}
+	out.Records.Corrupt = []corruptJSON{}
+	if err := checkPages(a.db, &out); err != nil {
+		return err
+	}
+	if out.Pages.OK {
+		if err := a.checkRecords(&out); err != nil {
+			return err
+		}
+	}
+	out.OK = out.Pages.OK && len(out.Records.Corrupt) == 0
+	if a.json {
+		if err := a.printJSON(out); err != nil {
+			return err
+		}
+	} else if err := a.printCheck(&out); err != nil {
+		return err
+	}
+	if !out.OK {
+		return &exitError{code: 1}
+	}
+	return nil
+}
+
+// checkPages runs bbolt's Tx.Check on the file opened read-only.
+func checkPages(path string, out *checkJSON) error {
+	db, err := openReadOnly(path)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bbolt.Tx) error {
+		for err := range tx.Check() {
+			out.Pages.Total++
+			if len(out.Pages.Errors) < maxPageErrors {
+				out.Pages.Errors = append(out.Pages.Errors, err.Error())
+			}
+		}
+		if out.Pages.Total == 0 && tx.Bucket(layout.Root) == nil {
+			out.Pages.Total++
+			out.Pages.Errors = append(out.Pages.Errors, fmt.Sprintf("not an idem file: no %q bucket", layout.Root))
+		}
+		out.Pages.OK = out.Pages.Total == 0
+		return nil
+	})
+}
+
+// checkRecords decodes every record through the engine.
+func (a *app) checkRecords(out *checkJSON) (err error) {
+	e, err := a.openEngine()
+	if err != nil {
+		return err
+	}
+	defer closeEngine(e, &err)
+	defer func() {
+		// Decoding never panics; bbolt may, on damage its check missed.
+		if p := recover(); p != nil {
+			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: "", Error: fmt.Sprintf("panic while reading records: %v", p)})
+		}
+	}()
+	out.Records.Checked = true
+	err = e.Records(func(r *idem.Record, rerr error) error {
+		var op *idem.OpError
+		switch {
+		case rerr == nil:
+			out.Records.Decoded++
+			if r.State == idem.StateStarted {
+				out.Records.Started++
+			} else {
+				out.Records.Done++
+			}
+		case errors.Is(rerr, idem.ErrCorrupt) && errors.As(rerr, &op):
+			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: unprefix(op.Err.Error())})
+		default:
+			return rerr
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	slices.SortFunc(out.Records.Corrupt, func(x, y corruptJSON) int { return strings.Compare(x.Key, y.Key) })
+	s, err := e.Stats()
+	if err != nil {
+		return err
+	}
+	out.Records.ExpiredPending = s.ExpiredPending
+	out.Records.Decoded += s.ExpiredPending
+	return nil
+}
+
+func (a *app) printCheck(out *checkJSON) error {
+	w := a.table()
+	if out.Pages.OK {
+		fmt.Fprintf(w, "pages\tok (bbolt consistency check)\n")
+	} else {
+		fmt.Fprintf(w, "pages\t%s\n", plural(out.Pages.Total, "error", "errors"))
+		for _, e := range out.Pages.Errors {
+			fmt.Fprintf(w, "\t  %s\n", e)
+		}
+		if out.Pages.Total > len(out.Pages.Errors) {
+			fmt.Fprintf(w, "\t  ... and %d more\n", out.Pages.Total-len(out.Pages.Errors))
+		}
+	}
+	if out.Records.Checked {
+		r := &out.Records
+		fmt.Fprintf(w, "records\t%d decoded: %d started, %d done, %d expired awaiting prune\n",
+			r.Decoded, r.Started, r.Done, r.ExpiredPending)
+		fmt.Fprintf(w, "corrupt\t%d\n", len(r.Corrupt))
+		for _, c := range r.Corrupt {
+			fmt.Fprintf(w, "\t  %s: %s\n", quoteKey(c.Key), c.Error)
+		}
+	} else {
+		fmt.Fprintf(w, "records\tnot checked: the file has page-level damage; restore it from a backup\n")
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	switch {
+	case out.OK:
+		fmt.Fprintf(a.stdout, "ok: %s\n", a.db)
+	case !out.Pages.OK:
+		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(out.Pages.Total, "page-level error", "page-level errors"))
+	default:
+		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(len(out.Records.Corrupt), "corrupt record", "corrupt records"))
+	}
+	return nil
+}

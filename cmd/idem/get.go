@@ -1,0 +1,93 @@
+package main
+
+import (
+	"encoding/base64"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemkit/idem"
+)
+
+func newGetCmd(a *app) *cobra.Command {
+	var raw bool
+	c := &cobra.Command{
+		Use:   "get KEY",
+		Short: "Show one record, with its response",
+		Long: `get shows KEY's live record: state, attempt, fingerprint, times, stored
+error, and the response. --raw writes only the response bytes, as stored.
+With --json the response is a string: UTF-8 text as is, other bytes in base64
+(response_encoding says which); null when there is no response, which differs
+from an empty one.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error { return a.get(args[0], raw) },
+	}
+	c.Flags().BoolVar(&raw, "raw", false, "write only the response bytes to stdout")
+	return c
+}
+
+type getJSON struct {
+	recordJSON
+	Response         *string `json:"response"`          // null: no response
+	ResponseEncoding string  `json:"response_encoding"` // "utf-8" or "base64"
+}
+
+func (a *app) get(key string, raw bool) (err error) {
+	e, err := a.openEngine()
+	if err != nil {
+		return err
+	}
+	defer closeEngine(e, &err)
+	r, err := e.Get(key)
+	if err != nil {
+		return err
+	}
+	if raw {
+		_, err := a.stdout.Write(r.Response)
+		return err
+	}
+	out := getJSON{recordJSON: a.recordJSON(r), ResponseEncoding: "utf-8"}
+	if r.Response != nil {
+		s := string(r.Response)
+		if !utf8.Valid(r.Response) {
+			s, out.ResponseEncoding = base64.StdEncoding.EncodeToString(r.Response), "base64"
+		}
+		out.Response = &s
+	}
+	if a.json {
+		return a.printJSON(out)
+	}
+	return a.printRecord(r, out)
+}
+
+func (a *app) printRecord(r *idem.Record, out getJSON) error {
+	w := a.table()
+	fmt.Fprintf(w, "key\t%s\n", quoteKey(out.Key))
+	fmt.Fprintf(w, "state\t%s\n", out.State)
+	fmt.Fprintf(w, "attempt\t%d\n", out.Attempt)
+	fmt.Fprintf(w, "fingerprint\t%s\n", out.Fingerprint)
+	fmt.Fprintf(w, "started\t%s\n", fmtTime(&out.StartedAt, "-"))
+	fmt.Fprintf(w, "completed\t%s\n", fmtTime(out.CompletedAt, "-"))
+	fmt.Fprintf(w, "expires\t%s\n", fmtTime(out.ExpiresAt, "never"))
+	if out.Error != nil {
+		fmt.Fprintf(w, "error\t%s\n", r.Err.Error())
+	} else {
+		fmt.Fprintf(w, "error\t-\n")
+	}
+	switch {
+	case r.Response == nil:
+		fmt.Fprintf(w, "response\tnone\n")
+	case out.ResponseEncoding == "base64":
+		fmt.Fprintf(w, "response\t%s, not UTF-8; base64 below (or get --raw)\n", fmtBytes(int64(len(r.Response))))
+	default:
+		fmt.Fprintf(w, "response\t%s\n", fmtBytes(int64(len(r.Response))))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if out.Response != nil && *out.Response != "" {
+		fmt.Fprintln(a.stdout, *out.Response)
+	}
+	return nil
+}

@@ -1,0 +1,440 @@
+// Command idem inspects and repairs an idem file: the bbolt file in which
+// github.com/idemkit/idem records the outcome of every idempotency key.
+//
+//	idem stats                        counts of records by state, file size
+//	idem ls [--state S] [--limit N]   the live records, one a line
+//	idem get KEY                      one record, with its response
+//	idem forget KEY                   delete a record: the key is new again
+//	idem resolve KEY --response R     complete an interrupted execution by hand
+//	idem prune                        reclaim the space of expired records
+//	idem check                        bbolt's consistency check, then decode every record
+//	idem compact SRC DST              rewrite SRC into a new, smaller file DST
+//
+// Every command works on a file that no program holds: bbolt lets one process
+// open a file for writing, so a file in use gives a one-line error after half a
+// second instead of a wait. Inspect a running program through the program.
+//
+// Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
+// document on stdout instead of a table, and --retention and --recovery, which
+// must match the program's Options, since they decide which records have
+// expired. Errors go to stderr, one line. Exit status: 0 on success, 1 on an
+// error or a problem found by check, 2 on a usage error.
+//
+// Keys and responses are user data: only ls, get, and check (for corrupt
+// records) print keys, and only get prints a response.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/spf13/cobra"
+	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/layout"
+)
+
+// lockTimeout bounds the wait for the file lock: a file held by a running
+// program is reported after this long, not waited for.
+const lockTimeout = 500 * time.Millisecond
+
+// subcommands builds every subcommand, one file each. Adding a command is
+// adding its file and one line here.
+var subcommands = []func(*app) *cobra.Command{
+	newStatsCmd,
+	newLsCmd,
+	newGetCmd,
+	newForgetCmd,
+	newResolveCmd,
+	newPruneCmd,
+	newCheckCmd,
+	newCompactCmd,
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// app is one run of the tool: its flags and its streams.
+type app struct {
+	getenv func(string) string
+	stdin  io.Reader
+	stdout io.Writer
+	stderr io.Writer
+
+	db        string
+	json      bool
+	retention time.Duration
+	recovery  string
+}
+
+// run executes the command line args and returns the exit status.
+func run(ctx context.Context, args []string, getenv func(string) string, stdin io.Reader, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		// bbolt panics on some page-level damage; say so in one line.
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "idem: panic: %v (a damaged file? idem check says; IDEM_TRACE=1 prints the stack)\n", p)
+			if getenv("IDEM_TRACE") != "" {
+				fmt.Fprintf(stderr, "%s", debug.Stack())
+			}
+			code = 1
+		}
+	}()
+	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	root := a.rootCmd()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	var ex *exitError
+	switch {
+	case errors.As(err, &ex):
+		if ex.msg != "" {
+			fmt.Fprintln(stderr, ex.msg)
+		}
+		return ex.code
+	case errors.As(err, new(*usageError)):
+		fmt.Fprintf(stderr, "idem: %v\nRun 'idem --help' for usage.\n", err)
+		return 2
+	}
+	fmt.Fprintln(stderr, errorLine(err))
+	return 1
+}
+
+func (a *app) rootCmd() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "idem",
+		Short: "Inspect and repair an idem file (records of idempotency keys)",
+		Long: `idem inspects and repairs the bbolt file in which an idem engine records the
+outcome of every idempotency key.
+
+It works on a file that no program holds: stop the program first, or inspect it
+through the program. --retention and --recovery must match the program's
+Options: they decide which records have expired.`,
+		SilenceErrors:     true,
+		SilenceUsage:      true,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return a.resolveGlobals(cmd) },
+	}
+	root.SetOut(a.stdout)
+	root.SetErr(a.stderr)
+	root.SetIn(a.stdin)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+
+	f := root.PersistentFlags()
+	f.StringVar(&a.db, "db", "idem.db", "path of the idem file; $IDEM_DB, if set, replaces the default")
+	f.BoolVar(&a.json, "json", false, "print one JSON document instead of a table")
+	f.DurationVar(&a.retention, "retention", idem.DefaultRetention, "retention window of the program (Options.Retention)")
+	f.StringVar(&a.recovery, "recovery", "reexecute", "recovery policy of the program (Options.Recovery): reexecute or refuse")
+
+	for _, sub := range subcommands {
+		c := sub(a)
+		if c.Args != nil {
+			c.Args = usageArgs(c.Args)
+		}
+		root.AddCommand(c)
+	}
+	return root
+}
+
+// resolveGlobals applies $IDEM_DB and validates the global flags.
+func (a *app) resolveGlobals(cmd *cobra.Command) error {
+	if !cmd.Flags().Changed("db") {
+		if p := a.getenv("IDEM_DB"); p != "" {
+			a.db = p
+		}
+	}
+	if a.retention <= 0 {
+		return &usageError{fmt.Errorf("--retention must be positive, not %v", a.retention)}
+	}
+	if _, err := a.recoveryPolicy(); err != nil {
+		return &usageError{err}
+	}
+	return nil
+}
+
+func (a *app) recoveryPolicy() (idem.RecoveryPolicy, error) {
+	switch a.recovery {
+	case "reexecute":
+		return idem.RecoverReexecute, nil
+	case "refuse":
+		return idem.RecoverRefuse, nil
+	}
+	return 0, fmt.Errorf("--recovery must be reexecute or refuse, not %q", a.recovery)
+}
+
+// openEngine opens the file at a.db for a command. The file must exist and
+// already be an idem file: no command creates one. A file held by a program
+// gives the one-line in-use error.
+func (a *app) openEngine() (*idem.Engine, error) {
+	if err := preflight(a.db); err != nil {
+		return nil, err
+	}
+	recovery, _ := a.recoveryPolicy()
+	e, err := idem.Open(a.db, &idem.Options{
+		Retention:     a.retention,
+		Recovery:      recovery,
+		LockTimeout:   lockTimeout,
+		PruneInterval: -1,
+	})
+	if err != nil {
+		return nil, openError(a.db, err)
+	}
+	return e, nil
+}
+
+// preflight checks, without writing, that path is an existing idem file that
+// no program holds: idem.Open would create a missing file, or add the
+// engine's buckets to any other bbolt file.
+func preflight(path string) error {
+	db, err := openReadOnly(path)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.View(func(tx *bbolt.Tx) error {
+		if tx.Bucket(layout.Root) == nil {
+			return fmt.Errorf("idem: %s: not an idem file (no %q bucket)", path, layout.Root)
+		}
+		return nil
+	})
+}
+
+// openReadOnly opens path with bbolt read-only (a shared lock), failing on a
+// missing file or one that a program holds.
+func openReadOnly(path string) (*bbolt.DB, error) {
+	if err := mustExist(path); err != nil {
+		return nil, err
+	}
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	if err != nil {
+		return nil, openError(path, err)
+	}
+	return db, nil
+}
+
+func mustExist(path string) error {
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("idem: %s: no such file", path)
+		}
+		return fmt.Errorf("idem: %w", err)
+	}
+	return nil
+}
+
+// openError explains a failed open: the in-use case in the one line the
+// operator needs, anything else as it is.
+func openError(path string, err error) error {
+	if errors.Is(err, bolterrors.ErrTimeout) {
+		return &exitError{code: 1, msg: inUseMessage(path)}
+	}
+	if errors.Is(err, bolterrors.ErrInvalid) || errors.Is(err, bolterrors.ErrVersionMismatch) {
+		return fmt.Errorf("idem: %s: not an idem file: %w", path, err)
+	}
+	var op *idem.OpError
+	if errors.As(err, &op) {
+		return err
+	}
+	return fmt.Errorf("idem: open %s: %w", path, err)
+}
+
+func inUseMessage(path string) string {
+	return fmt.Sprintf("idem: %s is in use by another program; the idem tool works on a file no program holds (stop the program, or inspect through it)", path)
+}
+
+// exitError ends the run with code, printing msg (if any) to stderr as is.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
+
+// usageError is a bad command line: exit status 2.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return &usageError{fmt.Errorf("%s: %w (usage: %s)", cmd.Name(), err, cmd.UseLine())}
+		}
+		return nil
+	}
+}
+
+// errorLine renders err as one line starting with "idem:", without the
+// repeated prefixes of wrapped engine errors.
+func errorLine(err error) string {
+	var s string
+	if op, ok := err.(*idem.OpError); ok && op.Key != "" {
+		s = fmt.Sprintf("idem: %s %q: %s", op.Op, op.Key, unprefix(op.Err.Error()))
+	} else {
+		s = "idem: " + unprefix(err.Error())
+	}
+	return strings.ReplaceAll(s, "\n", "; ")
+}
+
+// unprefix drops the "idem: " prefixes that wrapped engine errors repeat.
+func unprefix(s string) string {
+	return strings.ReplaceAll(strings.TrimPrefix(s, "idem: "), ": idem: ", ": ")
+}
+
+// closeEngine closes e and keeps the first error.
+func closeEngine(e *idem.Engine, err *error) {
+	if cerr := e.Close(); cerr != nil && *err == nil {
+		*err = fmt.Errorf("idem: close: %w", cerr)
+	}
+}
+
+// printJSON writes v as one indented JSON document.
+func (a *app) printJSON(v any) error {
+	enc := json.NewEncoder(a.stdout)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// table returns a tabwriter for aligned human output; Flush it.
+func (a *app) table() *tabwriter.Writer {
+	return tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
+}
+
+// expiresAt is when r leaves the retention window under the tool's flags;
+// zero means never (an interrupted execution under RecoverRefuse).
+func (a *app) expiresAt(r *idem.Record) time.Time {
+	if r.State == idem.StateStarted && a.recovery == "refuse" {
+		return time.Time{}
+	}
+	return r.ExpiresAt(a.retention)
+}
+
+// recordJSON is a record in JSON output, without its response.
+type recordJSON struct {
+	Key         string     `json:"key"`
+	State       string     `json:"state"`
+	Attempt     int        `json:"attempt"`
+	Fingerprint string     `json:"fingerprint"` // 16 hex digits of the xxhash
+	StartedAt   time.Time  `json:"started_at"`
+	CompletedAt *time.Time `json:"completed_at"` // null while started
+	ExpiresAt   *time.Time `json:"expires_at"`   // null: never
+	// ResponseSize is the response's length in bytes; null when the response
+	// is nil (no response), which differs from an empty one.
+	ResponseSize *int       `json:"response_size"`
+	Error        *errorJSON `json:"error"` // the stored error, null if none
+}
+
+type errorJSON struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (a *app) recordJSON(r *idem.Record) recordJSON {
+	out := recordJSON{
+		Key:         r.Key,
+		State:       r.State.String(),
+		Attempt:     r.Attempt,
+		Fingerprint: fmt.Sprintf("%016x", r.Fingerprint),
+		StartedAt:   r.StartedAt.UTC(),
+		CompletedAt: timePtr(r.CompletedAt),
+		ExpiresAt:   timePtr(a.expiresAt(r)),
+	}
+	if r.Response != nil {
+		n := len(r.Response)
+		out.ResponseSize = &n
+	}
+	if r.Err != nil {
+		out.Error = &errorJSON{Code: r.Err.Code, Message: r.Err.Message}
+	}
+	return out
+}
+
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// Human renderings.
+
+func fmtTime(t *time.Time, zero string) string {
+	if t == nil {
+		return zero
+	}
+	return t.Format(time.RFC3339)
+}
+
+func fmtSize(n *int) string {
+	if n == nil {
+		return "-"
+	}
+	return fmtBytes(int64(*n))
+}
+
+func fmtBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+func fmtErr(e *errorJSON) string {
+	switch {
+	case e == nil:
+		return "-"
+	case e.Code != "":
+		return e.Code
+	}
+	return "(no code)"
+}
+
+// quoteKey prints a key as it is when that is unambiguous in a table, and
+// Go-quoted when it has spaces, control or invisible characters.
+func quoteKey(k string) string {
+	if k == "" {
+		return `""`
+	}
+	for _, r := range k {
+		if !unicode.IsGraphic(r) || unicode.IsSpace(r) || r == '"' {
+			return strconv.Quote(k)
+		}
+	}
+	return k
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+func newResolveCmd(a *app) *cobra.Command {
+	var o resolveOpts
+	c := &cobra.Command{
+		Use:   "resolve KEY (--response STRING | --response-file PATH | --error MESSAGE [--code CODE])",
+		Short: "Complete an interrupted execution by hand",
+		Long: `resolve completes KEY's interrupted execution (a started record: the function
+may or may not have had its effect) as if the function had returned: the
+record becomes done, and every later call with KEY replays what you give here.
+
+Find out first what happened downstream. Then give the response the function
+would have returned (--response, or --response-file, "-" for stdin; an empty
+--response "" stores an empty response, which differs from none), and/or the
+permanent error it would have returned (--error MESSAGE, --code CODE), which
+later calls replay as *idem.Error. To run the function again instead, use
+idem forget KEY.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			o.responseSet = cmd.Flags().Changed("response")
+			o.fileSet = cmd.Flags().Changed("response-file")
+			return a.resolve(args[0], o)
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&o.response, "response", "", "the response to store, as a string")
+	f.StringVar(&o.file, "response-file", "", `read the response to store from this file ("-": stdin)`)
+	f.StringVar(&o.code, "code", "", "code of the stored error (idem.Error.Code)")
+	f.StringVar(&o.errMsg, "error", "", "message of the stored error: resolve as a permanent error")
+	return c
+}
+
+type resolveOpts struct {
+	response, file, code, errMsg string
+	responseSet, fileSet         bool
+}
+
+type resolveJSON struct {
+	Key          string     `json:"key"`
+	State        string     `json:"state"`
+	ResponseSize *int       `json:"response_size"` // null: no response
+	Error        *errorJSON `json:"error"`
+}
+
+func (a *app) resolve(key string, o resolveOpts) (err error) {
+	if o.responseSet && o.fileSet {
+		return &usageError{errors.New("resolve: give --response or --response-file, not both")}
+	}
+	if !o.responseSet && !o.fileSet && o.errMsg == "" && o.code == "" {
+		return &usageError{errors.New("resolve: say what the execution returned: --response, --response-file, or --error (with --code)")}
+	}
+	var resp []byte
+	switch {
+	case o.responseSet:
+		resp = []byte(o.response)
+	case o.fileSet:
+		if resp, err = a.readResponse(o.file); err != nil {
+			return err
+		}
+	}
+
+	e, err := a.openEngine()
+	if err != nil {
+		return err
+	}
+	defer closeEngine(e, &err)
+	if err := e.Resolve(key, resp, o.code, o.errMsg); err != nil {
+		return err
+	}
+	out := resolveJSON{Key: key, State: "done"}
+	if resp != nil {
+		n := len(resp)
+		out.ResponseSize = &n
+	}
+	if o.errMsg != "" || o.code != "" {
+		out.Error = &errorJSON{Code: o.code, Message: o.errMsg}
+	}
+	if a.json {
+		return a.printJSON(out)
+	}
+	what := "no response"
+	if resp != nil {
+		what = "a response of " + fmtBytes(int64(len(resp)))
+	}
+	if out.Error != nil {
+		what += " and a stored error (code " + fmtErr(out.Error) + ")"
+	}
+	_, err = fmt.Fprintf(a.stdout, "resolved %s: done, with %s; later calls replay it\n", quoteKey(key), what)
+	return err
+}
+
+func (a *app) readResponse(path string) ([]byte, error) {
+	var b []byte
+	var err error
+	if path == "-" {
+		b, err = io.ReadAll(a.stdin)
+	} else {
+		b, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("idem: --response-file: %w", err)
+	}
+	if b == nil {
+		b = []byte{}
+	}
+	return b, nil
+}
