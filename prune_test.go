@@ -1,0 +1,114 @@
+package idem_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+func TestRetentionWithFakeClock(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
+	_, err := e.Do(bg, "k", []byte("a"), okFn("first"))
+	require.NoError(t, err)
+
+	clock.Advance(idem.DefaultRetention - time.Nanosecond)
+	res, err := e.Do(bg, "k", []byte("a"), mustNotRun(t))
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "inside the window: replayed")
+
+	clock.Advance(time.Nanosecond)
+	_, err = e.Get("k")
+	require.ErrorIs(t, err, idem.ErrNotFound, "expired at the window's end, before any prune")
+	st, err := e.Stats()
+	require.NoError(t, err)
+	require.Equal(t, 1, st.ExpiredPending)
+	require.Zero(t, st.Done)
+
+	// Slots are dropped whole once every record in them expired: at most one
+	// slot width (the retention window) later.
+	clock.Advance(idem.DefaultRetention)
+	n, err := e.Prune(bg)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	st, err = e.Stats()
+	require.NoError(t, err)
+	require.Zero(t, st.ExpiredPending)
+	require.EqualValues(t, 1, st.Pruned)
+
+	res, err = e.Do(bg, "k", []byte("another request"), okFn("second"))
+	require.NoError(t, err, "the key is new afterwards")
+	require.False(t, res.Replayed)
+	require.Equal(t, "second", string(res.Response))
+}
+
+func TestPruneNeverDropsALiveRecord(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
+	// One record every minute for three hours; prune every minute.
+	for i := range 180 {
+		_, err := e.Do(bg, fmt.Sprintf("k%d", i), nil, okFn("v"))
+		require.NoError(t, err)
+		_, err = e.Prune(bg)
+		require.NoError(t, err)
+		// Every record of the last hour is still there.
+		for j := max(0, i-59); j <= i; j++ {
+			_, err := e.Get(fmt.Sprintf("k%d", j))
+			require.NoError(t, err, "record %d pruned at minute %d", j, i)
+		}
+		clock.Advance(time.Minute)
+	}
+	st, err := e.Stats()
+	require.NoError(t, err)
+	require.Equal(t, 59, st.Done, "the clock ended a minute after the last call: minutes 121-179 are live")
+	require.Positive(t, st.Pruned)
+	require.LessOrEqual(t, st.ExpiredPending, 60, "space is reclaimed within a slot width")
+}
+
+func TestPruneExpiresInterruptedExecutions(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	canceled := func(context.Context) ([]byte, error) { return nil, context.Canceled }
+
+	t.Run("re-execute policy: expire a window after they started", func(t *testing.T) {
+		e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
+		_, _ = e.Do(bg, "k", []byte("a"), canceled)
+		clock.Advance(idem.DefaultRetention)
+		_, err := e.Get("k")
+		require.ErrorIs(t, err, idem.ErrNotFound)
+		n, err := e.Prune(bg)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		res, err := e.Do(bg, "k", []byte("b"), okFn("v"))
+		require.NoError(t, err)
+		require.Equal(t, 1, res.Attempt, "a new key, not a recovery")
+	})
+	t.Run("refuse policy: stay until resolved", func(t *testing.T) {
+		e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse})
+		_, _ = e.Do(bg, "k", []byte("a"), canceled)
+		clock.Advance(10 * idem.DefaultRetention)
+		n, err := e.Prune(bg)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		_, err = e.Do(bg, "k", []byte("a"), mustNotRun(t))
+		require.ErrorIs(t, err, idem.ErrIncomplete)
+	})
+}
+
+func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: time.Millisecond, Retention: time.Minute})
+	_, err := e.Do(bg, "k", nil, okFn("v"))
+	require.NoError(t, err)
+	clock.Advance(3 * time.Minute)
+	require.Eventually(t, func() bool {
+		st, err := e.Stats()
+		return err == nil && st.Pruned == 1
+	}, 10*time.Second, time.Millisecond)
+	require.NoError(t, e.Close()) // goleak in TestMain checks that it stopped
+}

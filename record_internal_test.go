@@ -1,0 +1,150 @@
+package idem
+
+import (
+	"context"
+	"unicode/utf8"
+
+	"bytes"
+	"errors"
+	"go.etcd.io/bbolt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func sampleRecords() []*Record {
+	t0 := time.Unix(1_700_000_000, 123456789)
+	return []*Record{
+		{Key: "started", State: StateStarted, Fingerprint: 42, Attempt: 1, StartedAt: t0},
+		{Key: "done", State: StateDone, Fingerprint: 1<<64 - 1, Attempt: 3, StartedAt: t0, CompletedAt: t0.Add(time.Second), Response: []byte(`{"order":"ord_1"}`)},
+		{Key: "empty", State: StateDone, Attempt: 1, StartedAt: t0, CompletedAt: t0, Response: []byte{}},
+		{Key: "error", State: StateDone, Attempt: 1, StartedAt: t0, CompletedAt: t0, Err: &Error{Code: "card_declined", Message: "declined", Replayed: true}},
+		{Key: "both", State: StateDone, Attempt: 1, StartedAt: t0, CompletedAt: t0, Response: []byte("partial"), Err: &Error{Message: "half", Replayed: true}},
+	}
+}
+
+func TestRecordRoundTrip(t *testing.T) {
+	for _, r := range sampleRecords() {
+		t.Run(r.Key, func(t *testing.T) {
+			b := encodeRecord(nil, r)
+			require.Len(t, b, encodedSize(r))
+			got, err := decodeRecord(r.Key, b)
+			require.NoError(t, err)
+			require.Equal(t, r.Response == nil, got.Response == nil, "nil and empty differ")
+			require.True(t, r.StartedAt.Equal(got.StartedAt))
+			require.True(t, r.CompletedAt.Equal(got.CompletedAt))
+			got.StartedAt, got.CompletedAt = r.StartedAt, r.CompletedAt
+			require.Equal(t, r, got)
+		})
+	}
+}
+
+func TestDecodeDamagedRecords(t *testing.T) {
+	good := encodeRecord(nil, sampleRecords()[1])
+	future := bytes.Clone(good)
+	future[0] = recordVersion + 1
+	flipped := bytes.Clone(good)
+	flipped[len(flipped)/2] ^= 0x40
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"nil", nil, "too short"},
+		{"truncated", good[:len(good)-5], "checksum"},
+		{"truncated to the header", good[:recordFixed], "too short"},
+		{"one bit flipped", flipped, "checksum"},
+		{"future format version", future, "unknown record version"},
+		{"garbage", []byte(strings.Repeat("\xff", 64)), "unknown record version"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := decodeRecord("order-7f3a", tc.b)
+			require.ErrorIs(t, err, ErrCorrupt)
+			require.Contains(t, err.Error(), "order-7f3a", "the error names the key")
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+// testdata/record-v1-done.bin is a record written by format version 1: it
+// must keep decoding to the same record in every later version.
+func TestDecodeStoredVersion1(t *testing.T) {
+	const path = "testdata/record-v1-done.bin"
+	want := sampleRecords()[1]
+	if os.Getenv("IDEM_UPDATE_TESTDATA") != "" {
+		require.NoError(t, os.WriteFile(path, encodeRecord(nil, want), 0o644))
+	}
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	got, err := decodeRecord("done", b)
+	require.NoError(t, err)
+	require.Equal(t, want.Response, got.Response)
+	require.Equal(t, want.Attempt, got.Attempt)
+	require.Equal(t, want.Fingerprint, got.Fingerprint)
+	require.True(t, want.CompletedAt.Equal(got.CompletedAt))
+}
+
+func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
+	path := t.TempDir() + "/idem.db"
+	e, err := Open(path, nil)
+	require.NoError(t, err)
+	defer e.Close()
+	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
+		return startedBucket(tx).Put([]byte("order-7f3a"), []byte("not a record"))
+	}))
+	_, err = e.Do(t.Context(), "order-7f3a", nil, func(context.Context) ([]byte, error) {
+		t.Error("fn must not run over a corrupt record")
+		return nil, nil
+	})
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.Contains(t, err.Error(), "order-7f3a")
+	_, err = e.Get("order-7f3a")
+	require.ErrorIs(t, err, ErrCorrupt)
+	st, err := e.Stats()
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Corrupt)
+	// Forget clears it; the key works again.
+	require.NoError(t, e.Forget("order-7f3a"))
+	_, err = e.Do(t.Context(), "order-7f3a", nil, func(context.Context) ([]byte, error) { return nil, nil })
+	require.NoError(t, err)
+}
+
+func FuzzDecodeRecord(f *testing.F) {
+	for _, r := range sampleRecords() {
+		f.Add(encodeRecord(nil, r))
+	}
+	f.Add([]byte{})
+	f.Add([]byte{recordVersion, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := decodeRecord("k", b)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("error does not wrap ErrCorrupt: %v", err)
+			}
+			return
+		}
+		// Whatever decodes re-encodes to the same bytes.
+		if again := encodeRecord(nil, r); !bytes.Equal(again, b) {
+			t.Fatalf("re-encoding differs:\n%x\n%x", b, again)
+		}
+	})
+}
+
+func FuzzValidateKey(f *testing.F) {
+	for _, s := range []string{"", "k", "order-7f3a", strings.Repeat("k", 255), strings.Repeat("k", 256), "\xff", "é"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, key string) {
+		err := validateKey(key)
+		valid := key != "" && len(key) <= MaxKeyLen && utf8.ValidString(key)
+		if valid != (err == nil) {
+			t.Fatalf("validateKey(%q) = %v", key, err)
+		}
+		if err != nil && !errors.Is(err, ErrInvalidKey) {
+			t.Fatalf("error does not wrap ErrInvalidKey: %v", err)
+		}
+	})
+}
