@@ -1,0 +1,195 @@
+package bench_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/idemkit/idem/bench"
+)
+
+// Benchmarks: every workload × contender, named key=value for benchstat, for
+// example BenchmarkReplay/keys=1e6/contender=idem/mode=cold/callers=64.
+//
+//	go test -bench . -timeout 0                 # full sizes (1e6 records)
+//	go test -short -bench .                     # quick sizes
+//	go test -bench 'First/contender=(idem|postgres)' -count 6 | benchstat -col /contender -
+//
+// A contender's fixture (its stored records) is made once per benchmark and
+// contender, outside the timed runs; b.N operations then run on it. Each run
+// reports ops/s and the p50 and p99 latency of one call in µs beside ns/op
+// (the wall-clock time per operation over all callers).
+
+// sizes are the quick sizes under -short, the full ones otherwise.
+func sizes() bench.Sizes {
+	if testing.Short() {
+		return bench.QuickSizes()
+	}
+	return bench.FullSizes()
+}
+
+// openFixture opens c on spec for the sub-benchmarks of b, and closes it when
+// b ends; it skips b when the contender cannot run here.
+func openFixture(b *testing.B, c bench.Contender, spec bench.FixtureSpec) *bench.Fixture {
+	b.Helper()
+	f, err := bench.OpenFixture(context.Background(), c, b.TempDir(), spec, nil)
+	if errors.Is(err, bench.ErrSkipped) {
+		b.Skip(err)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		if err := f.Close(); err != nil {
+			b.Error(err)
+		}
+	})
+	return f
+}
+
+// throughput runs b.N operations of w on f as the sub-benchmark name.
+func throughput(b *testing.B, name string, f *bench.Fixture, w bench.Workload) {
+	b.Run(name, func(b *testing.B) {
+		b.ReportAllocs()
+		if w.Bytes > 0 {
+			b.SetBytes(int64(w.Bytes))
+		}
+		b.ResetTimer()
+		r, err := w.Run(context.Background(), f, bench.Load{Ops: b.N})
+		b.StopTimer()
+		if errors.Is(err, bench.ErrSkipped) {
+			b.Skip(err)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, r)
+	})
+}
+
+// oneShot runs a one-shot workload (its own fixture, one measurement) as the
+// sub-benchmark name. The testing package calls a benchmark several times with
+// growing b.N; the measurement is made on the first call and reported on each.
+// ns/op means nothing here and is suppressed.
+func oneShot(b *testing.B, name string, c bench.Contender, w bench.Workload) {
+	var (
+		r   *bench.Result
+		err error
+	)
+	b.Run(name, func(b *testing.B) {
+		if r == nil && err == nil {
+			f := openFixture(b, c, w.Fixture)
+			r, err = w.Run(context.Background(), f, bench.Load{})
+		}
+		if errors.Is(err, bench.ErrSkipped) {
+			b.Skip(err)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		report(b, r)
+		b.ReportMetric(0, "ns/op")
+	})
+}
+
+// report adds r's figures to b's.
+func report(b *testing.B, r *bench.Result) {
+	if r.Ops > 0 {
+		b.ReportMetric(r.OpsPerSec(), "ops/s")
+	}
+	if r.Latency != nil && r.Latency.Count() > 0 {
+		b.ReportMetric(float64(r.Latency.Quantile(0.5).Nanoseconds())/1e3, "p50-us")
+		b.ReportMetric(float64(r.Latency.Quantile(0.99).Nanoseconds())/1e3, "p99-us")
+	}
+	for _, m := range r.Metrics {
+		b.ReportMetric(m.Value, m.Unit)
+	}
+}
+
+// BenchmarkFirst: first executions of fresh keys, 1 to 256 callers, on a
+// store holding Sizes.FirstStored records.
+func BenchmarkFirst(b *testing.B) {
+	s := sizes()
+	for _, c := range bench.Contenders() {
+		b.Run("contender="+c.Name, func(b *testing.B) {
+			f := openFixture(b, c, bench.FixtureSpec{Stored: s.FirstStored})
+			for _, n := range s.FirstCallers {
+				throughput(b, fmt.Sprintf("callers=%d", n), f, bench.FirstWorkload(s.FirstStored, n, s.First))
+			}
+		})
+	}
+}
+
+// BenchmarkDoTx: the effect and the record in one commit.
+func BenchmarkDoTx(b *testing.B) {
+	s := sizes()
+	for _, c := range bench.Contenders() {
+		b.Run("contender="+c.Name, func(b *testing.B) {
+			f := openFixture(b, c, bench.FixtureSpec{Stored: s.FirstStored})
+			for _, n := range s.DoTxCallers {
+				throughput(b, fmt.Sprintf("callers=%d", n), f, bench.DoTxWorkload(s.FirstStored, n, s.First))
+			}
+		})
+	}
+}
+
+// BenchmarkReplay: replays of recent and cold keys at each store size.
+func BenchmarkReplay(b *testing.B) {
+	s := sizes()
+	for _, stored := range s.ReplayStored {
+		recent := min(s.Recent, stored)
+		b.Run("keys="+bench.Count(stored), func(b *testing.B) {
+			for _, c := range bench.Contenders() {
+				b.Run("contender="+c.Name, func(b *testing.B) {
+					f := openFixture(b, c, bench.FixtureSpec{Stored: stored, Recent: recent})
+					for _, mode := range []bench.ReplayMode{bench.Recent, bench.Cold} {
+						b.Run("mode="+string(mode), func(b *testing.B) {
+							for _, n := range s.ReplayCallers {
+								throughput(b, fmt.Sprintf("callers=%d", n), f, bench.ReplayWorkload(stored, recent, mode, n, s.Replay))
+							}
+						})
+					}
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkConflict: done keys reused with another fingerprint.
+func BenchmarkConflict(b *testing.B) {
+	s := sizes()
+	stored, recent := s.ConflictStored, min(s.Recent, s.ConflictStored)
+	b.Run("keys="+bench.Count(stored), func(b *testing.B) {
+		for _, c := range bench.Contenders() {
+			b.Run("contender="+c.Name, func(b *testing.B) {
+				f := openFixture(b, c, bench.FixtureSpec{Stored: stored, Recent: recent})
+				throughput(b, "callers=1", f, bench.ConflictWorkload(stored, recent, 1, s.Conflict))
+			})
+		}
+	})
+}
+
+// BenchmarkPrune: pruning the expired records, with writers' latency during
+// it (one measurement per contender).
+func BenchmarkPrune(b *testing.B) {
+	s := sizes()
+	w := bench.PruneWorkload(s.PruneExpired, s.PruneLive, s.PruneWriters, s.PruneIdle)
+	b.Run("expired="+bench.Count(s.PruneExpired), func(b *testing.B) {
+		for _, c := range bench.Contenders() {
+			oneShot(b, "contender="+c.Name, c, w)
+		}
+	})
+}
+
+// BenchmarkMemory: bytes on disk and Go heap per stored record (one
+// measurement per contender).
+func BenchmarkMemory(b *testing.B) {
+	s := sizes()
+	w := bench.MemoryWorkload(s.MemoryStored, min(s.Recent, s.MemoryStored))
+	b.Run("records="+bench.Count(s.MemoryStored), func(b *testing.B) {
+		for _, c := range bench.Contenders() {
+			oneShot(b, "contender="+c.Name, c, w)
+		}
+	})
+}

@@ -1,0 +1,160 @@
+package bench
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// Row is one line of the side-by-side table: one workload on one contender.
+type Row struct {
+	Workload  string `json:"workload"`
+	Contender string `json:"contender"`
+	// Ops and Seconds are the timed operations and their wall-clock time;
+	// OpsPerSec is their quotient.
+	Ops       int     `json:"ops,omitempty"`
+	Seconds   float64 `json:"seconds,omitempty"`
+	OpsPerSec float64 `json:"ops_per_sec,omitempty"`
+	// P50us and P99us are latency quantiles in microseconds.
+	P50us float64 `json:"p50_us,omitempty"`
+	P99us float64 `json:"p99_us,omitempty"`
+	// Score is what Ratio compares, in ScoreUnit (ops/s unless the workload
+	// says otherwise).
+	Score     float64 `json:"score,omitempty"`
+	ScoreUnit string  `json:"score_unit,omitempty"`
+	// Ratio is Score over the Score of RatioTo's row in the same workload.
+	Ratio   float64            `json:"ratio,omitempty"`
+	RatioTo string             `json:"ratio_to,omitempty"`
+	Metrics map[string]float64 `json:"metrics,omitempty"`
+	Note    string             `json:"note,omitempty"`
+	// Skipped says why the row was not measured; Error why it failed.
+	Skipped string `json:"skipped,omitempty"`
+	Error   string `json:"error,omitempty"`
+}
+
+// NewRow makes the row of workload on contender from what Run returned.
+func NewRow(workload, contender string, r *Result, err error) Row {
+	row := Row{Workload: workload, Contender: contender}
+	switch {
+	case errors.Is(err, ErrSkipped):
+		row.Skipped = strings.TrimPrefix(err.Error(), ErrSkipped.Error()+": ")
+		return row
+	case err != nil:
+		row.Error = err.Error()
+		return row
+	case r == nil:
+		row.Error = "no result"
+		return row
+	}
+	row.Ops, row.Seconds, row.OpsPerSec = r.Ops, r.Elapsed.Seconds(), r.OpsPerSec()
+	if r.Latency != nil && r.Latency.Count() > 0 {
+		row.P50us, row.P99us = us(r.Latency.Quantile(0.5)), us(r.Latency.Quantile(0.99))
+	}
+	row.Score, row.ScoreUnit, row.Note = r.Score, r.ScoreUnit, r.Note
+	if len(r.Metrics) > 0 {
+		row.Metrics = make(map[string]float64, len(r.Metrics))
+		for _, m := range r.Metrics {
+			row.Metrics[m.Unit] = m.Value
+		}
+	}
+	return row
+}
+
+// SetRatios sets each measured row's Ratio to its Score over that of the
+// Reference contender's row in the same workload, or, where the reference has
+// no figure, of the Fallback contender's.
+func SetRatios(rows []Row) {
+	refs := make(map[string]Row)
+	for _, name := range []string{Fallback, Reference} { // the reference wins
+		for _, r := range rows {
+			if r.Contender == name && r.Score > 0 {
+				refs[r.Workload] = r
+			}
+		}
+	}
+	for i := range rows {
+		ref, ok := refs[rows[i].Workload]
+		if ok && rows[i].Score > 0 && rows[i].ScoreUnit == ref.ScoreUnit {
+			rows[i].Ratio, rows[i].RatioTo = rows[i].Score/ref.Score, ref.Contender
+		}
+	}
+}
+
+// WriteJSON writes rows as an indented JSON array.
+func WriteJSON(w io.Writer, rows []Row) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rows)
+}
+
+// WriteMarkdown writes rows as a markdown table, with a legend.
+func WriteMarkdown(w io.Writer, rows []Row) error {
+	var b strings.Builder
+	b.WriteString("| workload | contender | ops/s | p50 | p99 | ratio | notes |\n")
+	b.WriteString("|---|---|--:|--:|--:|--:|---|\n")
+	for _, r := range rows {
+		ops, p50, p99, ratio, note := "", "", "", "", r.Note
+		switch {
+		case r.Skipped != "":
+			ops, note = "skipped", r.Skipped
+		case r.Error != "":
+			ops, note = "failed", r.Error
+		default:
+			if r.OpsPerSec > 0 {
+				ops = thousands(r.OpsPerSec)
+			}
+			if r.P50us > 0 || r.P99us > 0 {
+				p50, p99 = formatUs(r.P50us), formatUs(r.P99us)
+			}
+			switch {
+			case r.Ratio > 0 && r.RatioTo == r.Contender:
+				ratio = "1 (ref)"
+			case r.Ratio > 0:
+				ratio = fmt.Sprintf("%.2f×", r.Ratio)
+			}
+			if note == "" && r.Ops > 0 {
+				note = fmt.Sprintf("%d ops in %.2fs", r.Ops, r.Seconds)
+			}
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Workload, r.Contender, ops, p50, p99, ratio, cell(note))
+	}
+	b.WriteString(legend)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// legend explains the table's columns.
+const legend = `
+ratio: the row's ops/s over idem's in the same workload; where idem has no figure, over
+naive-bbolt's. bare's ratio is the overhead ratio: how much faster a plain call of fn is.
+Memory rows compare disk bytes per record instead (lower is better). Prune rows: ops/s, p50
+and p99 are the writers' from the prune's start until its end, or for as long as the idle
+window if the prune was shorter. Latencies are per call, to within 1.6%.
+`
+
+// cell makes s safe in a markdown table cell: one line, no pipes, short.
+func cell(s string) string {
+	s = strings.ReplaceAll(strings.ReplaceAll(s, "\n", " "), "|", "/")
+	if r := []rune(s); len(r) > 160 {
+		s = string(r[:157]) + "…"
+	}
+	return s
+}
+
+// thousands formats v rounded, with thousands separators: "12,345".
+func thousands(v float64) string {
+	s := strconv.FormatInt(int64(v+0.5), 10)
+	for i := len(s) - 3; i > 0; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}
+
+// formatUs formats a latency in microseconds with a unit that suits it.
+func formatUs(v float64) string {
+	return FormatDuration(durationUs(v))
+}
