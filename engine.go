@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,6 +93,18 @@ type Options struct {
 	// closed with ErrResponseTooLarge (stored, replayed, never truncated).
 	MaxResponseSize int
 
+	// ReplayCacheSize is how many recently completed records are kept in
+	// memory to answer replays without a read transaction. Zero means
+	// DefaultReplayCacheSize; negative disables the cache.
+	ReplayCacheSize int
+
+	// ReadOnly opens the file for inspection: a shared lock (other read-only
+	// opens may share the file, a writer may not), no change to the file, no
+	// pruner or dispatcher. Replays and Get work; anything that writes fails
+	// with bbolt's errors.ErrDatabaseReadOnly. A file with no idem bucket is
+	// refused with ErrFormat.
+	ReadOnly bool
+
 	// NoSync skips fsync on every commit. UNSAFE: a crash of the machine (not
 	// just of the process) may lose records, and a lost started record means a
 	// duplicate execution. For tests and benchmarks.
@@ -130,6 +143,7 @@ type Engine struct {
 	path  string
 	opts  Options
 	st    store
+	cache *replayCache
 	pipe  *commit.Pipeline
 	locks *keyLocks
 	now   func() time.Time
@@ -182,9 +196,15 @@ func Open(path string, opts *Options) (*Engine, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{
+	if o.ReadOnly {
+		if _, err := os.Stat(path); err != nil {
+			return nil, &OpError{Op: "open", Key: path, Err: err}
+		}
+	}
+	db, err := openBolt(path, &bbolt.Options{
 		Timeout:      o.LockTimeout,
 		NoSync:       o.NoSync,
+		ReadOnly:     o.ReadOnly,
 		FreelistType: bbolt.FreelistMapType,
 		NoStatistics: true,
 	})
@@ -194,7 +214,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		}
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
-	width, err := initFile(db, o.Retention)
+	width, err := initFile(db, o.Retention, o.ReadOnly)
 	if err != nil {
 		_ = db.Close()
 		return nil, &OpError{Op: "open", Key: path, Err: err}
@@ -205,6 +225,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		opts:     o,
 		st:       store{slotWidth: width},
 		locks:    newKeyLocks(),
+		cache:    newReplayCache(cmp.Or(o.ReplayCacheSize, DefaultReplayCacheSize)),
 		now:      o.Now,
 		log:      o.Logger,
 		stopBg:   make(chan struct{}),
@@ -212,15 +233,29 @@ func Open(path string, opts *Options) (*Engine, error) {
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.pipe = commit.New(db, e.committed)
+	if o.ReadOnly {
+		e.opts.Outbox.Dispatch = false
+	}
 	if err := e.startOutbox(); err != nil {
 		_ = e.Close()
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
-	if o.PruneInterval > 0 {
+	if o.PruneInterval > 0 && !o.ReadOnly {
 		e.bg.Add(1)
 		go e.pruneLoop(o.PruneInterval)
 	}
 	return e, nil
+}
+
+// openBolt is bbolt.Open, with the panics bbolt raises on a damaged file
+// (its freelist or meta pages) turned into an error wrapping ErrCorrupt.
+func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
+		}
+	}()
+	return bbolt.Open(path, 0o600, o)
 }
 
 // Path returns the file's path.
@@ -302,7 +337,10 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	fp := xxhash.Sum64(fingerprint)
 
 	// The fast path: a done record answers without the per-key lock, after
-	// the fingerprint check.
+	// the fingerprint check, from memory if it completed recently.
+	if rec, ok := e.cached(key, e.now()); ok {
+		return e.replay(op, rec, fp)
+	}
 	rec, err := e.load(key)
 	if err != nil {
 		return Result{}, err
@@ -429,6 +467,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 		return res, e.writeErr("do", c.key, err)
 	}
 	fault.Point("do-after-done")
+	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
 }
 
@@ -470,17 +509,35 @@ func (e *Engine) restore(tx *bbolt.Tx, c *leading) error {
 	return e.st.deleteStarted(tx, c.key)
 }
 
+// replay answers from a done record, which may be shared with the cache: the
+// caller gets its own response bytes and its own *Error.
 func (e *Engine) replay(op string, rec *Record, fp uint64) (Result, error) {
 	if rec.Fingerprint != fp {
 		e.n.conflicts.Add(1)
 		return Result{}, &OpError{Op: op, Key: rec.Key, Err: ErrFingerprintMismatch}
 	}
 	e.n.replays.Add(1)
-	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
+	res := Result{Response: cloneBytes(rec.Response), Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
 	if rec.Err != nil {
-		return res, rec.Err
+		err := *rec.Err
+		return res, &err
 	}
 	return res, nil
+}
+
+// remember puts a just-committed done record in the replay cache, as a
+// replay from the file would see it: its own copy of the response.
+func (e *Engine) remember(done *Record) {
+	if e.cache == nil {
+		return
+	}
+	r := *done
+	r.Response = cloneBytes(done.Response)
+	if done.Err != nil {
+		stored := Error{Code: done.Err.Code, Message: done.Err.Message, Replayed: true}
+		r.Err = &stored
+	}
+	e.cache.put(&r)
 }
 
 // load reads key's live record, or nil if it has none or it expired.
@@ -642,6 +699,7 @@ func (e *Engine) Get(key string) (*Record, error) {
 // ErrNotFound if nothing is stored.
 func (e *Engine) Forget(key string) error {
 	return e.operate("forget", key, func(tx *bbolt.Tx) error {
+		e.cache.forget(key) // under the key: no call can cache it again meanwhile
 		found, err := e.st.deleteAll(tx, key)
 		if err == nil && !found {
 			err = ErrNotFound
@@ -714,7 +772,8 @@ type Stats struct {
 	// Commits made and the writes they carried since Open (their ratio is the
 	// group-commit batch size).
 	Commits, Writes uint64
-	// FileSize is the size of the file in bytes.
+	// FileSize is the bytes of the file in use by bbolt's pages (its
+	// Tx.Size); the file on disk may be larger, preallocated for growth.
 	FileSize int64
 	// Outbox counts the outbox messages by state.
 	Outbox OutboxStats
@@ -756,7 +815,9 @@ func (e *Engine) Stats() (Stats, error) {
 }
 
 // Records calls fn for every live record in the file (one read transaction),
-// in no particular order. Corrupt records are passed with an ErrCorrupt error.
+// started records first, then done ones from the oldest time slot. A corrupt
+// record is passed as a Record with only Key set, beside an ErrCorrupt error.
+// An error from fn stops the walk and is returned.
 func (e *Engine) Records(fn func(r *Record, err error) error) error {
 	if err := e.enter(); err != nil {
 		return &OpError{Op: "records", Err: err}

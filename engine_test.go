@@ -443,3 +443,55 @@ func TestDoJSON(t *testing.T) {
 	_, _, err = idem.DoJSON(bg, e, "k", map[string]any{"qty": 3, "sku": "A1"}, place)
 	require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 }
+
+func TestReadOnlyOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	e, err := idem.Open(path, nil)
+	require.NoError(t, err)
+	_, err = e.Do(bg, "k", []byte("fp"), okFn("v"))
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	ro, err := idem.Open(path, &idem.Options{ReadOnly: true})
+	require.NoError(t, err)
+	ro2, err := idem.Open(path, &idem.Options{ReadOnly: true})
+	require.NoError(t, err, "read-only opens share the file")
+	require.NoError(t, ro2.Close())
+	res, err := ro.Do(bg, "k", []byte("fp"), mustNotRun(t))
+	require.NoError(t, err, "a replay needs no write")
+	require.True(t, res.Replayed)
+	_, err = ro.Do(bg, "new", nil, mustNotRun(t))
+	require.ErrorIs(t, err, bolterrors.ErrDatabaseReadOnly)
+	st, err := ro.Stats()
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Done)
+	require.NoError(t, ro.Close())
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "a read-only open changes nothing")
+
+	_, err = idem.Open(filepath.Join(t.TempDir(), "missing.db"), &idem.Options{ReadOnly: true})
+	require.ErrorIs(t, err, os.ErrNotExist, "a read-only open creates nothing")
+}
+
+func TestCallerOwnsItsResponseBytes(t *testing.T) {
+	for _, size := range []int{-1, 0} { // replay cache off, on
+		t.Run(fmt.Sprintf("replay cache size %d", size), func(t *testing.T) {
+			e, _ := testkit.Open(t, &idem.Options{ReplayCacheSize: size})
+			buf := []byte("original")
+			first, err := e.Do(bg, "k", nil, func(context.Context) ([]byte, error) { return buf, nil })
+			require.NoError(t, err)
+			copy(first.Response, "CHANGED!")
+			copy(buf, "CHANGED!")
+			second, err := e.Do(bg, "k", nil, mustNotRun(t))
+			require.NoError(t, err)
+			require.Equal(t, "original", string(second.Response))
+			copy(second.Response, "CHANGED!")
+			third, err := e.Do(bg, "k", nil, mustNotRun(t))
+			require.NoError(t, err)
+			require.Equal(t, "original", string(third.Response))
+		})
+	}
+}

@@ -33,6 +33,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	total := 0
 	defer func() { e.n.pruned.Add(uint64(total)) }()
 	now := e.now()
+	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention
 
 	// Whole slots first: find them and count their records in a read
 	// transaction (a slot that ended a window ago takes no more writes).

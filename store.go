@@ -21,9 +21,16 @@ type store struct {
 
 // initFile creates the engine's buckets in a new file, or checks the format
 // version of an existing one. It returns the slot width recorded in the file.
-func initFile(db *bbolt.DB, retention time.Duration) (time.Duration, error) {
-	var width time.Duration
-	err := db.Update(func(tx *bbolt.Tx) error {
+// A read-only open only checks, and refuses a file that has no idem bucket.
+func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.Duration, err error) {
+	if readOnly {
+		err = db.View(func(tx *bbolt.Tx) error {
+			width, err = checkMeta(tx.Bucket(layout.Root))
+			return err
+		})
+		return width, err
+	}
+	err = db.Update(func(tx *bbolt.Tx) error {
 		root := tx.Bucket(layout.Root)
 		if root == nil {
 			var err error
@@ -34,30 +41,16 @@ func initFile(db *bbolt.DB, retention time.Duration) (time.Duration, error) {
 			if err != nil {
 				return err
 			}
-			width = retention
 			if err := meta.Put(layout.VersionK, binary.BigEndian.AppendUint32(nil, layout.Version)); err != nil {
 				return err
 			}
-			if err := meta.Put(layout.SlotWidth, layout.U64(uint64(width))); err != nil {
+			if err := meta.Put(layout.SlotWidth, layout.U64(uint64(retention))); err != nil {
 				return err
 			}
 		}
-		meta := root.Bucket(layout.Meta)
-		if meta == nil {
-			return fmt.Errorf("%w: bucket %q has no meta bucket", ErrFormat, layout.Root)
+		if width, err = checkMeta(root); err != nil {
+			return err
 		}
-		v := meta.Get(layout.VersionK)
-		if len(v) != 4 {
-			return fmt.Errorf("%w: no format version recorded", ErrFormat)
-		}
-		if got := binary.BigEndian.Uint32(v); got != layout.Version {
-			return fmt.Errorf("%w: file has format version %d, this build reads version %d", ErrFormat, got, layout.Version)
-		}
-		w, ok := layout.ParseU64(meta.Get(layout.SlotWidth))
-		if !ok || w == 0 {
-			return fmt.Errorf("%w: bad slot width", ErrFormat)
-		}
-		width = time.Duration(w)
 		for _, name := range [][]byte{layout.Started, layout.Slots, layout.Outbox, layout.Dead} {
 			if _, err := root.CreateBucketIfNotExists(name); err != nil {
 				return err
@@ -66,6 +59,30 @@ func initFile(db *bbolt.DB, retention time.Duration) (time.Duration, error) {
 		return nil
 	})
 	return width, err
+}
+
+// checkMeta checks the format version in root's meta bucket and returns the
+// slot width.
+func checkMeta(root *bbolt.Bucket) (time.Duration, error) {
+	if root == nil {
+		return 0, fmt.Errorf("%w: not an idem file (no %q bucket)", ErrFormat, layout.Root)
+	}
+	meta := root.Bucket(layout.Meta)
+	if meta == nil {
+		return 0, fmt.Errorf("%w: bucket %q has no meta bucket", ErrFormat, layout.Root)
+	}
+	v := meta.Get(layout.VersionK)
+	if len(v) != 4 {
+		return 0, fmt.Errorf("%w: no format version recorded", ErrFormat)
+	}
+	if got := binary.BigEndian.Uint32(v); got != layout.Version {
+		return 0, fmt.Errorf("%w: file has format version %d, this build reads version %d", ErrFormat, got, layout.Version)
+	}
+	w, ok := layout.ParseU64(meta.Get(layout.SlotWidth))
+	if !ok || w == 0 {
+		return 0, fmt.Errorf("%w: bad slot width", ErrFormat)
+	}
+	return time.Duration(w), nil
 }
 
 // buckets returns the engine's nested buckets in tx; they exist after initFile.
@@ -157,14 +174,19 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 }
 
 // forEach calls fn for every stored record, started ones first, then done ones
-// slot by slot. Records that fail to decode are passed as an error.
+// slot by slot. A record that fails to decode is passed as a Record with only
+// Key set, beside its error.
 func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
 	visit := func(b *bbolt.Bucket) error {
 		return b.ForEach(func(k, v []byte) error {
 			if v == nil {
 				return nil
 			}
-			return fn(decodeRecord(string(k), v))
+			r, err := decodeRecord(string(k), v)
+			if err != nil {
+				r = &Record{Key: string(k)}
+			}
+			return fn(r, err)
 		})
 	}
 	if err := visit(startedBucket(tx)); err != nil {

@@ -98,6 +98,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 	switch {
 	case err == nil:
 		fault.Point("dotx-after-commit")
+		e.remember(done)
 		return e.firstAnswer(done, resp, nil)
 	case errors.As(err, &pe):
 		c.incomplete = true
@@ -124,6 +125,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		c.incomplete = true
 		return res, e.writeErr("dotx", c.key, err)
 	}
+	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
 }
 

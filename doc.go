@@ -1,0 +1,89 @@
+// Package idem is an embedded dedupe engine: it makes any side-effecting Go
+// function safe to call again.
+//
+// Agents and services retry: LLM tool loops re-issue calls, HTTP clients retry
+// timeouts and 5xx, orchestrators replay steps after a crash. Engine.Do runs
+// fn once per idempotency key, records its outcome in a bbolt file beside the
+// program, and answers every retry from that record (errors included), so one
+// logical action reaches the world once however many physical calls arrive.
+//
+//	e, err := idem.Open("idem.db", nil)
+//	...
+//	fp, _ := idem.Fingerprint(args) // canonical arguments: "the same request"
+//	res, err := e.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
+//		return chargeCard(ctx, args) // runs once per key
+//	})
+//	// res.Response is the first call's response; res.Replayed tells a retry.
+//
+// Keys follow Stripe's rules (1 to 255 bytes) and the IETF Idempotency-Key
+// draft's semantics: a reused key with other arguments is refused
+// (ErrFingerprintMismatch, the draft's 422), a duplicate that arrives while the
+// first call runs waits for it, or fails with ErrInProgress (the draft's 409).
+//
+// # Guarantees
+//
+//   - At most once per key within the retention window, for fn's effect as far
+//     as the engine can see it: a started record is committed and synced before
+//     fn runs, a done record after it returns, and every later call with the key
+//     is answered from the done record without running fn. The window (default
+//     24 hours) runs from the record's completion; it is a floor: records may be
+//     kept longer, never shorter.
+//   - Replays are exact: the same response bytes (nil and empty differ), the same
+//     error code and message, after a restart too. A caller can tell a replay only
+//     by Result.Replayed.
+//   - Durability: when Do returns, its record is on disk (fsync), unless
+//     Options.NoSync is set. Concurrent calls share commits (group commit).
+//   - A crash at any point leaves either no record (fn did not run), a done record
+//     (replayed), or a started record: an interrupted execution, whose effect is
+//     unknown. The RecoveryPolicy decides: re-execute (the default, at-least-once;
+//     fn reads CallFrom(ctx).Recovered and reconciles with the downstream system,
+//     passing the key on), or refuse with ErrIncomplete until an operator
+//     resolves the key.
+//   - DoTx gives exactly once for effects in the same file: fn's writes and the
+//     record commit in one transaction or not at all. Effects elsewhere go
+//     through the outbox in that transaction and are delivered at least once,
+//     each with a stable downstream key.
+//   - Concurrent duplicates in one process run fn once (per-key singleflight);
+//     calls on different keys do not wait for each other.
+//   - Nothing is lost on bad input: invalid keys and fingerprint conflicts store
+//     nothing and touch nothing; a corrupt record is reported with ErrCorrupt
+//     and its key, never a panic.
+//
+// # Caveats
+//
+//   - One process holds the file (bbolt's exclusive lock); a second Open, even
+//     in the same process, fails after Options.LockTimeout. Dedupe across
+//     processes or machines needs a shared backend, which this package is not.
+//   - Exactly once is impossible for an effect on another system: after a crash
+//     between the effect and the done record, fn runs again (or the key is
+//     refused). Pass the idempotency key to the downstream system, or use DoTx
+//     with the outbox.
+//   - A DoTx fn may run more than once (shared transactions are retried without
+//     a failing member) and must touch only its Tx: no I/O, no shared memory.
+//   - Options.NoSync gives up durability: after a machine crash a started record
+//     may be missing and fn may run twice. For tests and benchmarks.
+//   - The fingerprint is a 64-bit xxhash: two different requests collide with
+//     probability 2^-64, and only matter within one key.
+//   - Responses are stored in full up to Options.MaxResponseSize (1 MiB by
+//     default); a larger one fails closed with ErrResponseTooLarge.
+//   - The file never shrinks by itself: `idem compact` rewrites it offline.
+//   - Keys and responses are user data: the engine never logs them. Choose keys
+//     that carry no personal data in clear (KeyOf hashes the parts).
+//
+// # Outbox
+//
+// A DoTx fn records an effect on another system (a charge, an email) with
+// Tx.Enqueue: the message commits with fn's writes and the done record, or not
+// at all. The dispatcher (OutboxOptions.Dispatch, or Engine.Dispatch) hands
+// each message to the Handler of its topic after the commit, at least once,
+// with Message.DownstreamKey (the call's key and the message's index, the same
+// on every attempt) to pass on as the downstream idempotency key. Messages of
+// one ordering key (the call's key, or one given to Tx.EnqueueOrdered) are
+// delivered one at a time in enqueue order; a failed attempt is retried after
+// an exponential backoff with jitter and holds back the later messages of its
+// key; after OutboxOptions.MaxAttempts it becomes a dead letter, which no
+// longer holds them back and which an operator lists (Engine.Messages),
+// retries (Engine.RetryDead) or drops (Engine.DropDead). Messages live in the
+// file: a restart delivers what was not delivered, and a crash after a handler
+// returned but before its message was removed delivers that message again.
+package idem

@@ -1,0 +1,187 @@
+package idem_test
+
+// Crash tests of the article's create_order through DoTx and the outbox: the
+// test binary re-executes itself as a child (TestOutboxCrashChild) that opens
+// the file, runs the call with a running dispatcher and is killed with
+// SIGKILL at a failpoint; the parent reopens the file and retries the call, as
+// a client would after a timeout.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+const (
+	obEnvChild   = "IDEM_TEST_OUTBOX_CHILD"
+	obEnvDB      = "IDEM_TEST_OUTBOX_DB"
+	obEnvGateway = "IDEM_TEST_OUTBOX_GATEWAY"
+
+	// obPointInFn is a failpoint inside create_order's fn, after its writes
+	// and its Enqueue, before it returns.
+	obPointInFn = "test-create-order-in-fn"
+)
+
+// obGateway is the payment gateway's ledger: one line per charge with the
+// idempotency key it was given, synced before the charge returns, so it
+// survives the kill. A real gateway would dedupe by that key.
+type obGateway string
+
+func (g obGateway) charge(key string) error {
+	f, err := os.OpenFile(string(g), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if _, err := fmt.Fprintln(f, key); err != nil {
+		return err
+	}
+	return f.Sync()
+}
+
+func (g obGateway) charges(t testing.TB) []string {
+	f, err := os.Open(string(g))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	require.NoError(t, err)
+	defer f.Close()
+	var lines []string
+	for s := bufio.NewScanner(f); s.Scan(); {
+		lines = append(lines, s.Text())
+	}
+	return lines
+}
+
+// obCrashKey is the call's idempotency key, built from its domain parts.
+var obCrashKey = idem.KeyOf("create_order", "customer-8812", "sku-A1", "2025-01-02")
+
+// obCreateOrder is the article's create_order: the order, the intent to
+// charge the card and the idempotency key, in one transaction.
+func obCreateOrder(ctx context.Context, tx *idem.Tx) ([]byte, error) {
+	orders, err := tx.Bucket([]byte("orders"))
+	if err != nil {
+		return nil, err
+	}
+	n, err := orders.NextSequence()
+	if err != nil {
+		return nil, err
+	}
+	id := fmt.Sprintf("order-%d", n)
+	if err := orders.Put([]byte(id), []byte("customer-8812 sku-A1 1200")); err != nil {
+		return nil, err
+	}
+	if err := tx.Enqueue("charge_card", []byte(id+" 1200")); err != nil {
+		return nil, err
+	}
+	fault.Point(obPointInFn)
+	return []byte(id), nil
+}
+
+func obCrashOptions(g obGateway) *idem.Options {
+	return &idem.Options{PruneInterval: -1, Outbox: idem.OutboxOptions{
+		Dispatch:     true,
+		PollInterval: time.Millisecond,
+		Handlers: map[string]idem.Handler{"charge_card": func(ctx context.Context, m idem.Message) error {
+			return g.charge(m.DownstreamKey)
+		}},
+	}}
+}
+
+// TestOutboxCrashChild is the child's side; it runs only under
+// TestOutboxCrash.
+func TestOutboxCrashChild(t *testing.T) {
+	if os.Getenv(obEnvChild) == "" {
+		t.Skip("the child process of TestOutboxCrash")
+	}
+	e, err := idem.Open(os.Getenv(obEnvDB), obCrashOptions(obGateway(os.Getenv(obEnvGateway))))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child:", err)
+		os.Exit(3)
+	}
+	res, err := e.DoTx(context.Background(), obCrashKey, []byte("sku-A1 1200"), obCreateOrder)
+	fmt.Fprintf(os.Stderr, "child: DoTx returned %q, %v; waiting for the dispatcher\n", res.Response, err)
+	// The dispatcher charges the card; at its failpoint the process dies.
+	time.Sleep(30 * time.Second)
+	fmt.Fprintln(os.Stderr, "child: not killed")
+	os.Exit(4)
+}
+
+func TestOutboxCrash(t *testing.T) {
+	for _, tc := range []struct {
+		name, point string
+		committed   bool // the child's transaction committed before the kill
+	}{
+		{"inside fn before it returns", obPointInFn, false},
+		{"after fn returned, before the commit", "dotx-before-commit", false},
+		{"after the commit, before the response reaches the caller", "dotx-after-commit", true},
+		{"after the handler charged the card, before the message is marked delivered", "outbox-after-handler", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			db := filepath.Join(dir, "idem.db")
+			gateway := obGateway(filepath.Join(dir, "gateway.log"))
+
+			cmd := exec.Command(os.Args[0], "-test.run=^TestOutboxCrashChild$", "-test.count=1")
+			cmd.Env = append(os.Environ(), obEnvChild+"=1", obEnvDB+"="+db, obEnvGateway+"="+string(gateway), fault.Env+"="+tc.point)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			require.True(t, errors.As(err, &exit), "child: %v\n%s", err, out)
+			ws, ok := exit.Sys().(syscall.WaitStatus)
+			require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die of SIGKILL at %s; it said:\n%s", tc.point, out)
+			childCharges := len(gateway.charges(t))
+			if tc.point == "outbox-after-handler" {
+				require.Equal(t, 1, childCharges, "the child charged the card before it died")
+			}
+
+			// Reopen, as the restarted service, and retry the call, as the client.
+			e, err := idem.Open(db, obCrashOptions(gateway))
+			require.NoError(t, err)
+			defer func() { require.NoError(t, e.Close()); testkit.Check(t, db) }()
+			_, err = e.Get(obCrashKey)
+			if tc.committed {
+				require.NoError(t, err, "the child's call committed")
+			} else {
+				require.ErrorIs(t, err, idem.ErrNotFound, "nothing of the child's call committed")
+			}
+
+			first, err := e.DoTx(context.Background(), obCrashKey, []byte("sku-A1 1200"), obCreateOrder)
+			require.NoError(t, err)
+			require.Equal(t, tc.committed, first.Replayed)
+			second, err := e.DoTx(context.Background(), obCrashKey, []byte("sku-A1 1200"), obCreateOrder)
+			require.NoError(t, err)
+			require.True(t, second.Replayed)
+			require.Equal(t, string(first.Response), string(second.Response), "the retry returns the same order")
+
+			orders := txDump(t, e, "orders")["orders"]
+			require.Len(t, orders, 1, "exactly one order")
+			require.Contains(t, orders, string(first.Response))
+
+			obWait(t, "the outbox to drain", nil, func() bool {
+				s := obStats(t, e)
+				return s.Pending == 0 && len(gateway.charges(t)) > 0
+			})
+			charges := gateway.charges(t)
+			for _, key := range charges {
+				require.Equal(t, idem.DownstreamKey(obCrashKey, 0), key, "the same downstream key every time")
+			}
+			if tc.point == "outbox-after-handler" {
+				require.Len(t, charges, 2, "delivered again after the restart: at least once, deduplicated by the key")
+			}
+			t.Logf("%d charge(s), all with key %s: a gateway that dedupes by key charged once", len(charges), charges[0])
+		})
+	}
+}
