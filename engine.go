@@ -144,6 +144,7 @@ type Engine struct {
 	opts  Options
 	st    store
 	cache *replayCache
+	ob    *outbox
 	pipe  *commit.Pipeline
 	locks *keyLocks
 	now   func() time.Time
@@ -832,6 +833,19 @@ func (e *Engine) Records(fn func(r *Record, err error) error) error {
 			return fn(r, err)
 		})
 	})
+}
+
+// View runs fn in a read-only bbolt transaction over the file, so a program
+// reads the buckets its DoTx fns write (its orders, its balances) outside a
+// call. Bytes read from the transaction point into the file's memory map:
+// copy what you keep past fn. Reads run alongside calls; they do not dedupe
+// anything. The engine's own bucket ("idem") is visible but is not an API.
+func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
+	if err := e.enter(); err != nil {
+		return &OpError{Op: "view", Err: err}
+	}
+	defer e.calls.Done()
+	return e.db.View(fn)
 }
 
 // Backup writes a consistent copy of the live file to w (bbolt's Tx.WriteTo,

@@ -16,6 +16,12 @@ var (
 	// draft answers this case with HTTP 422). The stored record is untouched.
 	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
 
+	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered for a
+	// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
+	// ordering key longer than MaxKeyLen bytes or not valid UTF-8. Nothing is
+	// enqueued.
+	ErrInvalidMessage = errors.New("idem: invalid outbox message")
+
 	// ErrReservedBucket is returned by Tx.Bucket for the engine's own bucket name.
 	ErrReservedBucket = errors.New("idem: bucket name is reserved")
 )

@@ -50,12 +50,6 @@ const (
 	maxLastErrLen = 4096 // bytes of a handler's error kept with the message
 )
 
-// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered for a
-// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
-// ordering key longer than MaxKeyLen bytes or not valid UTF-8. Nothing is
-// enqueued.
-var ErrInvalidMessage = errors.New("idem: invalid outbox message")
-
 // OutboxOptions configure the outbox dispatcher (see Tx.Enqueue). The zero
 // value of every field means its default.
 type OutboxOptions struct {
@@ -96,8 +90,6 @@ type OutboxOptions struct {
 	// message waits for its backoff; it wakes at once on every commit. Zero
 	// means DefaultPollInterval.
 	PollInterval time.Duration
-
-	state *outbox // set by Open
 }
 
 // OutboxStats counts outbox messages, as Engine.Stats returns them.
@@ -407,7 +399,7 @@ type outbox struct {
 	delivered atomic.Uint64
 }
 
-func (e *Engine) outbox() *outbox { return e.opts.Outbox.state }
+func (e *Engine) outbox() *outbox { return e.ob }
 
 func (ob *outbox) signal() {
 	select {
@@ -455,7 +447,7 @@ func (e *Engine) startOutbox() error {
 	}
 	o.Handlers = nil
 	ob.opts = o
-	e.opts.Outbox.state = ob
+	e.ob = ob
 	if o.Dispatch {
 		ob.running.Store(true)
 		e.bg.Add(1)

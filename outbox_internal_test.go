@@ -92,8 +92,7 @@ func FuzzDecodeMessage(f *testing.F) {
 }
 
 func TestBackoff(t *testing.T) {
-	e := &Engine{opts: Options{Outbox: OutboxOptions{state: &outbox{opts: OutboxOptions{
-		BaseBackoff: time.Second, MaxBackoff: time.Minute}}}}}
+	e := &Engine{ob: &outbox{opts: OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Minute}}}
 	for _, tc := range []struct {
 		n    int
 		want time.Duration // the unjittered wait
