@@ -207,6 +207,9 @@ func Open(path string, opts *Options) (*Engine, error) {
 		NoSync:       o.NoSync,
 		ReadOnly:     o.ReadOnly,
 		FreelistType: bbolt.FreelistMapType,
+		// NoFreelistSync would save a page per commit, but bbolt then walks
+		// every page at Open in a goroutine of its own, where a damaged page
+		// panics beyond recovery and kills the program: not worth it.
 		NoStatistics: true,
 	})
 	if err != nil {
@@ -430,7 +433,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading,
 // execute is Do's execution: started commit, fn, done commit.
 func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.putStarted(tx, started) }); err != nil {
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, started, c.prev) }); err != nil {
 		c.again = true
 		return Result{}, e.writeErr("do", c.key, err)
 	}
@@ -438,7 +441,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	if err := ctx.Err(); err != nil {
 		// fn has not started: put the key back as it was.
 		c.again = true
-		if rerr := e.pipe.Do(func(tx *bbolt.Tx) error { return e.restore(tx, c) }); rerr != nil {
+		if rerr := e.pipe.Do(func(tx *bbolt.Tx) error { return e.restore(tx, c, started) }); rerr != nil {
 			e.log.Warn("idem: cannot remove a started record after cancellation", "err", rerr)
 		}
 		return Result{}, err
@@ -453,7 +456,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
 	switch {
 	case errors.Is(ferr, ErrRetryable):
-		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.deleteStarted(tx, c.key) }); err != nil {
+		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.del(tx, started) }); err != nil {
 			c.incomplete = true
 			return res, errors.Join(ferr, e.writeErr("do", c.key, err))
 		}
@@ -463,7 +466,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 		return res, ferr
 	}
 	done := e.doneRecord(started, resp, ferr)
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.putDone(tx, done) }); err != nil {
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, started) }); err != nil {
 		c.incomplete = true
 		return res, e.writeErr("do", c.key, err)
 	}
@@ -503,11 +506,11 @@ func (e *Engine) firstAnswer(done *Record, resp []byte, ferr error) (Result, err
 
 // restore undoes this call's started record: back to the interrupted
 // execution it recovered, or deleted.
-func (e *Engine) restore(tx *bbolt.Tx, c *leading) error {
+func (e *Engine) restore(tx *bbolt.Tx, c *leading, started *Record) error {
 	if c.prev != nil {
-		return e.st.putStarted(tx, c.prev)
+		return e.st.put(tx, c.prev, started)
 	}
-	return e.st.deleteStarted(tx, c.key)
+	return e.st.del(tx, started)
 }
 
 // replay answers from a done record, which may be shared with the cache: the
@@ -547,7 +550,7 @@ func (e *Engine) load(key string) (*Record, error) {
 	now := e.now()
 	err := e.db.View(func(tx *bbolt.Tx) error {
 		var err error
-		rec, err = e.st.lookup(tx, key, now.Add(-e.opts.Retention))
+		rec, err = e.st.lookup(tx, key, e.horizon(now))
 		return err
 	})
 	if err != nil {
@@ -557,6 +560,16 @@ func (e *Engine) load(key string) (*Record, error) {
 		return nil, nil
 	}
 	return rec, nil
+}
+
+// horizon is the oldest time a live record can be slotted at: slots that
+// ended before it hold only expired records, unless interrupted executions
+// are kept until resolved.
+func (e *Engine) horizon(now time.Time) time.Time {
+	if e.opts.Recovery == RecoverRefuse {
+		return time.Time{}
+	}
+	return now.Add(-e.opts.Retention)
 }
 
 // live reports whether r is inside the retention window at now. Under
@@ -726,11 +739,12 @@ func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error
 		if rec.State != StateStarted {
 			return fmt.Errorf("%w: the record is %s, only an interrupted execution can be resolved", ErrState, rec.State)
 		}
-		rec.State, rec.CompletedAt, rec.Response = StateDone, e.now(), response
+		done := *rec
+		done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
 		if errMsg != "" || code != "" {
-			rec.Err = &Error{Code: code, Message: errMsg}
+			done.Err = &Error{Code: code, Message: errMsg}
 		}
-		return e.st.putDone(tx, rec)
+		return e.st.put(tx, &done, rec)
 	})
 }
 

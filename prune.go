@@ -9,18 +9,20 @@ import (
 	"github.com/idemkit/idem/internal/layout"
 )
 
-// pruneBatch bounds the started records deleted per write transaction, so the
-// pruner never holds the writer for long.
+// pruneBatch bounds the records deleted one by one per write transaction, so
+// the pruner never holds the writer for long.
 const pruneBatch = 1000
 
 // Prune reclaims the space of expired records now and returns how many it
-// removed. Done records are held in time slots as wide as the retention window
-// was when the file was created; a slot is dropped whole (one bucket delete,
-// one commit) once every record in it has expired, so a record may outlive its
-// window by up to one slot width: retention is a floor. Expired interrupted
-// executions are deleted in transactions of at most 1,000, skipping keys a call
-// holds, and never under RecoverRefuse. Readers treat expired records as absent
-// whether or not Prune has run. Prune stops early with ctx.Err().
+// removed. Records are held in time slots as wide as the retention window was
+// when the file was created (done records by completion, started ones by
+// start); a slot is dropped whole, in one commit, once every record in it has
+// expired, so a record may outlive its window by up to one slot width:
+// retention is a floor. Under RecoverRefuse a slot that holds an interrupted
+// execution is kept for it (its other records are deleted in transactions of
+// at most 1,000) until the key is resolved or forgotten. Readers treat expired
+// records as absent whether or not Prune has run. Prune stops early with
+// ctx.Err().
 func (e *Engine) Prune(ctx context.Context) (int, error) {
 	if err := e.enter(); err != nil {
 		return 0, &OpError{Op: "prune", Err: err}
@@ -35,11 +37,15 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	now := e.now()
 	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention
 
-	// Whole slots first: find them and count their records in a read
-	// transaction (a slot that ended a window ago takes no more writes).
+	// Find the expired slots and count their records in a read transaction: a
+	// slot that ended a window ago takes no more writes.
 	type slot struct {
 		name []byte
 		n    int
+		// kept: the slot holds an interrupted execution under RecoverRefuse;
+		// only its done records, dones, are deleted, one by one.
+		kept  bool
+		dones [][]byte
 	}
 	var expired []slot
 	err := e.db.View(func(tx *bbolt.Tx) error {
@@ -49,7 +55,12 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			if !ok || layout.SlotEnd(i, e.st.slotWidth).Add(e.opts.Retention).After(now) {
 				break
 			}
-			expired = append(expired, slot{name: layout.U64(i), n: c.Bucket().Bucket(k).Stats().KeyN})
+			b := c.Bucket().Bucket(k)
+			s := slot{name: layout.U64(i), n: b.Stats().KeyN}
+			if e.opts.Recovery == RecoverRefuse && holdsStarted(b) {
+				s.kept, s.dones = true, doneKeys(b)
+			}
+			expired = append(expired, s)
 		}
 		return nil
 	})
@@ -60,60 +71,59 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 		if err := ctx.Err(); err != nil {
 			return total, err
 		}
-		err := e.pipe.Do(func(tx *bbolt.Tx) error { return slotsBucket(tx).DeleteBucket(s.name) })
-		if err != nil {
-			return total, e.writeErr("prune", "", err)
+		if !s.kept {
+			err := e.pipe.Do(func(tx *bbolt.Tx) error { return slotsBucket(tx).DeleteBucket(s.name) })
+			if err != nil {
+				return total, e.writeErr("prune", "", err)
+			}
+			total += s.n
+			continue
 		}
-		total += s.n
-	}
-
-	// Then interrupted executions past the window, in bounded batches.
-	if e.opts.Recovery == RecoverRefuse {
-		return total, nil
-	}
-	for {
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-		var keys [][]byte
-		err := e.db.View(func(tx *bbolt.Tx) error {
-			return startedBucket(tx).ForEach(func(k, v []byte) error {
-				if len(keys) == pruneBatch {
-					return nil
-				}
-				if r, err := decodeRecord(string(k), v); err == nil && !e.live(r, now) && !e.locks.owned(r.Key) {
-					keys = append(keys, []byte(r.Key))
+		for len(s.dones) > 0 {
+			if err := ctx.Err(); err != nil {
+				return total, err
+			}
+			batch := s.dones[:min(pruneBatch, len(s.dones))]
+			s.dones = s.dones[len(batch):]
+			err := e.pipe.Do(func(tx *bbolt.Tx) error {
+				b := slotsBucket(tx).Bucket(s.name)
+				for _, k := range batch {
+					if err := b.Delete(k); err != nil {
+						return err
+					}
 				}
 				return nil
 			})
-		})
-		if err != nil || len(keys) == 0 {
-			return total, err
-		}
-		n := 0
-		err = e.pipe.Do(func(tx *bbolt.Tx) error {
-			n = 0
-			b := startedBucket(tx)
-			for _, k := range keys {
-				// Check again in the writer: a call may have taken the key since.
-				if r, err := decodeRecord(string(k), b.Get(k)); err != nil || e.live(r, now) || e.locks.owned(r.Key) {
-					continue
-				}
-				if err := b.Delete(k); err != nil {
-					return err
-				}
-				n++
+			if err != nil {
+				return total, e.writeErr("prune", "", err)
 			}
-			return nil
-		})
-		if err != nil {
-			return total, e.writeErr("prune", "", err)
-		}
-		total += n
-		if len(keys) < pruneBatch {
-			return total, nil
+			total += len(batch)
 		}
 	}
+	return total, nil
+}
+
+// holdsStarted reports whether slot bucket b holds a started record.
+func holdsStarted(b *bbolt.Bucket) bool {
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if st, _, _, ok := peekRecord(v); !ok || st == StateStarted {
+			return true // an undecodable record is kept for `idem check` too
+		}
+	}
+	return false
+}
+
+// doneKeys returns the keys of b's done records.
+func doneKeys(b *bbolt.Bucket) [][]byte {
+	var keys [][]byte
+	c := b.Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if st, _, _, ok := peekRecord(v); ok && st == StateDone {
+			keys = append(keys, append([]byte(nil), k...))
+		}
+	}
+	return keys
 }
 
 // pruneLoop is the background pruner; it stops on Close.

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"errors"
 	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem/internal/layout"
 	"os"
 	"strings"
 	"testing"
@@ -93,7 +95,11 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	require.NoError(t, err)
 	defer e.Close()
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		return startedBucket(tx).Put([]byte("order-7f3a"), []byte("not a record"))
+		b, err := slotsBucket(tx).CreateBucketIfNotExists(layout.U64(layout.SlotIndex(e.now(), e.st.slotWidth)))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("order-7f3a"), []byte("not a record"))
 	}))
 	_, err = e.Do(t.Context(), "order-7f3a", nil, func(context.Context) ([]byte, error) {
 		t.Error("fn must not run over a corrupt record")

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"encoding/binary"
 	"fmt"
 	"time"
@@ -51,7 +50,7 @@ func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.
 		if width, err = checkMeta(root); err != nil {
 			return err
 		}
-		for _, name := range [][]byte{layout.Started, layout.Slots, layout.Outbox, layout.Dead} {
+		for _, name := range [][]byte{layout.Slots, layout.Outbox, layout.Dead} {
 			if _, err := root.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -85,23 +84,24 @@ func checkMeta(root *bbolt.Bucket) (time.Duration, error) {
 	return time.Duration(w), nil
 }
 
-// buckets returns the engine's nested buckets in tx; they exist after initFile.
 func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(layout.Root) }
-
-func startedBucket(tx *bbolt.Tx) *bbolt.Bucket {
-	return rootBucket(tx).Bucket(layout.Started)
-}
 
 func slotsBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(layout.Slots) }
 
-// rawLookup finds the newest stored value of key: the started bucket first
-// (a started record is always newer than any done one, since completing
-// deletes it), then the slots newest first, stopping at slots that can hold
-// only records completed before horizon. The value points into the mmap.
-func (s *store) rawLookup(tx *bbolt.Tx, key []byte, horizon time.Time) []byte {
-	if v := startedBucket(tx).Get(key); v != nil {
-		return v
+// slotTime is the time that places r in a slot: completion for a done record,
+// start for a started one. Either way the record expires one retention window
+// after it, so a slot expires whole.
+func slotTime(r *Record) time.Time {
+	if r.State == StateDone {
+		return r.CompletedAt
 	}
+	return r.StartedAt
+}
+
+// rawLookup finds the newest stored value of key: the slots newest first,
+// stopping at slots that can hold only records older than horizon (a zero
+// horizon searches every slot). The value points into the mmap.
+func (s *store) rawLookup(tx *bbolt.Tx, key []byte, horizon time.Time) []byte {
 	c := slotsBucket(tx).Cursor()
 	for k, _ := c.Last(); k != nil; k, _ = c.Prev() {
 		i, ok := layout.ParseU64(k)
@@ -130,37 +130,40 @@ func (s *store) lookup(tx *bbolt.Tx, key string, horizon time.Time) (*Record, er
 	return decodeRecord(key, v)
 }
 
-// putStarted stores r (state started) in the started bucket.
-func (s *store) putStarted(tx *bbolt.Tx, r *Record) error {
-	return startedBucket(tx).Put([]byte(r.Key), encodeRecord(make([]byte, 0, encodedSize(r)), r))
-}
-
-// putDone stores r (state done) in the slot of its completion time and
-// deletes its started record.
-func (s *store) putDone(tx *bbolt.Tx, r *Record) error {
-	key := []byte(r.Key)
-	if err := startedBucket(tx).Delete(key); err != nil {
-		return err
+// put stores r in its slot. replaces is the version of the key it supersedes,
+// if any: deleted when it sits in another slot, so a key has one version.
+func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
+	slot := layout.SlotIndex(slotTime(r), s.slotWidth)
+	if replaces != nil {
+		if old := layout.SlotIndex(slotTime(replaces), s.slotWidth); old != slot {
+			if err := s.delFrom(tx, old, r.Key); err != nil {
+				return err
+			}
+		}
 	}
-	b, err := slotsBucket(tx).CreateBucketIfNotExists(layout.U64(layout.SlotIndex(r.CompletedAt, s.slotWidth)))
+	b, err := slotsBucket(tx).CreateBucketIfNotExists(layout.U64(slot))
 	if err != nil {
 		return err
 	}
-	return b.Put(key, encodeRecord(make([]byte, 0, encodedSize(r)), r))
+	return b.Put([]byte(r.Key), encodeRecord(make([]byte, 0, encodedSize(r)), r))
 }
 
-// deleteStarted removes key's started record, if any.
-func (s *store) deleteStarted(tx *bbolt.Tx, key string) error {
-	return startedBucket(tx).Delete([]byte(key))
+// del removes the stored version r of its key.
+func (s *store) del(tx *bbolt.Tx, r *Record) error {
+	return s.delFrom(tx, layout.SlotIndex(slotTime(r), s.slotWidth), r.Key)
+}
+
+func (s *store) delFrom(tx *bbolt.Tx, slot uint64, key string) error {
+	if b := slotsBucket(tx).Bucket(layout.U64(slot)); b != nil {
+		return b.Delete([]byte(key))
+	}
+	return nil
 }
 
 // deleteAll removes every stored version of key and reports whether there was one.
 func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 	k := []byte(key)
-	found := startedBucket(tx).Get(k) != nil
-	if err := startedBucket(tx).Delete(k); err != nil {
-		return false, err
-	}
+	found := false
 	slots := slotsBucket(tx)
 	err := slots.ForEachBucket(func(name []byte) error {
 		b := slots.Bucket(name)
@@ -173,12 +176,13 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 	return found, err
 }
 
-// forEach calls fn for every stored record, started ones first, then done ones
-// slot by slot. A record that fails to decode is passed as a Record with only
-// Key set, beside its error.
+// forEach calls fn for every stored record, slot by slot from the oldest. A
+// record that fails to decode is passed as a Record with only Key set,
+// beside its error.
 func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
-	visit := func(b *bbolt.Bucket) error {
-		return b.ForEach(func(k, v []byte) error {
+	slots := slotsBucket(tx)
+	return slots.ForEachBucket(func(name []byte) error {
+		return slots.Bucket(name).ForEach(func(k, v []byte) error {
 			if v == nil {
 				return nil
 			}
@@ -188,26 +192,5 @@ func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error
 			}
 			return fn(r, err)
 		})
-	}
-	if err := visit(startedBucket(tx)); err != nil {
-		return err
-	}
-	slots := slotsBucket(tx)
-	return slots.ForEachBucket(func(name []byte) error {
-		return visit(slots.Bucket(name))
 	})
-}
-
-// keyInSlots is used by tests to find which slot holds a key.
-func (s *store) slotOf(tx *bbolt.Tx, key string) (uint64, bool) {
-	slots := slotsBucket(tx)
-	var found []byte
-	_ = slots.ForEachBucket(func(name []byte) error {
-		if slots.Bucket(name).Get([]byte(key)) != nil {
-			found = bytes.Clone(name)
-		}
-		return nil
-	})
-	i, ok := layout.ParseU64(found)
-	return i, ok
 }

@@ -91,7 +91,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 			return errRolledBack
 		}
 		fault.Point("dotx-before-commit")
-		return e.st.putDone(btx, done)
+		return e.st.put(btx, done, c.prev)
 	})
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
 	var pe *commit.PanicError
@@ -111,7 +111,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		// execution being recovered is released too).
 		c.again = !errors.Is(ferr, ErrRetryable)
 		if c.prev != nil {
-			if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.deleteStarted(tx, c.key) }); err != nil {
+			if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.del(tx, c.prev) }); err != nil {
 				return res, errors.Join(ferr, e.writeErr("dotx", c.key, err))
 			}
 		}
@@ -121,7 +121,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 	if done == nil || done.Err == nil {
 		done = e.doneRecord(started, resp, ferr)
 	}
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.putDone(tx, done) }); err != nil {
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, c.prev) }); err != nil {
 		c.incomplete = true
 		return res, e.writeErr("dotx", c.key, err)
 	}

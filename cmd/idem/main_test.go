@@ -74,14 +74,17 @@ func doAll(t *testing.T, path string, now time.Time, fns map[string]func(context
 	}
 }
 
-// corrupt writes garbage as the started record of key, directly with bbolt.
+// corrupt writes garbage as a record of key in the newest time slot, directly
+// with bbolt.
 func corrupt(t *testing.T, path, key string) {
 	t.Helper()
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, db.Close()) }()
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(layout.Root).Bucket(layout.Started).Put([]byte(key), []byte("not a record at all"))
+		slots := tx.Bucket(layout.Root).Bucket(layout.Slots)
+		name, _ := slots.Cursor().Last()
+		return slots.Bucket(name).Put([]byte(key), []byte("not a record at all"))
 	}))
 }
 

@@ -5,11 +5,11 @@
 //
 //	idem/
 //	  meta/     version → u32 big endian; slot_width → i64 nanoseconds, big endian
-//	  started/  key → record (started records: the calls in progress and the
-//	            interrupted executions; small)
-//	  slots/    slot index (u64 big endian) → bucket of key → record (done
-//	            records, by completion time; a whole slot is dropped at once
-//	            when every record in it has left the retention window)
+//	  slots/    slot index (u64 big endian) → bucket of key → record: done
+//	            records by completion time, started records by start time, so
+//	            that every record in a slot expires by the slot's end plus the
+//	            retention window, and the pruner drops the slot whole. A key has
+//	            one version, in one slot.
 //	  outbox/   sequence (u64 big endian) → message
 //	  dead/     sequence (u64 big endian) → message (dead letters)
 //
@@ -28,7 +28,6 @@ const Version = 1
 var (
 	Root      = []byte("idem")
 	Meta      = []byte("meta")
-	Started   = []byte("started")
 	Slots     = []byte("slots")
 	Outbox    = []byte("outbox")
 	Dead      = []byte("dead")
