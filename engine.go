@@ -345,6 +345,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	if rec, ok := e.cached(key, e.now()); ok {
 		return e.replay(op, rec, fp)
 	}
+	gen := e.locks.generation()
 	rec, err := e.load(key)
 	if err != nil {
 		return Result{}, err
@@ -374,13 +375,19 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 			res.Response = cloneBytes(res.Response)
 			return res, f.err
 		}
-		return e.lead(ctx, op, key, fp, f, exec)
+		// The record read above is still current if no call has released
+		// a key since (every write of a record happens under its key);
+		// otherwise the leader reads it again.
+		if e.locks.generation() != gen {
+			rec, err = e.load(key)
+		}
+		return e.lead(ctx, op, key, fp, f, rec, err, exec)
 	}
 }
 
 // lead runs the state machine for the leader and publishes its outcome to
 // the waiters, also when exec panics or calls runtime.Goexit.
-func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight,
+func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, loadErr error,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
 	c := &leading{key: key, fp: fp, attempt: 1}
 	returned := false
@@ -395,14 +402,15 @@ func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight,
 		}
 		e.locks.release(key, f)
 	}()
-	res, err = e.decide(ctx, op, c, exec)
+	res, err = e.decide(ctx, op, c, rec, loadErr, exec)
 	returned = true
 	return res, err
 }
 
-func (e *Engine) decide(ctx context.Context, op string, c *leading,
+// decide applies the state machine to rec, the key's record read by the
+// leader (err: the read failed).
+func (e *Engine) decide(ctx context.Context, op string, c *leading, rec *Record, err error,
 	exec func(context.Context, *leading) (Result, error)) (Result, error) {
-	rec, err := e.load(c.key)
 	if err != nil {
 		c.again = true
 		return Result{}, err

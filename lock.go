@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // keyLocks is the per-key singleflight: at most one call per key leads (runs
@@ -12,6 +13,9 @@ import (
 type keyLocks struct {
 	mu sync.Mutex
 	m  map[string]*flight
+	// released counts flights ended, on any key: a record read while it did
+	// not change is still current, since every record is written under its key.
+	released atomic.Uint64
 }
 
 // flight is one leading call. Its outcome fields are written by the leader
@@ -46,9 +50,13 @@ func (l *keyLocks) acquire(key string, fp uint64) (f *flight, leader bool) {
 func (l *keyLocks) release(key string, f *flight) {
 	l.mu.Lock()
 	delete(l.m, key)
+	l.released.Add(1)
 	l.mu.Unlock()
 	close(f.done)
 }
+
+// generation changes whenever a flight ends.
+func (l *keyLocks) generation() uint64 { return l.released.Load() }
 
 // owned reports whether a live call leads key.
 func (l *keyLocks) owned(key string) bool {
