@@ -24,8 +24,16 @@ type store struct {
 func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.Duration, err error) {
 	if readOnly {
 		err = db.View(func(tx *bbolt.Tx) error {
-			width, err = checkMeta(tx.Bucket(layout.Root))
-			return err
+			root := tx.Bucket(layout.Root)
+			if width, err = checkMeta(root); err != nil {
+				return err
+			}
+			for _, name := range [][]byte{layout.Slots, layout.Outbox, layout.Dead} {
+				if root.Bucket(name) == nil {
+					return fmt.Errorf("%w: bucket %q has no %q bucket", ErrFormat, layout.Root, name)
+				}
+			}
+			return nil
 		})
 		return width, err
 	}
