@@ -1,10 +1,11 @@
 // Package commit is the engine's write path: a commit pipeline in which
 // concurrent writers share bbolt write transactions (group commit).
 //
-// One committer goroutine owns the writer. Each commit takes every request
-// that queued while the previous commit was syncing, so under load one fsync
-// serves many calls, and a lone caller pays no delay (unlike bbolt's Batch,
-// whose timer costs it up to MaxBatchDelay).
+// One writer at a time: a caller that finds the pipeline idle commits its own
+// request on its own goroutine (a lone caller pays no handoff, and no delay,
+// unlike bbolt's Batch whose timer costs it up to MaxBatchDelay); requests
+// that arrive meanwhile queue, and the committer goroutine takes them all in
+// the next commit, so under load one fsync serves many calls.
 //
 // bbolt has no savepoints: when a request's function fails or panics, the
 // whole transaction is rolled back, that request gets its own error, and the
@@ -46,6 +47,7 @@ type Pipeline struct {
 	mu      sync.Mutex
 	queue   []*request
 	spare   []*request
+	busy    bool // a commit is running, on a caller or on the committer
 	stopped bool
 
 	wake chan struct{}
@@ -90,11 +92,19 @@ func (p *Pipeline) Do(fn Func) error {
 		requestPool.Put(r)
 		return ErrStopped
 	}
-	p.queue = append(p.queue, r)
-	p.mu.Unlock()
-	select {
-	case p.wake <- struct{}{}:
-	default:
+	if !p.busy && len(p.queue) == 0 {
+		// Idle: commit on this goroutine.
+		p.busy = true
+		p.mu.Unlock()
+		p.run([]*request{r})
+		p.release()
+	} else {
+		p.queue = append(p.queue, r)
+		idle := !p.busy
+		p.mu.Unlock()
+		if idle {
+			p.signal()
+		}
 	}
 	<-r.done
 	err := r.err
@@ -120,30 +130,68 @@ func (p *Pipeline) Stats() (commits, requests uint64) {
 	return p.commits.Load(), p.requests.Load()
 }
 
+func (p *Pipeline) signal() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// release ends a commit and hands what queued meanwhile to the committer.
+func (p *Pipeline) release() {
+	p.mu.Lock()
+	p.busy = false
+	wake := len(p.queue) > 0 || p.stopped // Stop may be waiting for this commit
+	p.mu.Unlock()
+	if wake {
+		p.signal()
+	}
+}
+
 func (p *Pipeline) loop() {
 	defer close(p.done)
 	for {
 		select {
 		case <-p.wake:
 		case <-p.quit:
-			// Stopped: Do refuses new requests, so one last drain empties the queue.
-			p.run(p.take())
-			return
+			// Stopped: Do refuses new requests; wait for a caller's commit,
+			// then one last drain empties the queue.
+			for {
+				batch, ok := p.take()
+				if ok {
+					p.run(batch)
+					p.release()
+					return
+				}
+				<-p.wake
+			}
 		}
-		p.run(p.take())
+		if batch, ok := p.take(); ok {
+			p.run(batch)
+			p.release()
+		}
 	}
 }
 
-// take swaps the queue out, reusing the previous batch's backing array.
-func (p *Pipeline) take() []*request {
+// take claims the writer and swaps the queue out, reusing the previous
+// batch's backing array. ok is false while a caller commits (its release
+// signals the committer again).
+func (p *Pipeline) take() (batch []*request, ok bool) {
 	p.mu.Lock()
-	batch := p.queue
+	defer p.mu.Unlock()
+	if p.busy {
+		return nil, false
+	}
+	p.busy = true
+	batch = p.queue
 	p.queue, p.spare = p.spare[:0], nil
-	p.mu.Unlock()
-	return batch
+	return batch, true
 }
 
 func (p *Pipeline) run(batch []*request) {
+	if len(batch) == 0 {
+		return
+	}
 	defer func() {
 		clear(batch)
 		p.mu.Lock()
