@@ -235,6 +235,10 @@ func Open(path string, opts *Options) (*Engine, error) {
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
+	if err := db.View(e.st.loadSlots); err != nil {
+		_ = db.Close()
+		return nil, &OpError{Op: "open", Key: path, Err: err}
+	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.pipe = commit.New(db, e.committed)
 	if o.ReadOnly {
@@ -343,7 +347,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	// The fast path: a done record answers without the per-key lock, after
 	// the fingerprint check, from memory if it completed recently.
 	if rec, ok := e.cached(key, e.now()); ok {
-		return e.replay(op, rec, fp)
+		return e.replay(op, rec, fp, true)
 	}
 	gen := e.locks.generation()
 	rec, err := e.load(key)
@@ -351,7 +355,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		return Result{}, err
 	}
 	if rec != nil && rec.State == StateDone {
-		return e.replay(op, rec, fp)
+		return e.replay(op, rec, fp, false)
 	}
 
 	for {
@@ -421,7 +425,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, rec *Record,
 			return Result{}, &OpError{Op: op, Key: c.key, Err: ErrFingerprintMismatch}
 		}
 		if rec.State == StateDone {
-			return e.replay(op, rec, c.fp)
+			return e.replay(op, rec, c.fp, false)
 		}
 		// A started record while we hold the key: nobody owns it.
 		if e.opts.Recovery == RecoverRefuse {
@@ -521,15 +525,23 @@ func (e *Engine) restore(tx *bbolt.Tx, c *leading, started *Record) error {
 	return e.st.del(tx, started)
 }
 
-// replay answers from a done record, which may be shared with the cache: the
-// caller gets its own response bytes and its own *Error.
-func (e *Engine) replay(op string, rec *Record, fp uint64) (Result, error) {
+// replay answers from a done record. A record shared with the cache is
+// copied: each caller gets its own response bytes and its own *Error. A
+// record just decoded from the file is the caller's already.
+func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result, error) {
 	if rec.Fingerprint != fp {
 		e.n.conflicts.Add(1)
 		return Result{}, &OpError{Op: op, Key: rec.Key, Err: ErrFingerprintMismatch}
 	}
 	e.n.replays.Add(1)
-	res := Result{Response: cloneBytes(rec.Response), Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
+	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
+	if !shared {
+		if rec.Err != nil {
+			return res, rec.Err
+		}
+		return res, nil
+	}
+	res.Response = cloneBytes(rec.Response)
 	if rec.Err != nil {
 		err := *rec.Err
 		return res, &err

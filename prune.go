@@ -40,6 +40,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	// Find the expired slots and count their records in a read transaction: a
 	// slot that ended a window ago takes no more writes.
 	type slot struct {
+		i    uint64
 		name []byte
 		n    int
 		// kept: the slot holds an interrupted execution under RecoverRefuse;
@@ -49,14 +50,14 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	}
 	var expired []slot
 	err := e.db.View(func(tx *bbolt.Tx) error {
-		c := slotsBucket(tx).Cursor()
-		for k, _ := c.First(); k != nil; k, _ = c.Next() {
-			i, ok := layout.ParseU64(k)
-			if !ok || layout.SlotEnd(i, e.st.slotWidth).Add(e.opts.Retention).After(now) {
+		root := rootBucket(tx)
+		c := root.Cursor()
+		for k, i := firstSlot(c); k != nil; k, i = nextSlot(c) {
+			if layout.SlotEnd(i, e.st.slotWidth).Add(e.opts.Retention).After(now) {
 				break
 			}
-			b := c.Bucket().Bucket(k)
-			s := slot{name: layout.U64(i), n: b.Stats().KeyN}
+			b := root.Bucket(k)
+			s := slot{i: i, name: layout.SlotName(i), n: b.Stats().KeyN}
 			if e.opts.Recovery == RecoverRefuse && holdsStarted(b) {
 				s.kept, s.dones = true, doneKeys(b)
 			}
@@ -72,10 +73,11 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			return total, err
 		}
 		if !s.kept {
-			err := e.pipe.Do(func(tx *bbolt.Tx) error { return slotsBucket(tx).DeleteBucket(s.name) })
+			err := e.pipe.Do(func(tx *bbolt.Tx) error { return rootBucket(tx).DeleteBucket(s.name) })
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}
+			e.st.removeSlot(s.i)
 			total += s.n
 			continue
 		}
@@ -86,7 +88,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			batch := s.dones[:min(pruneBatch, len(s.dones))]
 			s.dones = s.dones[len(batch):]
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
-				b := slotsBucket(tx).Bucket(s.name)
+				b := rootBucket(tx).Bucket(s.name)
 				for _, k := range batch {
 					if err := b.Delete(k); err != nil {
 						return err

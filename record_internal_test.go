@@ -95,7 +95,9 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	require.NoError(t, err)
 	defer e.Close()
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		b, err := slotsBucket(tx).CreateBucketIfNotExists(layout.U64(layout.SlotIndex(e.now(), e.st.slotWidth)))
+		slot := layout.SlotIndex(e.now(), e.st.slotWidth)
+		e.st.addSlot(slot)
+		b, err := rootBucket(tx).CreateBucketIfNotExists(layout.SlotName(slot))
 		if err != nil {
 			return err
 		}

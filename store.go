@@ -3,6 +3,9 @@ package idem
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -16,6 +19,55 @@ import (
 // functions.
 type store struct {
 	slotWidth time.Duration
+
+	// slots lists the slot buckets of the file, oldest first, or a superset:
+	// a slot is added before the commit that may create it and removed after
+	// the commit that dropped it, so a lookup that opens only these never
+	// misses a record, and needs no cursor over the root bucket.
+	slots   atomic.Pointer[[]uint64]
+	slotsMu sync.Mutex // serialises writers of slots
+}
+
+// loadSlots reads the list of slot buckets at Open.
+func (s *store) loadSlots(tx *bbolt.Tx) error {
+	var list []uint64
+	err := s.forEachSlot(tx, func(i uint64, _ *bbolt.Bucket) error {
+		list = append(list, i)
+		return nil
+	})
+	s.slots.Store(&list)
+	return err
+}
+
+func (s *store) knownSlots() []uint64 {
+	if p := s.slots.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// addSlot adds slot i to the list if it is not there yet.
+func (s *store) addSlot(i uint64) {
+	if slices.Contains(s.knownSlots(), i) {
+		return
+	}
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	old := s.knownSlots()
+	at, found := slices.BinarySearch(old, i)
+	if found {
+		return
+	}
+	list := slices.Insert(slices.Clone(old), at, i)
+	s.slots.Store(&list)
+}
+
+// removeSlot removes slot i from the list, after its bucket was dropped.
+func (s *store) removeSlot(i uint64) {
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(j uint64) bool { return j == i })
+	s.slots.Store(&list)
 }
 
 // initFile creates the engine's buckets in a new file, or checks the format
@@ -28,7 +80,7 @@ func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.
 			if width, err = checkMeta(root); err != nil {
 				return err
 			}
-			for _, name := range [][]byte{layout.Slots, layout.Outbox, layout.Dead} {
+			for _, name := range [][]byte{layout.Outbox, layout.Dead} {
 				if root.Bucket(name) == nil {
 					return fmt.Errorf("%w: bucket %q has no %q bucket", ErrFormat, layout.Root, name)
 				}
@@ -58,7 +110,7 @@ func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.
 		if width, err = checkMeta(root); err != nil {
 			return err
 		}
-		for _, name := range [][]byte{layout.Slots, layout.Outbox, layout.Dead} {
+		for _, name := range [][]byte{layout.Outbox, layout.Dead} {
 			if _, err := root.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -94,7 +146,22 @@ func checkMeta(root *bbolt.Bucket) (time.Duration, error) {
 
 func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(layout.Root) }
 
-func slotsBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(layout.Slots) }
+// firstSlot and nextSlot walk the slot buckets from the oldest.
+func firstSlot(c *bbolt.Cursor) (name []byte, i uint64) {
+	k, _ := c.Seek(layout.SlotPrefix)
+	if i, ok := layout.ParseSlot(k); ok {
+		return k, i
+	}
+	return nil, 0
+}
+
+func nextSlot(c *bbolt.Cursor) (name []byte, i uint64) {
+	k, _ := c.Next()
+	if i, ok := layout.ParseSlot(k); ok {
+		return k, i
+	}
+	return nil, 0
+}
 
 // slotTime is the time that places r in a slot: completion for a done record,
 // start for a started one. Either way the record expires one retention window
@@ -110,16 +177,13 @@ func slotTime(r *Record) time.Time {
 // stopping at slots that can hold only records older than horizon (a zero
 // horizon searches every slot). The value points into the mmap.
 func (s *store) rawLookup(tx *bbolt.Tx, key []byte, horizon time.Time) []byte {
-	c := slotsBucket(tx).Cursor()
-	for k, _ := c.Last(); k != nil; k, _ = c.Prev() {
-		i, ok := layout.ParseU64(k)
-		if !ok {
-			continue
-		}
-		if !layout.SlotEnd(i, s.slotWidth).After(horizon) {
+	root := rootBucket(tx)
+	slots := s.knownSlots()
+	for j := len(slots) - 1; j >= 0; j-- {
+		if !layout.SlotEnd(slots[j], s.slotWidth).After(horizon) {
 			return nil
 		}
-		if b := c.Bucket().Bucket(k); b != nil {
+		if b := root.Bucket(layout.SlotName(slots[j])); b != nil {
 			if v := b.Get(key); v != nil {
 				return v
 			}
@@ -149,7 +213,8 @@ func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 			}
 		}
 	}
-	b, err := slotsBucket(tx).CreateBucketIfNotExists(layout.U64(slot))
+	s.addSlot(slot)
+	b, err := rootBucket(tx).CreateBucketIfNotExists(layout.SlotName(slot))
 	if err != nil {
 		return err
 	}
@@ -162,7 +227,7 @@ func (s *store) del(tx *bbolt.Tx, r *Record) error {
 }
 
 func (s *store) delFrom(tx *bbolt.Tx, slot uint64, key string) error {
-	if b := slotsBucket(tx).Bucket(layout.U64(slot)); b != nil {
+	if b := rootBucket(tx).Bucket(layout.SlotName(slot)); b != nil {
 		return b.Delete([]byte(key))
 	}
 	return nil
@@ -172,9 +237,7 @@ func (s *store) delFrom(tx *bbolt.Tx, slot uint64, key string) error {
 func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 	k := []byte(key)
 	found := false
-	slots := slotsBucket(tx)
-	err := slots.ForEachBucket(func(name []byte) error {
-		b := slots.Bucket(name)
+	err := s.forEachSlot(tx, func(_ uint64, b *bbolt.Bucket) error {
 		if b.Get(k) != nil {
 			found = true
 			return b.Delete(k)
@@ -188,9 +251,8 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 // record that fails to decode is passed as a Record with only Key set,
 // beside its error.
 func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
-	slots := slotsBucket(tx)
-	return slots.ForEachBucket(func(name []byte) error {
-		return slots.Bucket(name).ForEach(func(k, v []byte) error {
+	return s.forEachSlot(tx, func(_ uint64, b *bbolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
 			if v == nil {
 				return nil
 			}
@@ -201,4 +263,17 @@ func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error
 			return fn(r, err)
 		})
 	})
+}
+
+// forEachSlot calls fn for every slot bucket, oldest first. fn must not add
+// or drop slot buckets.
+func (s *store) forEachSlot(tx *bbolt.Tx, fn func(i uint64, b *bbolt.Bucket) error) error {
+	root := rootBucket(tx)
+	c := root.Cursor()
+	for k, i := firstSlot(c); k != nil; k, i = nextSlot(c) {
+		if err := fn(i, root.Bucket(k)); err != nil {
+			return err
+		}
+	}
+	return nil
 }

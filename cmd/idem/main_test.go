@@ -82,9 +82,9 @@ func corrupt(t *testing.T, path, key string) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, db.Close()) }()
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		slots := tx.Bucket(layout.Root).Bucket(layout.Slots)
-		name, _ := slots.Cursor().Last()
-		return slots.Bucket(name).Put([]byte(key), []byte("not a record at all"))
+		root := tx.Bucket(layout.Root)
+		name, _ := root.Cursor().Seek(layout.SlotPrefix) // a slot bucket: the tests write in one slot
+		return root.Bucket(name).Put([]byte(key), []byte("not a record at all"))
 	}))
 }
 

@@ -5,11 +5,13 @@
 //
 //	idem/
 //	  meta/     version → u32 big endian; slot_width → i64 nanoseconds, big endian
-//	  slots/    slot index (u64 big endian) → bucket of key → record: done
-//	            records by completion time, started records by start time, so
-//	            that every record in a slot expires by the slot's end plus the
-//	            retention window, and the pruner drops the slot whole. A key has
-//	            one version, in one slot.
+//	  slot:N/   one bucket per time slot, N its index (u64 big endian, so
+//	            slots sort by time): key → record. Done records by completion
+//	            time, started records by start time, so that every record in
+//	            a slot expires by the slot's end plus the retention window, and
+//	            the pruner drops the slot whole. A key has one version, in one
+//	            slot. Slots sit directly under Root: one bucket level less to
+//	            open on every lookup and to rewrite on every commit.
 //	  outbox/   sequence (u64 big endian) → message
 //	  dead/     sequence (u64 big endian) → message (dead letters)
 //
@@ -26,14 +28,27 @@ const Version = 1
 
 // Bucket and key names.
 var (
-	Root      = []byte("idem")
-	Meta      = []byte("meta")
-	Slots     = []byte("slots")
-	Outbox    = []byte("outbox")
-	Dead      = []byte("dead")
-	VersionK  = []byte("version")
-	SlotWidth = []byte("slot_width")
+	Root = []byte("idem")
+	Meta = []byte("meta")
+	// SlotPrefix starts the name of every slot bucket.
+	SlotPrefix = []byte("slot:")
+	Outbox     = []byte("outbox")
+	Dead       = []byte("dead")
+	VersionK   = []byte("version")
+	SlotWidth  = []byte("slot_width")
 )
+
+// SlotName is the name of slot i's bucket.
+func SlotName(i uint64) []byte { return append(append([]byte(nil), SlotPrefix...), U64(i)...) }
+
+// ParseSlot returns the index of a slot bucket's name; ok is false for any
+// other name.
+func ParseSlot(name []byte) (i uint64, ok bool) {
+	if len(name) != len(SlotPrefix)+8 || string(name[:len(SlotPrefix)]) != string(SlotPrefix) {
+		return 0, false
+	}
+	return ParseU64(name[len(SlotPrefix):])
+}
 
 // SlotIndex is the index of the slot of width w that holds time t.
 func SlotIndex(t time.Time, w time.Duration) uint64 {
