@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/bench"
+	"github.com/idemkit/idem/internal/benchkit"
 )
 
 // Benchmarks: every workload × contender, named key=value for benchstat, for
@@ -22,19 +23,19 @@ import (
 // (the wall-clock time per operation over all callers).
 
 // sizes are the quick sizes under -short, the full ones otherwise.
-func sizes() bench.Sizes {
+func sizes() benchkit.Sizes {
 	if testing.Short() {
-		return bench.QuickSizes()
+		return benchkit.QuickSizes()
 	}
-	return bench.FullSizes()
+	return benchkit.FullSizes()
 }
 
 // openFixture opens c on spec for the sub-benchmarks of b, and closes it when
 // b ends; it skips b when the contender cannot run here.
-func openFixture(b *testing.B, c bench.Contender, spec bench.FixtureSpec) *bench.Fixture {
+func openFixture(b *testing.B, c benchkit.Contender, spec benchkit.FixtureSpec) *benchkit.Fixture {
 	b.Helper()
-	f, err := bench.OpenFixture(context.Background(), c, b.TempDir(), spec, nil)
-	if errors.Is(err, bench.ErrSkipped) {
+	f, err := benchkit.OpenFixture(context.Background(), c, b.TempDir(), spec, nil)
+	if errors.Is(err, benchkit.ErrSkipped) {
 		b.Skip(err)
 	}
 	if err != nil {
@@ -49,16 +50,16 @@ func openFixture(b *testing.B, c bench.Contender, spec bench.FixtureSpec) *bench
 }
 
 // throughput runs b.N operations of w on f as the sub-benchmark name.
-func throughput(b *testing.B, name string, f *bench.Fixture, w bench.Workload) {
+func throughput(b *testing.B, name string, f *benchkit.Fixture, w benchkit.Workload) {
 	b.Run(name, func(b *testing.B) {
 		b.ReportAllocs()
 		if w.Bytes > 0 {
 			b.SetBytes(int64(w.Bytes))
 		}
 		b.ResetTimer()
-		r, err := w.Run(context.Background(), f, bench.Load{Ops: b.N})
+		r, err := w.Run(context.Background(), f, benchkit.Load{Ops: b.N})
 		b.StopTimer()
-		if errors.Is(err, bench.ErrSkipped) {
+		if errors.Is(err, benchkit.ErrSkipped) {
 			b.Skip(err)
 		}
 		if err != nil {
@@ -72,17 +73,17 @@ func throughput(b *testing.B, name string, f *bench.Fixture, w bench.Workload) {
 // sub-benchmark name. The testing package calls a benchmark several times with
 // growing b.N; the measurement is made on the first call and reported on each.
 // ns/op means nothing here and is suppressed.
-func oneShot(b *testing.B, name string, c bench.Contender, w bench.Workload) {
+func oneShot(b *testing.B, name string, c benchkit.Contender, w benchkit.Workload) {
 	var (
-		r   *bench.Result
+		r   *benchkit.Result
 		err error
 	)
 	b.Run(name, func(b *testing.B) {
 		if r == nil && err == nil {
 			f := openFixture(b, c, w.Fixture)
-			r, err = w.Run(context.Background(), f, bench.Load{})
+			r, err = w.Run(context.Background(), f, benchkit.Load{})
 		}
-		if errors.Is(err, bench.ErrSkipped) {
+		if errors.Is(err, benchkit.ErrSkipped) {
 			b.Skip(err)
 		}
 		if err != nil {
@@ -94,7 +95,7 @@ func oneShot(b *testing.B, name string, c bench.Contender, w bench.Workload) {
 }
 
 // report adds r's figures to b's.
-func report(b *testing.B, r *bench.Result) {
+func report(b *testing.B, r *benchkit.Result) {
 	if r.Ops > 0 {
 		b.ReportMetric(r.OpsPerSec(), "ops/s")
 	}
@@ -113,9 +114,9 @@ func BenchmarkFirst(b *testing.B) {
 	s := sizes()
 	for _, c := range bench.Contenders() {
 		b.Run("contender="+c.Name, func(b *testing.B) {
-			f := openFixture(b, c, bench.FixtureSpec{Stored: s.FirstStored})
+			f := openFixture(b, c, benchkit.FixtureSpec{Stored: s.FirstStored})
 			for _, n := range s.FirstCallers {
-				throughput(b, fmt.Sprintf("callers=%d", n), f, bench.FirstWorkload(s.FirstStored, n, s.First))
+				throughput(b, fmt.Sprintf("callers=%d", n), f, benchkit.FirstWorkload(s.FirstStored, n, s.First))
 			}
 		})
 	}
@@ -126,9 +127,9 @@ func BenchmarkDoTx(b *testing.B) {
 	s := sizes()
 	for _, c := range bench.Contenders() {
 		b.Run("contender="+c.Name, func(b *testing.B) {
-			f := openFixture(b, c, bench.FixtureSpec{Stored: s.FirstStored})
+			f := openFixture(b, c, benchkit.FixtureSpec{Stored: s.FirstStored})
 			for _, n := range s.DoTxCallers {
-				throughput(b, fmt.Sprintf("callers=%d", n), f, bench.DoTxWorkload(s.FirstStored, n, s.First))
+				throughput(b, fmt.Sprintf("callers=%d", n), f, benchkit.DoTxWorkload(s.FirstStored, n, s.First))
 			}
 		})
 	}
@@ -139,14 +140,14 @@ func BenchmarkReplay(b *testing.B) {
 	s := sizes()
 	for _, stored := range s.ReplayStored {
 		recent := min(s.Recent, stored)
-		b.Run("keys="+bench.Count(stored), func(b *testing.B) {
+		b.Run("keys="+benchkit.Count(stored), func(b *testing.B) {
 			for _, c := range bench.Contenders() {
 				b.Run("contender="+c.Name, func(b *testing.B) {
-					f := openFixture(b, c, bench.FixtureSpec{Stored: stored, Recent: recent})
-					for _, mode := range []bench.ReplayMode{bench.Recent, bench.Cold} {
+					f := openFixture(b, c, benchkit.FixtureSpec{Stored: stored, Recent: recent})
+					for _, mode := range []benchkit.ReplayMode{benchkit.Recent, benchkit.Cold} {
 						b.Run("mode="+string(mode), func(b *testing.B) {
 							for _, n := range s.ReplayCallers {
-								throughput(b, fmt.Sprintf("callers=%d", n), f, bench.ReplayWorkload(stored, recent, mode, n, s.Replay))
+								throughput(b, fmt.Sprintf("callers=%d", n), f, benchkit.ReplayWorkload(stored, recent, mode, n, s.Replay))
 							}
 						})
 					}
@@ -160,11 +161,11 @@ func BenchmarkReplay(b *testing.B) {
 func BenchmarkConflict(b *testing.B) {
 	s := sizes()
 	stored, recent := s.ConflictStored, min(s.Recent, s.ConflictStored)
-	b.Run("keys="+bench.Count(stored), func(b *testing.B) {
+	b.Run("keys="+benchkit.Count(stored), func(b *testing.B) {
 		for _, c := range bench.Contenders() {
 			b.Run("contender="+c.Name, func(b *testing.B) {
-				f := openFixture(b, c, bench.FixtureSpec{Stored: stored, Recent: recent})
-				throughput(b, "callers=1", f, bench.ConflictWorkload(stored, recent, 1, s.Conflict))
+				f := openFixture(b, c, benchkit.FixtureSpec{Stored: stored, Recent: recent})
+				throughput(b, "callers=1", f, benchkit.ConflictWorkload(stored, recent, 1, s.Conflict))
 			})
 		}
 	})
@@ -174,8 +175,8 @@ func BenchmarkConflict(b *testing.B) {
 // it (one measurement per contender).
 func BenchmarkPrune(b *testing.B) {
 	s := sizes()
-	w := bench.PruneWorkload(s.PruneExpired, s.PruneLive, s.PruneWriters, s.PruneIdle)
-	b.Run("expired="+bench.Count(s.PruneExpired), func(b *testing.B) {
+	w := benchkit.PruneWorkload(s.PruneExpired, s.PruneLive, s.PruneWriters, s.PruneIdle)
+	b.Run("expired="+benchkit.Count(s.PruneExpired), func(b *testing.B) {
 		for _, c := range bench.Contenders() {
 			oneShot(b, "contender="+c.Name, c, w)
 		}
@@ -186,8 +187,8 @@ func BenchmarkPrune(b *testing.B) {
 // measurement per contender).
 func BenchmarkMemory(b *testing.B) {
 	s := sizes()
-	w := bench.MemoryWorkload(s.MemoryStored, min(s.Recent, s.MemoryStored))
-	b.Run("records="+bench.Count(s.MemoryStored), func(b *testing.B) {
+	w := benchkit.MemoryWorkload(s.MemoryStored, min(s.Recent, s.MemoryStored))
+	b.Run("records="+benchkit.Count(s.MemoryStored), func(b *testing.B) {
 		for _, c := range bench.Contenders() {
 			oneShot(b, "contender="+c.Name, c, w)
 		}

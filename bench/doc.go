@@ -1,22 +1,11 @@
 // Package bench measures idem side by side with the patterns people use
-// instead of it: a bare function call, a naive bbolt engine, SQLite
-// (modernc.org/sqlite, WAL, synchronous=FULL and NORMAL) and PostgreSQL (pgx).
+// instead of it, SQLite (modernc.org/sqlite, WAL, synchronous=FULL and
+// NORMAL) and PostgreSQL (pgx) among them, beside the driver-free contenders
+// of the idem module's internal/benchkit (a bare call, a naive bbolt engine,
+// idem), whose harness, workloads and report it uses.
 //
 // It is a module of its own, so that users of the engine never download
-// database drivers.
-//
-// # Pieces
-//
-// Every contender is a [Deduper]; optional interfaces add what a workload
-// needs: [TxDeduper] (the DoTx shape: effect and record in one commit),
-// [Preloader] (stores records in bulk, bypassing Do), [Pruner] and [Sizer].
-// [Contenders] lists them all.
-//
-// A [Workload] runs against a [Fixture]: a contender opened in a fresh
-// directory with records already stored. Workloads that need the same stored
-// state share a fixture ([FixtureSpec]), so that 1e6 records are loaded once
-// per contender, not once per workload. [RunOps] times operations run by
-// concurrent callers and keeps their latencies in a [Histogram].
+// database drivers; `idem bench` runs the driver-free rows without it.
 //
 // # Running
 //

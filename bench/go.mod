@@ -7,9 +7,6 @@ replace github.com/idemkit/idem => ../
 require (
 	github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
-	github.com/schollz/progressbar/v3 v3.19.1
-	go.etcd.io/bbolt v1.5.0
-	golang.org/x/term v0.44.0
 	modernc.org/sqlite v1.62.0
 )
 
@@ -25,8 +22,11 @@ require (
 	github.com/ncruces/go-strftime v1.1.0 // indirect
 	github.com/remyoudompheng/bigfft v0.0.0-20230129092748-24d4a6f8daec // indirect
 	github.com/rivo/uniseg v0.4.7 // indirect
+	github.com/schollz/progressbar/v3 v3.19.1 // indirect
+	go.etcd.io/bbolt v1.5.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/term v0.44.0 // indirect
 	golang.org/x/text v0.41.0 // indirect
 	modernc.org/libc v1.80.1 // indirect
 	modernc.org/mathutil v1.7.1 // indirect

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/benchkit"
 )
 
 // PostgresEnv names the environment variable that holds the DSN of the
@@ -38,9 +40,9 @@ type Postgres struct {
 // OpenPostgres connects to the server at dsn and creates a fresh schema. It
 // returns an error wrapping ErrSkipped when dsn is empty or the server does
 // not answer.
-func OpenPostgres(ctx context.Context, dsn string) (Deduper, error) {
+func OpenPostgres(ctx context.Context, dsn string) (benchkit.Deduper, error) {
 	if dsn == "" {
-		return nil, fmt.Errorf("%w: %s not set (scripts/postgres.sh start)", ErrSkipped, PostgresEnv)
+		return nil, fmt.Errorf("%w: %s not set (scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -56,7 +58,7 @@ func OpenPostgres(ctx context.Context, dsn string) (Deduper, error) {
 	defer cancel()
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("%w: postgres unreachable: %v", ErrSkipped, err)
+		return nil, fmt.Errorf("%w: postgres unreachable: %v", benchkit.ErrSkipped, err)
 	}
 	var suffix [6]byte
 	_, _ = rand.Read(suffix[:])
@@ -92,7 +94,7 @@ CREATE TABLE %[3]s (
 	return p, nil
 }
 
-// Name implements Deduper.
+// Name implements benchkit.Deduper.
 func (p *Postgres) Name() string { return "postgres" }
 
 // Close drops the schema and closes the pool.
@@ -117,9 +119,9 @@ func (p *Postgres) find(ctx context.Context, key string, fp []byte) (resp []byte
 	case err != nil:
 		return nil, false, err
 	case !bytes.Equal(storedFP, fp):
-		return nil, true, ErrConflict
+		return nil, true, benchkit.ErrConflict
 	case state != 1:
-		return nil, true, ErrInProgress
+		return nil, true, benchkit.ErrInProgress
 	}
 	return resp, true, nil
 }
@@ -128,18 +130,18 @@ func (p *Postgres) find(ctx context.Context, key string, fp []byte) (resp []byte
 func (p *Postgres) lost(ctx context.Context, key string, fp []byte) ([]byte, bool, error) {
 	resp, found, err := p.find(ctx, key, fp)
 	if !found && err == nil {
-		err = ErrInProgress
+		err = benchkit.ErrInProgress
 	}
 	return resp, err == nil, err
 }
 
-// Do implements Deduper with the article's pattern.
+// Do implements benchkit.Deduper with the article's pattern.
 func (p *Postgres) Do(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) ([]byte, bool, error) {
 	if resp, found, err := p.find(ctx, key, fp); found || err != nil {
 		return resp, err == nil, err
 	}
 	now := time.Now()
-	tag, err := p.pool.Exec(ctx, p.claim, key, fp, now.Add(Retention).UnixNano(), now.UnixNano())
+	tag, err := p.pool.Exec(ctx, p.claim, key, fp, now.Add(benchkit.Retention).UnixNano(), now.UnixNano())
 	if err != nil {
 		return nil, false, err
 	}
@@ -151,13 +153,13 @@ func (p *Postgres) Do(ctx context.Context, key string, fp []byte, fn func(contex
 		_, err := p.pool.Exec(context.WithoutCancel(ctx), p.release, key)
 		return nil, false, errors.Join(ferr, err)
 	}
-	_, err = p.pool.Exec(context.WithoutCancel(ctx), p.done, resp, time.Now().Add(Retention).UnixNano(), key)
+	_, err = p.pool.Exec(context.WithoutCancel(ctx), p.done, resp, time.Now().Add(benchkit.Retention).UnixNano(), key)
 	return resp, false, err
 }
 
 // DoTx claims the key, runs fn, and writes its effect and the done row in one
 // transaction. A concurrent claim of the same key waits for this one's commit.
-func (p *Postgres) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) ([]byte, bool, error) {
+func (p *Postgres) DoTx(ctx context.Context, key string, fp []byte, fn benchkit.TxFunc) ([]byte, bool, error) {
 	if resp, found, err := p.find(ctx, key, fp); found || err != nil {
 		return resp, err == nil, err
 	}
@@ -167,7 +169,7 @@ func (p *Postgres) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) (
 	)
 	err := pgx.BeginFunc(ctx, p.pool, func(tx pgx.Tx) error {
 		now := time.Now()
-		tag, err := tx.Exec(ctx, p.claim, key, fp, now.Add(Retention).UnixNano(), now.UnixNano())
+		tag, err := tx.Exec(ctx, p.claim, key, fp, now.Add(benchkit.Retention).UnixNano(), now.UnixNano())
 		if err != nil {
 			return err
 		}
@@ -183,7 +185,7 @@ func (p *Postgres) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) (
 		if _, err := tx.Exec(ctx, p.effect, eff.Key, eff.Value); err != nil {
 			return err
 		}
-		_, err = tx.Exec(ctx, p.done, resp, now.Add(Retention).UnixNano(), key)
+		_, err = tx.Exec(ctx, p.done, resp, now.Add(benchkit.Retention).UnixNano(), key)
 		return err
 	})
 	if err != nil {
@@ -196,13 +198,13 @@ func (p *Postgres) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) (
 }
 
 // Preload copies rs in (COPY FROM) and analyzes the table.
-func (p *Postgres) Preload(ctx context.Context, rs RecordSet) error {
-	expires := rs.Completed.Add(Retention).UnixNano()
-	ks := sortedKeys(rs.First, rs.N)
+func (p *Postgres) Preload(ctx context.Context, rs benchkit.RecordSet) error {
+	expires := rs.Completed.Add(benchkit.Retention).UnixNano()
+	ks := benchkit.SortedKeys(rs.First, rs.N)
 	_, err := p.pool.CopyFrom(ctx, pgx.Identifier{p.schema, "records"},
 		[]string{"key", "fp", "state", "response", "expires_at"},
 		pgx.CopyFromSlice(len(ks), func(j int) ([]any, error) {
-			return []any{ks[j].key, Fingerprint(ks[j].i), int16(1), response, expires}, nil
+			return []any{ks[j].Key, benchkit.Fingerprint(ks[j].Index), int16(1), benchkit.Response(), expires}, nil
 		}))
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)

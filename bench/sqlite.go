@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"modernc.org/sqlite"
+
+	"github.com/idemkit/idem/internal/benchkit"
 )
 
 // SyncMode is SQLite's synchronous setting.
@@ -75,7 +77,7 @@ CREATE TABLE IF NOT EXISTS effects (
 // It switches modernc.org/sqlite to fdatasync(2), process-wide, as every
 // Linux build of SQLite (and bbolt) syncs: the library keeps SQLite's source
 // default, fsync(2), which on some file systems costs a journal commit more.
-func OpenSQLite(ctx context.Context, dir string, sync SyncMode) (Deduper, error) {
+func OpenSQLite(ctx context.Context, dir string, sync SyncMode) (benchkit.Deduper, error) {
 	name := "sqlite-" + map[SyncMode]string{SyncFull: "full", SyncNormal: "normal"}[sync]
 	if _, err := sqlite.Fdatasync(true); err != nil && !errors.Is(err, sqlite.ErrFdatasyncUnavailable) {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -133,7 +135,7 @@ func OpenSQLite(ctx context.Context, dir string, sync SyncMode) (Deduper, error)
 	return s, nil
 }
 
-// Name implements Deduper.
+// Name implements benchkit.Deduper.
 func (s *SQLite) Name() string { return s.name }
 
 // Close closes both pools.
@@ -163,20 +165,20 @@ func (s *SQLite) find(ctx context.Context, key string, fp []byte) (resp []byte, 
 	case err != nil:
 		return nil, false, err
 	case !bytes.Equal(storedFP, fp):
-		return nil, true, ErrConflict
+		return nil, true, benchkit.ErrConflict
 	case state != 1:
-		return nil, true, ErrInProgress
+		return nil, true, benchkit.ErrInProgress
 	}
 	return resp, true, nil
 }
 
-// Do implements Deduper with the article's pattern.
+// Do implements benchkit.Deduper with the article's pattern.
 func (s *SQLite) Do(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) ([]byte, bool, error) {
 	if resp, found, err := s.find(ctx, key, fp); found || err != nil {
 		return resp, err == nil, err
 	}
 	now := time.Now()
-	res, err := s.claim.ExecContext(ctx, key, fp, now.Add(Retention).UnixNano(), now.UnixNano())
+	res, err := s.claim.ExecContext(ctx, key, fp, now.Add(benchkit.Retention).UnixNano(), now.UnixNano())
 	if err != nil {
 		return nil, false, err
 	}
@@ -188,7 +190,7 @@ func (s *SQLite) Do(ctx context.Context, key string, fp []byte, fn func(context.
 		_, err := s.release.ExecContext(context.WithoutCancel(ctx), key)
 		return nil, false, errors.Join(ferr, err)
 	}
-	_, err = s.done.ExecContext(context.WithoutCancel(ctx), resp, time.Now().Add(Retention).UnixNano(), key)
+	_, err = s.done.ExecContext(context.WithoutCancel(ctx), resp, time.Now().Add(benchkit.Retention).UnixNano(), key)
 	return resp, false, err
 }
 
@@ -199,14 +201,14 @@ func (s *SQLite) lost(ctx context.Context, key string, fp []byte, err error) ([]
 	}
 	resp, found, err := s.find(ctx, key, fp)
 	if !found && err == nil {
-		err = ErrInProgress // taken and gone again: let the caller retry
+		err = benchkit.ErrInProgress // taken and gone again: let the caller retry
 	}
 	return resp, err == nil, err
 }
 
 // DoTx claims the key, runs fn, and writes its effect and the done row in one
 // transaction (BEGIN IMMEDIATE).
-func (s *SQLite) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) ([]byte, bool, error) {
+func (s *SQLite) DoTx(ctx context.Context, key string, fp []byte, fn benchkit.TxFunc) ([]byte, bool, error) {
 	if resp, found, err := s.find(ctx, key, fp); found || err != nil {
 		return resp, err == nil, err
 	}
@@ -216,7 +218,7 @@ func (s *SQLite) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) ([]
 	}
 	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
 	now := time.Now()
-	res, err := tx.StmtContext(ctx, s.claim).ExecContext(ctx, key, fp, now.Add(Retention).UnixNano(), now.UnixNano())
+	res, err := tx.StmtContext(ctx, s.claim).ExecContext(ctx, key, fp, now.Add(benchkit.Retention).UnixNano(), now.UnixNano())
 	if err != nil {
 		return nil, false, err
 	}
@@ -233,25 +235,25 @@ func (s *SQLite) DoTx(ctx context.Context, key string, fp []byte, fn TxFunc) ([]
 	if _, err := tx.StmtContext(ctx, s.effect).ExecContext(ctx, eff.Key, eff.Value); err != nil {
 		return nil, false, err
 	}
-	if _, err := tx.StmtContext(ctx, s.done).ExecContext(ctx, resp, now.Add(Retention).UnixNano(), key); err != nil {
+	if _, err := tx.StmtContext(ctx, s.done).ExecContext(ctx, resp, now.Add(benchkit.Retention).UnixNano(), key); err != nil {
 		return nil, false, err
 	}
 	return resp, false, tx.Commit()
 }
 
 // Preload inserts rs in transactions of 10,000 rows, keys sorted.
-func (s *SQLite) Preload(ctx context.Context, rs RecordSet) error {
-	expires := rs.Completed.Add(Retention).UnixNano()
+func (s *SQLite) Preload(ctx context.Context, rs benchkit.RecordSet) error {
+	expires := rs.Completed.Add(benchkit.Retention).UnixNano()
 	const batch = 10_000
 	for off := 0; off < rs.N; off += batch {
-		recs := sortedKeys(rs.First+off, min(batch, rs.N-off))
+		recs := benchkit.SortedKeys(rs.First+off, min(batch, rs.N-off))
 		tx, err := s.w.BeginTx(ctx, nil)
 		if err != nil {
 			return err
 		}
 		ins := tx.StmtContext(ctx, s.insert)
 		for _, r := range recs {
-			if _, err := ins.ExecContext(ctx, r.key, Fingerprint(r.i), response, expires); err != nil {
+			if _, err := ins.ExecContext(ctx, r.Key, benchkit.Fingerprint(r.Index), benchkit.Response(), expires); err != nil {
 				return errors.Join(err, tx.Rollback())
 			}
 		}

@@ -1,4 +1,4 @@
-package bench
+package benchkit
 
 import (
 	"bytes"
@@ -236,14 +236,14 @@ func (n *NaiveBbolt) Preload(ctx context.Context, rs RecordSet) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		ks := sortedKeys(rs.First+off, min(batch, rs.N-off))
+		ks := SortedKeys(rs.First+off, min(batch, rs.N-off))
 		err := n.db.Update(func(tx *bbolt.Tx) error {
 			recs, ix := tx.Bucket(naiveRecords), tx.Bucket(naiveExpiry)
 			for _, r := range ks {
-				if err := recs.Put([]byte(r.key), encodeNaive(naiveDone, expires, Fingerprint(r.i), response)); err != nil {
+				if err := recs.Put([]byte(r.Key), encodeNaive(naiveDone, expires, Fingerprint(r.Index), response)); err != nil {
 					return err
 				}
-				if err := ix.Put(expiryKey(expires, []byte(r.key)), nil); err != nil {
+				if err := ix.Put(expiryKey(expires, []byte(r.Key)), nil); err != nil {
 					return err
 				}
 			}

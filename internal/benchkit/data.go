@@ -1,4 +1,4 @@
-package bench
+package benchkit
 
 import (
 	"cmp"
@@ -97,19 +97,20 @@ func effectFor(key string) Effect {
 	return Effect{Key: []byte(key), Value: effectValue}
 }
 
-// keyed is a key index with its key.
-type keyed struct {
-	i   int
-	key string
+// Keyed is a key index with its key.
+type Keyed struct {
+	Index int
+	Key   string
 }
 
-// sortedKeys returns the keys of indexes first … first+n-1 in key order, for
-// bulk loads: inserting sorted keys touches each page of a B-tree once.
-func sortedKeys(first, n int) []keyed {
-	ks := make([]keyed, n)
+// SortedKeys returns the keys of indexes first … first+n-1 in key order, for
+// bulk loads (Preloader): inserting sorted keys touches each page of a B-tree
+// once.
+func SortedKeys(first, n int) []Keyed {
+	ks := make([]Keyed, n)
 	for j := range ks {
-		ks[j] = keyed{first + j, Key(first + j)}
+		ks[j] = Keyed{first + j, Key(first + j)}
 	}
-	slices.SortFunc(ks, func(a, b keyed) int { return cmp.Compare(a.key, b.key) })
+	slices.SortFunc(ks, func(a, b Keyed) int { return cmp.Compare(a.Key, b.Key) })
 	return ks
 }

@@ -1,4 +1,4 @@
-package bench
+package benchkit
 
 import (
 	"context"
@@ -120,10 +120,10 @@ func (i *Idem) Preload(ctx context.Context, rs RecordSet) (err error) {
 		i.pinned.Store(0)
 		err = errors.Join(err, i.e.Close(), i.open(false))
 	}()
-	ks := sortedKeys(rs.First, rs.N) // a commit's records then share pages
+	ks := SortedKeys(rs.First, rs.N) // a commit's records then share pages
 	_, err = RunOps(ctx, idemPreloadCallers, Load{Ops: rs.N}, func(ctx context.Context, j int) error {
 		k := ks[j]
-		res, err := i.e.DoTx(ctx, k.key, Fingerprint(k.i), func(context.Context, *idem.Tx) ([]byte, error) {
+		res, err := i.e.DoTx(ctx, k.Key, Fingerprint(k.Index), func(context.Context, *idem.Tx) ([]byte, error) {
 			return response, nil
 		})
 		return checkFirst(res.Response, res.Replayed, err)

@@ -1,4 +1,4 @@
-package bench
+package benchkit
 
 import (
 	"context"
@@ -23,8 +23,8 @@ type Workload struct {
 	Fixture FixtureSpec
 	// Callers is the number of concurrent callers.
 	Callers int
-	// Load is the default load of a throughput workload: what the compare
-	// command runs. Benchmarks run b.N operations instead.
+	// Load is the default load of a throughput workload: what a Plan runs.
+	// Benchmarks run b.N operations instead.
 	Load Load
 	// OneShot workloads (prune, memory) measure once and ignore the load.
 	OneShot bool
@@ -64,7 +64,8 @@ type Sizes struct {
 }
 
 // FullSizes are the sizes of the measurements: 1e6 records, 1e5
-// expired ones, up to 256 callers. A compare run takes some 15 minutes.
+// expired ones, up to 256 callers. A run of every contender takes some 15
+// minutes.
 func FullSizes() Sizes {
 	return Sizes{
 		FirstStored:    100_000,
@@ -86,7 +87,7 @@ func FullSizes() Sizes {
 }
 
 // QuickSizes are small sizes for smoke tests: every workload runs, and a
-// compare run ends in seconds. Their figures mean little.
+// run ends in seconds. Their figures mean little.
 func QuickSizes() Sizes {
 	return Sizes{
 		FirstStored:    1_000,

@@ -1,12 +1,16 @@
-package bench
+package benchkit
 
 import (
+	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Row is one line of the side-by-side table: one workload on one contender.
@@ -157,4 +161,43 @@ func thousands(v float64) string {
 // formatUs formats a latency in microseconds with a unit that suits it.
 func formatUs(v float64) string {
 	return FormatDuration(durationUs(v))
+}
+
+// Header describes a run, for the lines above its table: the command that
+// made it and when, the machine, the disk the stores were on (dir) and the
+// sizes (quick or full). Each of more adds a line, for example what a
+// contender ran against.
+func Header(command, dir string, quick bool, more ...string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "`%s` · %s\n\n", command, time.Now().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&b, "- machine: %s/%s, %d CPUs (GOMAXPROCS %d)%s, %s\n",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel(), runtime.Version())
+	fmt.Fprintf(&b, "- disk: stores under %s\n", dir)
+	sizes := "full"
+	if quick {
+		sizes = "quick (smoke test: figures mean little)"
+	}
+	fmt.Fprintf(&b, "- sizes: %s; %d-byte keys, %d-byte fingerprints, %d-byte responses, fn without I/O\n",
+		sizes, KeySize, FingerprintSize, ResponseSize)
+	for _, m := range more {
+		fmt.Fprintf(&b, "- %s\n", m)
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+// cpuModel is ", " and the CPU's model name on Linux, "" elsewhere.
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if k, v, ok := strings.Cut(s.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return ", " + strings.TrimSpace(v)
+		}
+	}
+	return ""
 }

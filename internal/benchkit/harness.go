@@ -1,4 +1,4 @@
-package bench
+package benchkit
 
 import (
 	"context"
@@ -60,7 +60,7 @@ type Pruner interface {
 }
 
 // Sizer reports the bytes a contender's store takes on disk, for contenders
-// whose data lives outside the directory they were opened in (PostgreSQL).
+// whose data lives outside the directory they were opened in (a server's).
 // Others are measured by the sizes of the files in their directory.
 type Sizer interface {
 	DiskSize(ctx context.Context) (int64, error)
@@ -84,7 +84,7 @@ var (
 	ErrConflict = errors.New("bench: fingerprint conflict")
 	// ErrInProgress: the key's first call has not completed.
 	ErrInProgress = errors.New("bench: request in progress")
-	// ErrSkipped: the contender cannot run here (no PostgreSQL server), or it
+	// ErrSkipped: the contender cannot run here (no database server), or it
 	// lacks what a workload needs (a bare call has no records to prune).
 	ErrSkipped = errors.New("skipped")
 )
@@ -107,21 +107,15 @@ type Contender struct {
 	Open func(ctx context.Context, dir string) (Deduper, error)
 }
 
-// Contenders lists every contender, idem first: the reference of the ratios.
+// Contenders lists the contenders that need no database driver, idem first
+// (the reference of the ratios): idem, bare and naive-bbolt. The bench module
+// appends its SQLite and PostgreSQL contenders to this list; a run takes any
+// list, in the order its table shows the rows.
 func Contenders() []Contender {
 	return []Contender{
 		{Name: "idem", Open: OpenIdem},
 		{Name: "bare", Open: OpenBare},
 		{Name: "naive-bbolt", Open: OpenNaiveBbolt},
-		{Name: "sqlite-full", Open: func(ctx context.Context, dir string) (Deduper, error) {
-			return OpenSQLite(ctx, dir, SyncFull)
-		}},
-		{Name: "sqlite-normal", Open: func(ctx context.Context, dir string) (Deduper, error) {
-			return OpenSQLite(ctx, dir, SyncNormal)
-		}},
-		{Name: "postgres", Open: func(ctx context.Context, dir string) (Deduper, error) {
-			return OpenPostgres(ctx, os.Getenv(PostgresEnv))
-		}},
 	}
 }
 

@@ -1,0 +1,30 @@
+package bench
+
+import (
+	"context"
+	"os"
+
+	"github.com/idemkit/idem/internal/benchkit"
+)
+
+// Contenders lists every contender: benchkit's driver-free ones (idem first,
+// the reference of the ratios; bare; naive-bbolt), then those that need a
+// database driver: SQLite with synchronous FULL and NORMAL, and PostgreSQL.
+func Contenders() []benchkit.Contender {
+	return append(benchkit.Contenders(), DriverContenders()...)
+}
+
+// DriverContenders lists the contenders this module adds to benchkit's.
+func DriverContenders() []benchkit.Contender {
+	return []benchkit.Contender{
+		{Name: "sqlite-full", Open: func(ctx context.Context, dir string) (benchkit.Deduper, error) {
+			return OpenSQLite(ctx, dir, SyncFull)
+		}},
+		{Name: "sqlite-normal", Open: func(ctx context.Context, dir string) (benchkit.Deduper, error) {
+			return OpenSQLite(ctx, dir, SyncNormal)
+		}},
+		{Name: "postgres", Open: func(ctx context.Context, _ string) (benchkit.Deduper, error) {
+			return OpenPostgres(ctx, os.Getenv(PostgresEnv))
+		}},
+	}
+}
