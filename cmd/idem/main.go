@@ -9,10 +9,15 @@
 //	idem prune                        reclaim the space of expired records
 //	idem check                        bbolt's consistency check, then decode every record
 //	idem compact SRC DST              rewrite SRC into a new, smaller file DST
+//	idem outbox ls [--dead]           the outbox's messages, or its dead letters
+//	idem outbox get SEQ               one message, with its payload
+//	idem outbox retry|drop SEQ...     put dead letters back in the outbox, or delete them
 //
 // Every command works on a file that no program holds: bbolt lets one process
 // open a file for writing, so a file in use gives a one-line error after half a
-// second instead of a wait. Inspect a running program through the program.
+// second instead of a wait. Inspect a running program through the program. The
+// commands that only read (stats, ls, get, check, outbox ls and outbox get)
+// open the file read-only, with a shared lock, and never change it.
 //
 // Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
 // document on stdout instead of a table, and --retention and --recovery, which
@@ -20,8 +25,9 @@
 // expired. Errors go to stderr, one line. Exit status: 0 on success, 1 on an
 // error or a problem found by check, 2 on a usage error.
 //
-// Keys and responses are user data: only ls, get, and check (for corrupt
-// records) print keys, and only get prints a response.
+// Keys, responses and payloads are user data: only ls, get, check (for corrupt
+// records) and the outbox commands print keys, only get prints a response, and
+// only outbox get prints a payload.
 package main
 
 import (
@@ -64,6 +70,16 @@ var subcommands = []func(*app) *cobra.Command{
 	newPruneCmd,
 	newCheckCmd,
 	newCompactCmd,
+	newBenchCmd,
+	newOutboxCmd,
+	newTaubenchCmd,
+}
+
+// readOnlyCommands are the commands that only read the file: openEngine opens
+// it for them with idem.Options.ReadOnly, a shared lock that changes nothing.
+var readOnlyCommands = map[string]bool{
+	"idem stats": true, "idem ls": true, "idem get": true, "idem check": true,
+	"idem outbox ls": true, "idem outbox get": true,
 }
 
 func main() {
@@ -84,6 +100,12 @@ type app struct {
 	json      bool
 	retention time.Duration
 	recovery  string
+
+	// readOnly is set for the commands in readOnlyCommands.
+	readOnly bool
+	// deadLetterRetention is OutboxOptions.DeadLetterRetention, for the
+	// commands that have the flag.
+	deadLetterRetention time.Duration
 }
 
 // run executes the command line args and returns the exit status.
@@ -98,7 +120,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			code = 1
 		}
 	}()
-	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
+	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr,
+		deadLetterRetention: idem.DefaultDeadLetterRetention}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
@@ -158,6 +181,7 @@ Options: they decide which records have expired.`,
 
 // resolveGlobals applies $IDEM_DB and validates the global flags.
 func (a *app) resolveGlobals(cmd *cobra.Command) error {
+	a.readOnly = readOnlyCommands[cmd.CommandPath()]
 	if !cmd.Flags().Changed("db") {
 		if p := a.getenv("IDEM_DB"); p != "" {
 			a.db = p
@@ -182,11 +206,17 @@ func (a *app) recoveryPolicy() (idem.RecoveryPolicy, error) {
 	return 0, fmt.Errorf("--recovery must be reexecute or refuse, not %q", a.recovery)
 }
 
-// openEngine opens the file at a.db for a command. The file must exist and
-// already be an idem file: no command creates one. A file held by a program
-// gives the one-line in-use error.
+// openEngine opens the file at a.db for a command: read-only (a shared lock,
+// no change to the file) for the commands in readOnlyCommands, else for
+// writing. The file must exist and already be an idem file: no command
+// creates one. A file held by a program gives the one-line in-use error.
 func (a *app) openEngine() (*idem.Engine, error) {
-	if err := preflight(a.db); err != nil {
+	if a.readOnly {
+		// The engine checks the format itself, and writes nothing.
+		if err := mustExist(a.db); err != nil {
+			return nil, err
+		}
+	} else if err := preflight(a.db); err != nil {
 		return nil, err
 	}
 	recovery, _ := a.recoveryPolicy()
@@ -195,6 +225,8 @@ func (a *app) openEngine() (*idem.Engine, error) {
 		Recovery:      recovery,
 		LockTimeout:   lockTimeout,
 		PruneInterval: -1,
+		ReadOnly:      a.readOnly,
+		Outbox:        idem.OutboxOptions{DeadLetterRetention: a.deadLetterRetention},
 	})
 	if err != nil {
 		return nil, openError(a.db, err)
@@ -248,14 +280,27 @@ func openError(path string, err error) error {
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return &exitError{code: 1, msg: inUseMessage(path)}
 	}
+	var op *idem.OpError
+	if errors.As(err, &op) && op.Op == "open" {
+		err = op.Err // the path is said below
+	}
 	if errors.Is(err, bolterrors.ErrInvalid) || errors.Is(err, bolterrors.ErrVersionMismatch) {
 		return fmt.Errorf("idem: %s: not an idem file: %w", path, err)
 	}
-	var op *idem.OpError
-	if errors.As(err, &op) {
-		return err
+	if errors.Is(err, idem.ErrFormat) {
+		return formatError(path, err)
 	}
 	return fmt.Errorf("idem: open %s: %w", path, err)
+}
+
+// formatError says why the engine refused the file, in preflight's words:
+// "idem: PATH: not an idem file (...)", or its format's problem.
+func formatError(path string, err error) error {
+	detail := unprefix(err.Error())
+	if d, ok := strings.CutPrefix(detail, unprefix(idem.ErrFormat.Error())+": "); ok && strings.HasPrefix(d, "not an idem file") {
+		detail = d
+	}
+	return fmt.Errorf("idem: %s: %s", path, detail)
 }
 
 func inUseMessage(path string) string {

@@ -9,15 +9,24 @@ import (
 )
 
 func newStatsCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	c := &cobra.Command{
 		Use:   "stats",
-		Short: "Count the records by state and show the file's size",
+		Short: "Count the records and outbox messages by state and show the file's size",
 		Long: `stats counts the records by state: started (interrupted executions, since no
 program holds the file), done, expired but not yet pruned, and corrupt (see
-idem check). Expiry follows --retention and --recovery.`,
+idem check). Expiry follows --retention and --recovery.
+
+It counts the outbox messages too: pending (not delivered yet; retrying are
+those that failed at least once), dead letters inside their retention
+(--dead-letter-retention, which must match the program's), and corrupt ones
+(see idem outbox ls). Whether a pending message's topic has a handler is
+known to the program only: the tool registers none.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error { return a.stats() },
 	}
+	c.Flags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", idem.DefaultDeadLetterRetention,
+		"dead-letter retention of the program (OutboxOptions.DeadLetterRetention)")
+	return c
 }
 
 type statsJSON struct {
@@ -31,9 +40,19 @@ type statsJSON struct {
 		ExpiredPending int `json:"expired_pending"`
 		Corrupt        int `json:"corrupt"`
 	} `json:"records"`
+	// Outbox counts the outbox messages; Retrying are among Pending.
+	Outbox struct {
+		Pending  int `json:"pending"`
+		Retrying int `json:"retrying"`
+		Dead     int `json:"dead"`
+		Corrupt  int `json:"corrupt"`
+	} `json:"outbox"`
 }
 
 func (a *app) stats() error {
+	if err := a.checkDeadLetterRetention(); err != nil {
+		return err
+	}
 	s, err := a.engineStats()
 	if err != nil {
 		return err
@@ -49,6 +68,10 @@ func (a *app) stats() error {
 	out.Records.Live = s.Started + s.Done
 	out.Records.Started, out.Records.Done = s.Started, s.Done
 	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
+	// Not Waiting: the tool registers no handler, so every pending message
+	// would count. Not Delivered: it counts since Open.
+	out.Outbox.Pending, out.Outbox.Retrying = s.Outbox.Pending, s.Outbox.Retrying
+	out.Outbox.Dead, out.Outbox.Corrupt = s.Outbox.Dead, s.Outbox.Corrupt
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -61,6 +84,9 @@ func (a *app) stats() error {
 		corrupt += " (run idem check)"
 	}
 	fmt.Fprintf(w, "corrupt\t%s\n", corrupt)
+	ob := out.Outbox
+	fmt.Fprintf(w, "outbox\t%d pending (%d retrying), %s, %d corrupt\n",
+		ob.Pending, ob.Retrying, plural(ob.Dead, "dead letter", "dead letters"), ob.Corrupt)
 	return w.Flush()
 }
 
