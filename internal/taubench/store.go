@@ -1,0 +1,246 @@
+package taubench
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"go.etcd.io/bbolt"
+)
+
+// The bbolt buckets of the retail database. The record buckets map a record
+// id to its JSON text, written as the reference's json.dumps writes it (so a
+// read tool answers with the stored bytes). The order buckets map a 4-byte
+// big-endian position to a record id and keep the data files' order, which
+// bbolt's sorted keys lose: the reference scans users in file order ("the
+// first user whose …"), and product names resolve duplicates in file order.
+const (
+	OrdersBucket       = "tau_orders"
+	UsersBucket        = "tau_users"
+	ProductsBucket     = "tau_products"
+	UserOrderBucket    = "tau_user_order"
+	ProductOrderBucket = "tau_product_order"
+)
+
+// Buckets is what a tool needs from a write transaction: named top-level buckets,
+// created on first use. *idem.Tx satisfies it; BoltTx adapts a plain *bbolt.Tx.
+type Buckets interface {
+	Bucket(name []byte) (*bbolt.Bucket, error)
+}
+
+// BoltTx adapts a *bbolt.Tx to Buckets. In a writable transaction a missing
+// bucket is created; in a read-only one it is an error.
+type BoltTx struct {
+	*bbolt.Tx
+}
+
+// Bucket returns the top-level bucket name.
+func (t BoltTx) Bucket(name []byte) (*bbolt.Bucket, error) {
+	if t.Writable() {
+		return t.CreateBucketIfNotExists(name)
+	}
+	if b := t.Tx.Bucket(name); b != nil {
+		return b, nil
+	}
+	return nil, fmt.Errorf("taubench: no bucket %q (is the database seeded?)", name)
+}
+
+// table is one table of the retail database.
+type table struct {
+	name   string // the key of Task.Changed
+	bucket string
+	file   string
+	order  string // bucket of the file-order index, "" if nothing needs it
+}
+
+var (
+	ordersTable   = table{"orders", OrdersBucket, OrdersFile, ""}
+	usersTable    = table{"users", UsersBucket, UsersFile, UserOrderBucket}
+	productsTable = table{"products", ProductsBucket, ProductsFile, ProductOrderBucket}
+	tables        = []table{ordersTable, usersTable, productsTable}
+)
+
+// record is one stored record.
+type record struct {
+	id   string
+	json []byte // in json.dumps form
+}
+
+// Dataset is the initial retail database as read from the data files, each
+// table's records in file order.
+type Dataset struct {
+	records map[string][]record // by table name
+}
+
+// LoadDataset reads orders.json, users.json and products.json from dir.
+func LoadDataset(dir string) (*Dataset, error) {
+	d := &Dataset{records: map[string][]record{}}
+	for _, t := range tables {
+		path := filepath.Join(dir, t.file)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, err
+		}
+		root, err := parseObject(data)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		recs := make([]record, len(root.keys))
+		for i, id := range root.keys {
+			if _, ok := root.vals[i].(*object); !ok || id == "" {
+				return nil, fmt.Errorf("%s: record %q is not a JSON object with an id", path, id)
+			}
+			recs[i] = record{id: id, json: dumps(root.vals[i])}
+		}
+		d.records[t.name] = recs
+	}
+	return d, nil
+}
+
+// Put writes the dataset into the buckets, which should be empty.
+func (d *Dataset) Put(b Buckets) error {
+	for _, t := range tables {
+		bkt, err := b.Bucket([]byte(t.bucket))
+		if err != nil {
+			return err
+		}
+		var idx *bbolt.Bucket
+		if t.order != "" {
+			if idx, err = b.Bucket([]byte(t.order)); err != nil {
+				return err
+			}
+		}
+		for i, r := range d.records[t.name] {
+			if err := bkt.Put([]byte(r.id), r.json); err != nil {
+				return err
+			}
+			if idx != nil {
+				if err := idx.Put(binary.BigEndian.AppendUint32(nil, uint32(i)), []byte(r.id)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Seed loads the retail data files of dir into db in one transaction,
+// replacing whatever the retail buckets held.
+func Seed(db *bbolt.DB, dir string) error {
+	d, err := LoadDataset(dir)
+	if err != nil {
+		return err
+	}
+	return db.Update(func(tx *bbolt.Tx) error {
+		for _, t := range tables {
+			for _, name := range []string{t.bucket, t.order} {
+				if name != "" && tx.Bucket([]byte(name)) != nil {
+					if err := tx.DeleteBucket([]byte(name)); err != nil {
+						return err
+					}
+				}
+			}
+		}
+		return d.Put(BoltTx{tx})
+	})
+}
+
+// snapshot is the content of the retail tables: table name ("orders",
+// "users", "products", as in Task.Changed) → record id → record JSON.
+type snapshot map[string]map[string]json.RawMessage
+
+// Snapshot reads every record of the retail tables, for comparison with
+// DiffChanged.
+func Snapshot(b Buckets) (snapshot, error) {
+	s := snapshot{}
+	for _, t := range tables {
+		bkt, err := b.Bucket([]byte(t.bucket))
+		if err != nil {
+			return nil, err
+		}
+		recs := map[string]json.RawMessage{}
+		err = bkt.ForEach(func(k, v []byte) error {
+			recs[string(k)] = append(json.RawMessage(nil), v...)
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		s[t.name] = recs
+	}
+	return s, nil
+}
+
+// getRaw returns the stored JSON of record id of t, or nil if there is none.
+// The slice is only valid during the transaction.
+func getRaw(b Buckets, t table, id string) ([]byte, error) {
+	bkt, err := b.Bucket([]byte(t.bucket))
+	if err != nil || id == "" {
+		return nil, err
+	}
+	return bkt.Get([]byte(id)), nil
+}
+
+// getRecord decodes record id of t, or returns nil if there is none.
+func getRecord(b Buckets, t table, id string) (*object, error) {
+	data, err := getRaw(b, t, id)
+	if err != nil || data == nil {
+		return nil, err
+	}
+	o, err := parseObject(data)
+	if err != nil {
+		return nil, fmt.Errorf("taubench: %s record %q: %w", t.name, id, err)
+	}
+	return o, nil
+}
+
+// putRecord stores record id of t and returns its JSON text.
+func putRecord(b Buckets, t table, id string, o *object) (string, error) {
+	bkt, err := b.Bucket([]byte(t.bucket))
+	if err != nil {
+		return "", err
+	}
+	data := dumps(o)
+	if err := bkt.Put([]byte(id), data); err != nil {
+		return "", err
+	}
+	return string(data), nil
+}
+
+// forEachInFileOrder calls fn on the records of t in data-file order until fn
+// returns false. Without an order index it falls back to key order.
+func forEachInFileOrder(b Buckets, t table, fn func(id string, rec *object) bool) error {
+	bkt, err := b.Bucket([]byte(t.bucket))
+	if err != nil {
+		return err
+	}
+	idx, err := b.Bucket([]byte(t.order))
+	if err != nil {
+		return err
+	}
+	c, viaIndex := idx.Cursor(), true
+	k, v := c.First()
+	if k == nil {
+		c, viaIndex = bkt.Cursor(), false
+		k, v = c.First()
+	}
+	for ; k != nil; k, v = c.Next() {
+		id, data := k, v
+		if viaIndex {
+			id, data = v, bkt.Get(v)
+			if data == nil {
+				continue
+			}
+		}
+		rec, err := parseObject(data)
+		if err != nil {
+			return fmt.Errorf("taubench: %s record %q: %w", t.name, id, err)
+		}
+		if !fn(string(id), rec) {
+			return nil
+		}
+	}
+	return nil
+}
