@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/idemkit/idem/internal/taubench"
+)
+
+// A crash child of the taubench crash schedule is this program re-executed:
+// it plays its part before anything else runs (in tests too).
+func init() { taubench.ChildMain() }
+
+func newTaubenchCmd(a *app) *cobra.Command {
+	var (
+		data, tasksFile string
+		seed            uint64
+		limit           int
+		baseline        bool
+		on              = map[taubench.Schedule]*bool{}
+	)
+	c := &cobra.Command{
+		Use:   "taubench",
+		Short: "Play τ-bench retail agent traffic through idem under retries, duplicates and crashes",
+		Long: `taubench plays the 115 tasks of τ-bench's retail domain (real agent tool calls
+with reference outputs) against a fresh copy of the shop database, under each
+fault schedule, once through idem (every write tool through DoTx, a key per
+logical call, the canonical arguments as fingerprint) and once through a naive
+baseline that calls the tools directly. It checks every answer the agent reads
+against the reference, and the records each task changes against the task's.
+
+The data is read from ../shared/taubench/retail beside the repository (or
+--data DIR); it is not part of this repository. The exit status is 1 if any idem
+row falls short of every task.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if data == "" {
+				data = taubench.DefaultDataDir(repoRoot())
+			}
+			dir, err := taubench.FindDataDir(data)
+			if err != nil {
+				return err
+			}
+			if tasksFile == "" {
+				tasksFile = filepath.Join(dir, "tasks_test.jsonl")
+			}
+			tasks, err := taubench.LoadTasks(tasksFile)
+			if err != nil {
+				return err
+			}
+			if limit > 0 && limit < len(tasks) {
+				tasks = tasks[:limit]
+			}
+			if !cmd.Flags().Changed("seed") {
+				seed = uint64(time.Now().UnixNano())
+			}
+			var schedules []taubench.Schedule
+			for _, s := range taubench.Schedules {
+				if *on[s] {
+					schedules = append(schedules, s)
+				}
+			}
+			if len(schedules) == 0 {
+				return &usageError{errors.New("every schedule is switched off")}
+			}
+			modes := 1
+			if baseline {
+				modes = 2
+			}
+			progress, finish := func(int, int) {}, func() {}
+			if f, ok := a.stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+				bar := progressbar.NewOptions(len(schedules)*modes*len(tasks),
+					progressbar.OptionSetWriter(a.stderr),
+					progressbar.OptionSetDescription("τ-bench"),
+					progressbar.OptionShowCount(),
+					progressbar.OptionSetPredictTime(true),
+					progressbar.OptionClearOnFinish(),
+					progressbar.OptionThrottle(100*time.Millisecond))
+				progress = func(done, _ int) { _ = bar.Set(done) }
+				finish = func() { _ = bar.Finish() }
+			}
+			rep, err := taubench.Run(cmd.Context(), taubench.Config{
+				DataDir: dir, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
+				Baseline: baseline, Seed: seed, Progress: progress,
+			})
+			finish()
+			if err != nil {
+				return err
+			}
+			if a.json {
+				if err := a.printJSON(rep); err != nil {
+					return err
+				}
+			} else {
+				taubench.WriteTable(a.stdout, rep)
+				fmt.Fprintf(a.stdout, "\nrepeat with: idem taubench --seed %d\n", rep.Seed)
+			}
+			if !rep.OK() {
+				for _, row := range rep.Rows {
+					if row.Mode != taubench.Idem {
+						continue
+					}
+					for _, f := range row.Failures {
+						fmt.Fprintf(a.stderr, "%s/%s: %s\n", row.Schedule, row.Mode, f)
+					}
+				}
+				return &exitError{code: 1, msg: "idem: some idem rows fall short of the reference"}
+			}
+			return nil
+		},
+	}
+	f := c.Flags()
+	f.StringVar(&data, "data", "", "directory of τ-bench's retail data (default ../shared/taubench/retail beside the repository)")
+	f.StringVar(&tasksFile, "tasks", "", "task file of the same format (default DATA/tasks_test.jsonl)")
+	f.Uint64Var(&seed, "seed", 0, "seed of the random choices (default: from the clock, printed)")
+	f.IntVar(&limit, "limit", 0, "play only the first N tasks")
+	f.BoolVar(&baseline, "baseline", true, "also play every schedule without dedupe")
+	for _, s := range taubench.Schedules {
+		on[s] = f.Bool(string(s), true, fmt.Sprintf("play the %s schedule", s))
+	}
+	return c
+}
+
+// repoRoot is the nearest directory from the working directory up whose
+// go.mod is this module's: the repository root when run from inside it.
+// Elsewhere it is the working directory.
+func repoRoot() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "."
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+			strings.HasPrefix(string(b), "module github.com/idemkit/idem\n") {
+			return dir
+		}
+		if filepath.Dir(dir) == dir {
+			return wd
+		}
+	}
+}

@@ -1,0 +1,643 @@
+package taubench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/fault"
+)
+
+// Schedule is a fault schedule: how the agent's calls reach the tools.
+type Schedule string
+
+// The fault schedules, in the order the report lists them.
+const (
+	// None sends every call once: it validates the tool implementations.
+	None Schedule = "none"
+	// Duplicate sends every call twice in a row; the agent reads both answers.
+	Duplicate Schedule = "duplicate"
+	// Lost runs every call, drops its response, and retries it with the same
+	// key; the agent reads the retry's answer.
+	Lost Schedule = "lost"
+	// Concurrent has two identical calls in flight at the same moment; the
+	// agent reads both answers.
+	Concurrent Schedule = "concurrent"
+	// Crash kills the process with SIGKILL at a random point of one random
+	// write call (a real child process); the parent reopens the file and the
+	// agent retries that call, then goes on.
+	Crash Schedule = "crash"
+	// Mutated retries every write call, after it answered, with the same key
+	// and changed arguments: the retry must be refused, the original's effect
+	// stands, and the agent keeps the original answer.
+	Mutated Schedule = "mutated"
+)
+
+// Schedules lists every schedule, in report order.
+var Schedules = []Schedule{None, Duplicate, Lost, Concurrent, Crash, Mutated}
+
+// Mode is how a run reaches the tools.
+type Mode string
+
+const (
+	// Baseline calls the tools directly, one bbolt transaction per call, with
+	// no dedupe: what an agent without idem gets.
+	Baseline Mode = "baseline"
+	// Idem runs every write call through Engine.DoTx with a key minted once
+	// per logical call and the canonical arguments as fingerprint.
+	Idem Mode = "idem"
+)
+
+// Config is one run of the benchmark.
+type Config struct {
+	// DataDir holds orders.json, users.json and products.json.
+	DataDir string
+	// Tasks are the tasks to play.
+	Tasks []Task
+	// TasksFile is where Tasks came from; crash children read it again.
+	TasksFile string
+	// Schedules to play; nil means all.
+	Schedules []Schedule
+	// Baseline also plays every schedule without dedupe.
+	Baseline bool
+	// Seed drives every random choice (crash points, keys).
+	Seed uint64
+	// WorkDir holds the per-run database files; empty means a temporary
+	// directory, removed afterwards.
+	WorkDir string
+	// Executable is the program a crash child runs (it must call ChildMain
+	// first thing); empty means os.Executable().
+	Executable string
+	// Progress, if not nil, is called after each task run.
+	Progress func(done, total int)
+}
+
+// Row is one line of the report: a schedule played in one mode.
+type Row struct {
+	Schedule Schedule `json:"schedule"`
+	Mode     Mode     `json:"mode"`
+	// Matched counts tasks whose every answer the agent read equals the
+	// reference and whose changed records equal the task's.
+	Matched int `json:"matched"`
+	Tasks   int `json:"tasks"`
+	// Diverged counts answers the agent read that differ from the reference.
+	Diverged int `json:"diverged_outputs"`
+	// ExtraEffects counts write executions that changed the database beyond
+	// one per logical call.
+	ExtraEffects int `json:"extra_effects"`
+	// StateMismatches counts tasks whose changed records differ.
+	StateMismatches int `json:"state_mismatches"`
+	// Failures describes the first few mismatches, for debugging.
+	Failures []string `json:"failures,omitempty"`
+}
+
+// Report is the outcome of Run.
+type Report struct {
+	Seed  uint64 `json:"seed"`
+	Tasks int    `json:"tasks"`
+	Rows  []Row  `json:"rows"`
+}
+
+// OK reports whether every idem row matched every task with no divergent
+// output and no extra effect.
+func (r *Report) OK() bool {
+	for _, row := range r.Rows {
+		if row.Mode == Idem && (row.Matched != row.Tasks || row.Diverged != 0 || row.ExtraEffects != 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// Run plays every task against a fresh copy of the database under each
+// schedule, in each mode, and compares with the reference.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Schedules == nil {
+		cfg.Schedules = Schedules
+	}
+	if cfg.Executable == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Executable = exe
+	}
+	work := cfg.WorkDir
+	if work == "" {
+		dir, err := os.MkdirTemp("", "idem-taubench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		work = dir
+	}
+	template := filepath.Join(work, "template.db")
+	if err := seedFile(template, cfg.DataDir); err != nil {
+		return nil, err
+	}
+	initial, err := snapshotFile(template)
+	if err != nil {
+		return nil, err
+	}
+	modes := []Mode{Idem}
+	if cfg.Baseline {
+		modes = []Mode{Baseline, Idem}
+	}
+	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks)}
+	total, done := len(cfg.Schedules)*len(modes)*len(cfg.Tasks), 0
+	for _, sched := range cfg.Schedules {
+		for _, mode := range modes {
+			row := Row{Schedule: sched, Mode: mode, Tasks: len(cfg.Tasks)}
+			for _, task := range cfg.Tasks {
+				if err := ctx.Err(); err != nil {
+					return nil, err
+				}
+				p := &play{cfg: &cfg, task: task, sched: sched, mode: mode,
+					path: filepath.Join(work, fmt.Sprintf("%s-%s-%d.db", sched, mode, task.ID))}
+				if err := copyFile(template, p.path); err != nil {
+					return nil, err
+				}
+				out, err := p.run(ctx, initial)
+				os.Remove(p.path)
+				if err != nil {
+					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
+				}
+				row.Diverged += out.diverged
+				row.ExtraEffects += out.extra
+				if len(out.state) > 0 {
+					row.StateMismatches++
+				}
+				if out.diverged == 0 && len(out.state) == 0 {
+					row.Matched++
+				} else if len(row.Failures) < 5 {
+					row.Failures = append(row.Failures, fmt.Sprintf("task %d: %s", task.ID, strings.Join(append(out.notes, out.state...), "; ")))
+				}
+				done++
+				if cfg.Progress != nil {
+					cfg.Progress(done, total)
+				}
+			}
+			rep.Rows = append(rep.Rows, row)
+		}
+	}
+	return rep, nil
+}
+
+// play is one task played under one schedule in one mode.
+type play struct {
+	cfg   *Config
+	task  Task
+	sched Schedule
+	mode  Mode
+	path  string
+
+	e  *idem.Engine // Idem mode
+	db *bbolt.DB    // Baseline mode
+
+	mu      sync.Mutex
+	effects map[int]int // successful write executions per action index
+}
+
+type outcome struct {
+	diverged int
+	extra    int
+	notes    []string
+	state    []string
+}
+
+// key is the idempotency key of action i: minted once per logical call.
+func (p *play) key(i int) string {
+	r := rand.New(rand.NewPCG(p.cfg.Seed, uint64(p.task.ID)<<16|uint64(i)))
+	return fmt.Sprintf("tau-%d-%d-%016x", p.task.ID, i, r.Uint64())
+}
+
+func (p *play) open() error {
+	if p.mode == Idem {
+		e, err := idem.Open(p.path, &idem.Options{PruneInterval: -1})
+		p.e = e
+		return err
+	}
+	db, err := bbolt.Open(p.path, 0o600, nil)
+	p.db = db
+	return err
+}
+
+func (p *play) close() error {
+	if p.e != nil {
+		err := p.e.Close()
+		p.e = nil
+		return err
+	}
+	if p.db != nil {
+		err := p.db.Close()
+		p.db = nil
+		return err
+	}
+	return nil
+}
+
+// answer is what one physical call returned to the agent.
+type answer struct {
+	output  string
+	refused bool // the engine refused the call (fingerprint mismatch)
+}
+
+// call sends action i with args once.
+func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, error) {
+	a := p.task.Actions[i]
+	tool, ok := Lookup(a.Name)
+	if !ok {
+		return answer{}, fmt.Errorf("unknown tool %q", a.Name)
+	}
+	run := func(b Buckets) (string, error) {
+		out, err := tool.Run(b, args)
+		if err == nil && tool.Write && !strings.HasPrefix(out, "Error") {
+			p.mu.Lock()
+			p.effects[i]++
+			p.mu.Unlock()
+		}
+		return out, err
+	}
+	if p.mode == Baseline {
+		var out string
+		var err error
+		if tool.Write {
+			err = p.db.Update(func(tx *bbolt.Tx) error {
+				out, err = run(BoltTx{tx})
+				if err == nil {
+					fault.Point("taubench-before-commit")
+				}
+				return err
+			})
+		} else {
+			err = p.db.View(func(tx *bbolt.Tx) error {
+				out, err = run(BoltTx{tx})
+				return err
+			})
+		}
+		if err == nil && tool.Write {
+			fault.Point("taubench-after-commit")
+		}
+		return answer{output: out}, err
+	}
+	if !tool.Write {
+		var out string
+		err := p.e.View(func(tx *bbolt.Tx) error {
+			var err error
+			out, err = run(BoltTx{tx})
+			return err
+		})
+		return answer{output: out}, err
+	}
+	fp, err := idem.Fingerprint(args)
+	if err != nil {
+		return answer{}, err
+	}
+	res, err := p.e.DoTx(ctx, p.key(i), fp, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
+		out, err := run(tx)
+		if err != nil {
+			return nil, err
+		}
+		fault.Point("taubench-before-commit")
+		return []byte(out), nil
+	})
+	if errors.Is(err, idem.ErrFingerprintMismatch) {
+		return answer{refused: true}, nil
+	}
+	if err != nil {
+		return answer{}, err
+	}
+	fault.Point("taubench-after-commit")
+	return answer{output: string(res.Response)}, nil
+}
+
+func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err error) {
+	p.effects = map[int]int{}
+	rng := rand.New(rand.NewPCG(p.cfg.Seed, uint64(p.task.ID)))
+	crashAt, point := -1, ""
+	if p.sched == Crash {
+		var writes []int
+		for i, a := range p.task.Actions {
+			if t, ok := Lookup(a.Name); ok && t.Write {
+				writes = append(writes, i)
+			}
+		}
+		if len(writes) > 0 {
+			crashAt = writes[rng.IntN(len(writes))]
+			point = crashPoints[rng.IntN(len(crashPoints))]
+		}
+	}
+	start := 0
+	if crashAt >= 0 {
+		if err := p.crashChild(crashAt, point); err != nil {
+			return out, err
+		}
+		// The child's execution of the crashed call had its effect if the
+		// kill came after the commit.
+		if point == "taubench-after-commit" && p.task.Actions[crashAt].Output != "" &&
+			!strings.HasPrefix(p.task.Actions[crashAt].Output, "Error") {
+			p.effects[crashAt]++
+		}
+		start = crashAt // the agent retries the crashed call, then goes on
+		// Effects of calls before it happened in the child, once each.
+		for i := range crashAt {
+			if t, _ := Lookup(p.task.Actions[i].Name); t.Write && !strings.HasPrefix(p.task.Actions[i].Output, "Error") {
+				p.effects[i]++
+			}
+		}
+	}
+	if err := p.open(); err != nil {
+		return out, err
+	}
+	defer func() {
+		if cerr := p.close(); err == nil {
+			err = cerr
+		}
+	}()
+	for i := start; i < len(p.task.Actions); i++ {
+		a := p.task.Actions[i]
+		seen, err := p.schedule(ctx, i, i == crashAt)
+		if err != nil {
+			return out, fmt.Errorf("action %d (%s): %w", i, a.Name, err)
+		}
+		for _, s := range seen {
+			if s.refused || !EqualJSON(s.output, a.Output) {
+				out.diverged++
+				if len(out.notes) < 3 {
+					out.notes = append(out.notes, fmt.Sprintf("action %d %s: got %.120q, want %.120q", i, a.Name, s.output, a.Output))
+				}
+			}
+		}
+	}
+	for _, n := range p.effects {
+		out.extra += max(0, n-1)
+	}
+	final, err := p.snapshot()
+	if err != nil {
+		return out, err
+	}
+	out.state = DiffChanged(initial, final, p.task.Changed)
+	return out, nil
+}
+
+// crashPoints are where a crash child is killed: inside the write call after
+// the tool ran but before its transaction committed, or after the commit
+// before the answer reached the agent.
+var crashPoints = []string{"taubench-before-commit", "taubench-after-commit"}
+
+// schedule sends action i as the schedule says and returns the answers the
+// agent reads.
+func (p *play) schedule(ctx context.Context, i int, retryOfCrash bool) ([]answer, error) {
+	a := p.task.Actions[i]
+	args := a.Kwargs
+	if retryOfCrash {
+		ans, err := p.call(ctx, i, args)
+		return []answer{ans}, err
+	}
+	switch p.sched {
+	case None, Crash:
+		ans, err := p.call(ctx, i, args)
+		return []answer{ans}, err
+	case Duplicate:
+		first, err := p.call(ctx, i, args)
+		if err != nil {
+			return nil, err
+		}
+		second, err := p.call(ctx, i, args)
+		return []answer{first, second}, err
+	case Lost:
+		if _, err := p.call(ctx, i, args); err != nil {
+			return nil, err
+		}
+		ans, err := p.call(ctx, i, args)
+		return []answer{ans}, err
+	case Concurrent:
+		var (
+			wg   sync.WaitGroup
+			ans  [2]answer
+			errs [2]error
+		)
+		start := make(chan struct{})
+		for j := range 2 {
+			wg.Go(func() {
+				<-start
+				ans[j], errs[j] = p.call(ctx, i, args)
+			})
+		}
+		close(start)
+		wg.Wait()
+		return ans[:], errors.Join(errs[:]...)
+	case Mutated:
+		ans, err := p.call(ctx, i, args)
+		if err != nil {
+			return nil, err
+		}
+		if t, _ := Lookup(a.Name); t.Write {
+			// The mutated retry's own answer is not what the agent keeps:
+			// under idem it is refused, in the baseline it runs again.
+			if _, err := p.call(ctx, i, mutate(a.Name, args)); err != nil {
+				return nil, err
+			}
+		}
+		return []answer{ans}, nil
+	}
+	return nil, fmt.Errorf("unknown schedule %q", p.sched)
+}
+
+// mutate returns args changed the way a confused agent's retry changes them:
+// another reason, another address line, or an extra argument.
+func mutate(tool string, args map[string]any) map[string]any {
+	m := make(map[string]any, len(args)+1)
+	for k, v := range args {
+		m[k] = v
+	}
+	switch {
+	case tool == "cancel_pending_order":
+		if m["reason"] == "no longer needed" {
+			m["reason"] = "ordered by mistake"
+		} else {
+			m["reason"] = "no longer needed"
+		}
+	case strings.Contains(tool, "address"):
+		m["address2"] = fmt.Sprint(m["address2"]) + " (corrected)"
+	default:
+		m["note"] = "retry with changed arguments"
+	}
+	return m
+}
+
+func (p *play) snapshot() (snapshot, error) {
+	var s snapshot
+	view := func(tx *bbolt.Tx) error {
+		var err error
+		s, err = Snapshot(BoltTx{tx})
+		return err
+	}
+	if p.e != nil {
+		return s, p.e.View(view)
+	}
+	return s, p.db.View(view)
+}
+
+// Crash children.
+
+const envChild = "IDEM_TAUBENCH_CHILD"
+
+// childSpec tells a crash child what to run.
+type childSpec struct {
+	DB        string   `json:"db"`
+	TasksFile string   `json:"tasks_file"`
+	Task      int      `json:"task"`
+	Seed      uint64   `json:"seed"`
+	Mode      Mode     `json:"mode"`
+	CrashAt   int      `json:"crash_at"`
+	Point     string   `json:"point"`
+	Schedule  Schedule `json:"schedule"`
+}
+
+// crashChild runs the task up to action crashAt in a child process that is
+// killed with SIGKILL at point during that action.
+func (p *play) crashChild(crashAt int, point string) error {
+	if p.cfg.TasksFile == "" {
+		return errors.New("the crash schedule needs Config.TasksFile")
+	}
+	spec, err := json.Marshal(childSpec{DB: p.path, TasksFile: p.cfg.TasksFile, Task: p.task.ID, Seed: p.cfg.Seed,
+		Mode: p.mode, CrashAt: crashAt, Point: point, Schedule: p.sched})
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(p.cfg.Executable)
+	cmd.Env = append(os.Environ(), envChild+"="+string(spec))
+	outb, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
+			return nil
+		}
+	}
+	return fmt.Errorf("crash child did not die of SIGKILL at %s (%v): %s", point, err, outb)
+}
+
+// ChildMain runs a crash child if this process is one (the environment says
+// so) and never returns then; otherwise it returns at once. Programs that run
+// the crash schedule call it first thing in main (and tests in TestMain).
+func ChildMain() {
+	raw := os.Getenv(envChild)
+	if raw == "" {
+		return
+	}
+	if err := runChild(raw); err != nil {
+		fmt.Fprintln(os.Stderr, "taubench child:", err)
+		os.Exit(3)
+	}
+	fmt.Fprintln(os.Stderr, "taubench child: the failpoint was not reached")
+	os.Exit(4)
+}
+
+func runChild(raw string) error {
+	var spec childSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		return err
+	}
+	tasks, err := LoadTasks(spec.TasksFile)
+	if err != nil {
+		return err
+	}
+	var task *Task
+	for i := range tasks {
+		if tasks[i].ID == spec.Task {
+			task = &tasks[i]
+		}
+	}
+	if task == nil {
+		return fmt.Errorf("no task %d in %s", spec.Task, spec.TasksFile)
+	}
+	p := &play{cfg: &Config{Seed: spec.Seed}, task: *task, sched: spec.Schedule, mode: spec.Mode,
+		path: spec.DB, effects: map[int]int{}}
+	if err := p.open(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	for i := 0; i < spec.CrashAt; i++ {
+		if _, err := p.call(ctx, i, task.Actions[i].Kwargs); err != nil {
+			return err
+		}
+	}
+	fault.Set(spec.Point, fault.Kill)
+	_, err = p.call(ctx, spec.CrashAt, task.Actions[spec.CrashAt].Kwargs)
+	return err
+}
+
+// Helpers.
+
+func seedFile(path, dataDir string) error {
+	db, err := bbolt.Open(path, 0o600, nil)
+	if err != nil {
+		return err
+	}
+	if err := Seed(db, dataDir); err != nil {
+		db.Close()
+		return err
+	}
+	return db.Close()
+}
+
+func snapshotFile(path string) (snapshot, error) {
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true})
+	if err != nil {
+		return snapshot{}, err
+	}
+	defer db.Close()
+	var s snapshot
+	err = db.View(func(tx *bbolt.Tx) error {
+		s, err = Snapshot(BoltTx{tx})
+		return err
+	})
+	return s, err
+}
+
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// WriteTable prints the report as a markdown table.
+func WriteTable(w io.Writer, rep *Report) {
+	fmt.Fprintf(w, "τ-bench retail, %d tasks, seed %d\n\n", rep.Tasks, rep.Seed)
+	fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches |")
+	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|")
+	rows := append([]Row(nil), rep.Rows...)
+	order := map[Schedule]int{}
+	for i, s := range Schedules {
+		order[s] = i
+	}
+	sort.SliceStable(rows, func(i, j int) bool { return order[rows[i].Schedule] < order[rows[j].Schedule] })
+	for _, r := range rows {
+		fmt.Fprintf(w, "| %s | %s | %d/%d | %d | %d | %d |\n", r.Schedule, r.Mode, r.Matched, r.Tasks, r.Diverged, r.ExtraEffects, r.StateMismatches)
+	}
+}
