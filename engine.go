@@ -362,8 +362,17 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		f, leader := e.locks.acquire(key, fp)
 		if !leader {
 			if f.fp != fp {
-				e.n.conflicts.Add(1)
-				return Result{}, &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the call in progress has another fingerprint", ErrFingerprintMismatch)}
+				if f.executing.Load() {
+					e.n.conflicts.Add(1)
+					return Result{}, &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the call in progress has another fingerprint", ErrFingerprintMismatch)}
+				}
+				// The leader has not claimed the key with its fingerprint (it
+				// may be answering from a record of ours, or be an operator):
+				// its outcome is not ours. Wait for it, then look again.
+				if err := f.wait(ctx); err != nil {
+					return Result{}, err
+				}
+				continue
 			}
 			if e.opts.InFlight == InFlightFail {
 				return Result{}, &OpError{Op: op, Key: key, Err: ErrInProgress}
@@ -406,14 +415,14 @@ func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight,
 		}
 		e.locks.release(key, f)
 	}()
-	res, err = e.decide(ctx, op, c, rec, loadErr, exec)
+	res, err = e.decide(ctx, op, c, f, rec, loadErr, exec)
 	returned = true
 	return res, err
 }
 
 // decide applies the state machine to rec, the key's record read by the
 // leader (err: the read failed).
-func (e *Engine) decide(ctx context.Context, op string, c *leading, rec *Record, err error,
+func (e *Engine) decide(ctx context.Context, op string, c *leading, f *flight, rec *Record, err error,
 	exec func(context.Context, *leading) (Result, error)) (Result, error) {
 	if err != nil {
 		c.again = true
@@ -439,6 +448,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, rec *Record,
 		c.again = true
 		return Result{}, err
 	}
+	f.executing.Store(true) // the key is claimed with c.fp: others conflict at once
 	return exec(ctx, c)
 }
 

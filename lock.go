@@ -23,6 +23,10 @@ type keyLocks struct {
 type flight struct {
 	fp   uint64
 	done chan struct{}
+	// executing is set once the leader claims the key with fp (it found no
+	// live record, or recovers an interrupted execution with fp): from then
+	// on a call with another fingerprint conflicts without waiting.
+	executing atomic.Bool
 
 	res Result
 	err error
