@@ -350,9 +350,13 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		return e.replay(op, rec, fp, true)
 	}
 	gen := e.locks.generation()
-	rec, err := e.load(key)
+	rec, conflict, err := e.loadFor(key, fp, true)
 	if err != nil {
 		return Result{}, err
+	}
+	if conflict {
+		e.n.conflicts.Add(1)
+		return Result{}, &OpError{Op: op, Key: key, Err: ErrFingerprintMismatch}
 	}
 	if rec != nil && rec.State == StateDone {
 		return e.replay(op, rec, fp, false)
@@ -576,20 +580,36 @@ func (e *Engine) remember(done *Record) {
 
 // load reads key's live record, or nil if it has none or it expired.
 func (e *Engine) load(key string) (*Record, error) {
-	var rec *Record
+	rec, _, err := e.loadFor(key, 0, false)
+	return rec, err
+}
+
+// loadFor is load for a call with fingerprint fp: a live done record with
+// another fingerprint is reported as conflict without decoding it (the
+// response need not be copied to be refused).
+func (e *Engine) loadFor(key string, fp uint64, check bool) (rec *Record, conflict bool, err error) {
 	now := e.now()
-	err := e.db.View(func(tx *bbolt.Tx) error {
+	err = e.db.View(func(tx *bbolt.Tx) error {
+		v := e.st.rawLookup(tx, []byte(key), e.horizon(now))
+		if v == nil {
+			return nil
+		}
+		if st, rfp, completed, ok := peekRecord(v); check && ok && st == StateDone && rfp != fp &&
+			now.Before(completed.Add(e.opts.Retention)) {
+			conflict = true
+			return nil
+		}
 		var err error
-		rec, err = e.st.lookup(tx, key, e.horizon(now))
+		rec, err = decodeRecord(key, v)
 		return err
 	})
-	if err != nil {
-		return nil, err
+	if err != nil || conflict {
+		return nil, conflict, err
 	}
 	if rec != nil && !e.live(rec, now) {
-		return nil, nil
+		return nil, false, nil
 	}
-	return rec, nil
+	return rec, false, nil
 }
 
 // horizon is the oldest time a live record can be slotted at: slots that
