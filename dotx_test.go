@@ -318,3 +318,48 @@ func TestDoTxSharedCommits(t *testing.T) {
 	t.Logf("%d round(s); last round %d fn runs for %d calls; %d commits for %d writes", rounds, fnRuns, callers, s.Commits, s.Writes)
 	require.Greater(t, fnRuns, callers, "no shared commit was rolled back and re-run in %d rounds", rounds)
 }
+
+// A DoTx fn naturally returns what it read ("the new balance"): bytes that
+// point into the transaction's memory. The answer and the record must be
+// copies, on success and with a permanent error, while other calls write.
+func TestDoTxMayReturnBytesReadFromItsTransaction(t *testing.T) {
+	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
+	_, err := e.DoTx(bg, "seed", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
+		b, err := tx.Bucket([]byte("acct"))
+		if err != nil {
+			return nil, err
+		}
+		return nil, b.Put([]byte("balance"), []byte("100.00"))
+	})
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			res, err := e.DoTx(bg, fmt.Sprintf("k%d", i), nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
+				b, err := tx.Bucket([]byte("acct"))
+				if err != nil {
+					return nil, err
+				}
+				if err := b.Put(fmt.Appendf(nil, "noise-%d", i), make([]byte, 512)); err != nil {
+					return nil, err
+				}
+				if i%2 == 1 {
+					return b.Get([]byte("balance")), idem.WithCode(errors.New("insufficient funds"), "insufficient_funds")
+				}
+				return b.Get([]byte("balance")), nil
+			})
+			if i%2 == 1 {
+				require.Error(t, err)
+			} else {
+				require.NoError(t, err)
+			}
+			require.Equal(t, "100.00", string(res.Response))
+		})
+	}
+	wg.Wait()
+	for i := range 200 {
+		r, err := e.Get(fmt.Sprintf("k%d", i))
+		require.NoError(t, err)
+		require.Equal(t, "100.00", string(r.Response))
+	}
+}

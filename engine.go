@@ -458,6 +458,10 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, f *flight, r
 
 // execute is Do's execution: started commit, fn, done commit.
 func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
+	if e.pipe.Holding() {
+		c.again = true
+		return Result{}, &OpError{Op: "do", Key: c.key, Err: ErrReentrant}
+	}
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, started, c.prev) }); err != nil {
 		c.again = true
@@ -638,6 +642,16 @@ func (e *Engine) writeErr(op, key string, err error) error {
 	return &OpError{Op: op, Key: key, Err: err}
 }
 
+// enterOp is enter for every method but Do and DoTx (which check before they
+// write): called from inside a DoTx fn, which holds the single writer, it
+// fails with ErrReentrant instead of waiting for itself.
+func (e *Engine) enterOp() error {
+	if e.pipe.Holding() {
+		return ErrReentrant
+	}
+	return e.enter()
+}
+
 // enter registers a call, or fails after Close.
 func (e *Engine) enter() error {
 	e.mu.RLock()
@@ -744,7 +758,7 @@ func (e *Engine) Get(key string) (*Record, error) {
 	if err := validateKey(key); err != nil {
 		return nil, &OpError{Op: "get", Key: key, Err: err}
 	}
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return nil, &OpError{Op: "get", Key: key, Err: err}
 	}
 	defer e.calls.Done()
@@ -804,7 +818,7 @@ func (e *Engine) operate(op, key string, fn func(tx *bbolt.Tx) error) error {
 	if err := validateKey(key); err != nil {
 		return &OpError{Op: op, Key: key, Err: err}
 	}
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return &OpError{Op: op, Key: key, Err: err}
 	}
 	defer e.calls.Done()
@@ -847,7 +861,7 @@ type Stats struct {
 // Stats scans the file (one read transaction, linear in the records stored)
 // and returns the counts.
 func (e *Engine) Stats() (Stats, error) {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return Stats{}, &OpError{Op: "stats", Err: err}
 	}
 	defer e.calls.Done()
@@ -884,7 +898,7 @@ func (e *Engine) Stats() (Stats, error) {
 // record is passed as a Record with only Key set, beside an ErrCorrupt error.
 // An error from fn stops the walk and is returned.
 func (e *Engine) Records(fn func(r *Record, err error) error) error {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "records", Err: err}
 	}
 	defer e.calls.Done()
@@ -905,7 +919,7 @@ func (e *Engine) Records(fn func(r *Record, err error) error) error {
 // copy what you keep past fn. Reads run alongside calls; they do not dedupe
 // anything. The engine's own bucket ("idem") is visible but is not an API.
 func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "view", Err: err}
 	}
 	defer e.calls.Done()
@@ -915,7 +929,7 @@ func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 // Backup writes a consistent copy of the live file to w (bbolt's Tx.WriteTo,
 // in a read transaction: calls go on meanwhile) and returns the bytes written.
 func (e *Engine) Backup(w io.Writer) (int64, error) {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return 0, &OpError{Op: "backup", Err: err}
 	}
 	defer e.calls.Done()

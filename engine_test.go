@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -492,4 +493,57 @@ func TestCallerOwnsItsResponseBytes(t *testing.T) {
 			require.Equal(t, "original", string(third.Response))
 		})
 	}
+}
+
+// Engine calls from inside a DoTx fn (which holds the single writer) fail
+// with ErrReentrant instead of waiting for themselves, whatever context they
+// are given.
+func TestEngineCallsFromInsideDoTxAreReentrant(t *testing.T) {
+	e, _ := testkit.Open(t, nil)
+	_, err := e.Do(bg, "done", nil, okFn("v"))
+	require.NoError(t, err)
+	calls := map[string]func() error{
+		"Do with a fresh context": func() error {
+			_, err := e.Do(context.Background(), "other", nil, okFn("v"))
+			return err
+		},
+		"Forget":    func() error { return e.Forget("done") },
+		"Resolve":   func() error { return e.Resolve("done", nil, "", "") },
+		"Prune":     func() error { _, err := e.Prune(context.Background()); return err },
+		"Stats":     func() error { _, err := e.Stats(); return err },
+		"RetryDead": func() error { return e.RetryDead(1) },
+		"DropDead":  func() error { return e.DropDead(1) },
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			var inner error
+			_, err := e.DoTx(bg, "outer "+name, nil, func(context.Context, *idem.Tx) ([]byte, error) {
+				inner = call()
+				return nil, nil
+			})
+			require.NoError(t, err)
+			require.ErrorIs(t, inner, idem.ErrReentrant)
+		})
+	}
+	res, err := e.Do(bg, "done", nil, mustNotRun(t))
+	require.NoError(t, err, "the engine still works")
+	require.True(t, res.Replayed)
+}
+
+func TestGoexitInsideDoTxLeavesTheEngineWorking(t *testing.T) {
+	e, _ := testkit.Open(t, nil)
+	exited := make(chan struct{})
+	go func() {
+		defer close(exited)
+		_, _ = e.DoTx(bg, "k", nil, func(context.Context, *idem.Tx) ([]byte, error) {
+			runtime.Goexit() // what t.FailNow and require do
+			return nil, nil
+		})
+	}()
+	<-exited
+	res, err := e.Do(bg, "other", nil, okFn("v"))
+	require.NoError(t, err)
+	require.Equal(t, "v", string(res.Response))
+	_, err = e.DoTx(bg, "k", nil, func(context.Context, *idem.Tx) ([]byte, error) { return []byte("again"), nil })
+	require.NoError(t, err, "nothing was committed for the exited call: the key is free")
 }

@@ -264,7 +264,7 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	if err := e.reentrant(ctx, ""); err != nil {
 		return &OpError{Op: "dispatch", Err: err}
 	}
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "dispatch", Err: err}
 	}
 	defer e.calls.Done()
@@ -295,7 +295,7 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 // RetryDead, DropDead or other writing methods (collect the Seqs, then act).
 // Under ReadOnly, Messages works; RetryDead and DropDead fail.
 func (e *Engine) Messages(fn func(m *Message, err error) error) error {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "messages", Err: err}
 	}
 	defer e.calls.Done()
@@ -371,7 +371,7 @@ func (e *Engine) DropDead(seq uint64) error {
 }
 
 func (e *Engine) operateDead(op string, fn func(tx *bbolt.Tx) error) error {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return &OpError{Op: op, Err: err}
 	}
 	defer e.calls.Done()

@@ -24,7 +24,7 @@ const pruneBatch = 1000
 // records as absent whether or not Prune has run. Prune stops early with
 // ctx.Err().
 func (e *Engine) Prune(ctx context.Context) (int, error) {
-	if err := e.enter(); err != nil {
+	if err := e.enterOp(); err != nil {
 		return 0, &OpError{Op: "prune", Err: err}
 	}
 	defer e.calls.Done()

@@ -70,6 +70,10 @@ func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn fu
 }
 
 func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Context, *Tx) ([]byte, error)) (Result, error) {
+	if e.pipe.Holding() {
+		c.again = true
+		return Result{}, &OpError{Op: "dotx", Key: c.key, Err: ErrReentrant}
+	}
 	fnCtx, stop := e.fnContext(ctx, c, true)
 	defer stop()
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
@@ -83,6 +87,9 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		tx := &Tx{tx: btx, e: e, key: c.key}
 		resp, ferr = fn(fnCtx, tx)
 		tx.tx = nil
+		// fn may return bytes read from tx (b.Get): they point into the
+		// file's memory and are invalid once the transaction ends.
+		resp = cloneBytes(resp)
 		if ferr != nil {
 			return errRolledBack
 		}

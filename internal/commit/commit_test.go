@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 
@@ -125,4 +126,48 @@ func TestStopWaitsForACallersOwnCommit(t *testing.T) {
 	go func() { p.Stop(); close(stopped) }()
 	close(release)
 	<-stopped // would hang if Stop missed the end of the caller's commit
+}
+
+func TestGoexitInAFunctionLeavesThePipelineWorking(t *testing.T) {
+	for _, name := range []string{"alone", "in a batch"} {
+		t.Run(name, func(t *testing.T) {
+			db, p := open(t)
+			var wg sync.WaitGroup
+			if name == "in a batch" {
+				for i := range 20 {
+					wg.Go(func() { require.NoError(t, p.Do(put(fmt.Sprint(i)))) })
+				}
+			}
+			exited := make(chan struct{})
+			go func() {
+				defer close(exited)
+				err := p.Do(func(tx *bbolt.Tx) error {
+					_ = put("goexit")(tx)
+					runtime.Goexit() // what t.FailNow does
+					return nil
+				})
+				// Run on the committer goroutine (in a batch), the function
+				// ended that goroutine, not this one: Do reports it.
+				require.ErrorIs(t, err, commit.ErrGoexit)
+			}()
+			<-exited
+			wg.Wait()
+			require.NoError(t, p.Do(put("after")))
+			got := keys(t, db)
+			require.False(t, got["goexit"], "the exited function's writes are rolled back")
+			require.True(t, got["after"])
+			if name == "in a batch" {
+				require.Len(t, got, 21)
+			}
+		})
+	}
+}
+
+func TestHoldingIsTrueOnlyInsideAFunction(t *testing.T) {
+	_, p := open(t)
+	require.False(t, p.Holding())
+	var inside bool
+	require.NoError(t, p.Do(func(*bbolt.Tx) error { inside = p.Holding(); return nil }))
+	require.True(t, inside)
+	require.False(t, p.Holding())
 }
