@@ -93,10 +93,11 @@ type Options struct {
 	// closed with ErrResponseTooLarge (stored, replayed, never truncated).
 	MaxResponseSize int
 
-	// ReplayCacheSize is how many recently completed records are kept in
-	// memory to answer replays without a read transaction. Zero means
-	// DefaultReplayCacheSize; negative disables the cache.
-	ReplayCacheSize int
+	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
+	// completed records that answers replays without a read transaction
+	// (keys, responses and error texts, plus about 160 bytes an entry). Zero
+	// means DefaultReplayCacheBytes; negative disables the cache.
+	ReplayCacheBytes int
 
 	// ReadOnly opens the file for inspection: a shared lock (other read-only
 	// opens may share the file, a writer may not), no change to the file, no
@@ -229,7 +230,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		opts:     o,
 		st:       store{slotWidth: width},
 		locks:    newKeyLocks(),
-		cache:    newReplayCache(cmp.Or(o.ReplayCacheSize, DefaultReplayCacheSize)),
+		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
 		now:      o.Now,
 		log:      o.Logger,
 		stopBg:   make(chan struct{}),

@@ -478,7 +478,7 @@ func TestReadOnlyOpen(t *testing.T) {
 func TestCallerOwnsItsResponseBytes(t *testing.T) {
 	for _, size := range []int{-1, 0} { // replay cache off, on
 		t.Run(fmt.Sprintf("replay cache size %d", size), func(t *testing.T) {
-			e, _ := testkit.Open(t, &idem.Options{ReplayCacheSize: size})
+			e, _ := testkit.Open(t, &idem.Options{ReplayCacheBytes: size})
 			buf := []byte("original")
 			first, err := e.Do(bg, "k", nil, func(context.Context) ([]byte, error) { return buf, nil })
 			require.NoError(t, err)

@@ -88,7 +88,7 @@ var dedupeModel = porcupine.Model{
 func TestHistoriesAreLinearizable(t *testing.T) {
 	for _, cache := range []int{-1, 0} {
 		t.Run(fmt.Sprintf("replay cache %d", cache), func(t *testing.T) {
-			e, _ := testkit.Open(t, &idem.Options{NoSync: true, ReplayCacheSize: cache})
+			e, _ := testkit.Open(t, &idem.Options{NoSync: true, ReplayCacheBytes: cache})
 			var (
 				clock   atomic.Int64
 				mu      sync.Mutex
