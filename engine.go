@@ -88,9 +88,10 @@ type Options struct {
 	// RecoverReexecute.
 	Recovery RecoveryPolicy
 
-	// MaxResponseSize is the largest response stored, in bytes. Zero means
-	// DefaultMaxResponseSize; negative means no limit. A larger response fails
-	// closed with ErrResponseTooLarge (stored, replayed, never truncated).
+	// MaxResponseSize is the most bytes stored for an outcome: the response
+	// plus the error's code and message. Zero means DefaultMaxResponseSize;
+	// negative means no limit. A larger outcome fails closed with
+	// ErrResponseTooLarge (stored, replayed, never truncated).
 	MaxResponseSize int
 
 	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
@@ -125,11 +126,12 @@ type Options struct {
 // Result describes the answer of Do or DoTx. It is returned beside a non-nil
 // error too.
 type Result struct {
-	// Response is fn's response (nil and empty differ). Callers may modify it:
-	// every caller gets its own copy.
+	// Response is fn's response (nil and empty differ). The caller whose fn
+	// ran gets the slice fn returned (a copy for DoTx); every other caller
+	// gets a copy of its own.
 	Response []byte
-	// Replayed is true when the answer came from the stored record, not from
-	// running fn in this call.
+	// Replayed is true when fn did not run in this call: the answer came from
+	// the stored record, or from the concurrent call this one waited for.
 	Replayed bool
 	// Attempt is the execution the answer comes from, starting at 1.
 	Attempt int
@@ -161,6 +163,7 @@ type Engine struct {
 	bg       sync.WaitGroup // pruner, dispatcher
 	stopBg   chan struct{}
 	closing  sync.Once
+	pruneMu  sync.Mutex // one prune at a time
 	shutDone chan struct{}
 	closeErr error
 
@@ -389,9 +392,16 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 			if f.again {
 				continue
 			}
-			res := f.res
-			res.Response = cloneBytes(res.Response)
-			return res, f.err
+			// fn did not run in this call: the answer is a replay of the
+			// leader's, in copies of its own.
+			res, err := f.res, f.err
+			res.Response, res.Replayed = cloneBytes(res.Response), true
+			if ie, ok := err.(*Error); ok {
+				cp := *ie
+				cp.Replayed = true
+				err = &cp
+			}
+			return res, err
 		}
 		// The record read above is still current if no call has released
 		// a key since (every write of a record happens under its key);
@@ -511,12 +521,17 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 func (e *Engine) doneRecord(started *Record, resp []byte, ferr error) *Record {
 	done := *started
 	done.State, done.CompletedAt, done.Response = StateDone, e.now(), resp
-	if max := e.opts.MaxResponseSize; max > 0 && len(resp) > max {
+	var code, msg string
+	if ferr != nil {
+		code, msg = errorCode(ferr), ferr.Error()
+	}
+	// The limit covers what is stored: the response and the error's text.
+	if max, n := e.opts.MaxResponseSize, len(resp)+len(code)+len(msg); max > 0 && n > max {
 		done.Response = nil
 		done.Err = &Error{Code: CodeResponseTooLarge,
-			Message: fmt.Sprintf("response of %d bytes exceeds the limit of %d bytes", len(resp), max)}
+			Message: fmt.Sprintf("response and error of %d bytes exceed the limit of %d bytes", n, max)}
 	} else if ferr != nil {
-		done.Err = &Error{Code: errorCode(ferr), Message: ferr.Error()}
+		done.Err = &Error{Code: code, Message: msg}
 	}
 	return &done
 }
@@ -798,8 +813,8 @@ func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error
 		if err != nil {
 			return err
 		}
-		if rec == nil {
-			return ErrNotFound
+		if rec == nil || !e.live(rec, e.now()) {
+			return ErrNotFound // an expired record is absent, as for Get
 		}
 		if rec.State != StateStarted {
 			return fmt.Errorf("%w: the record is %s, only an interrupted execution can be resolved", ErrState, rec.State)
@@ -944,21 +959,25 @@ func (e *Engine) Backup(w io.Writer) (int64, error) {
 }
 
 // BackupFile is Backup into a new file at path (created with mode 0600; an
-// existing file is refused).
+// existing file is refused), synced before it returns. On failure the file is
+// removed.
 func (e *Engine) BackupFile(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return err
+		return &OpError{Op: "backup", Key: path, Err: err}
 	}
-	if _, err := e.Backup(f); err != nil {
-		f.Close()
-		return err
+	_, err = e.Backup(f)
+	if err == nil {
+		err = f.Sync()
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	return f.Close()
+	if err != nil {
+		_ = os.Remove(path) // no half-written backup left to be mistaken for one
+		return &OpError{Op: "backup", Key: path, Err: err}
+	}
+	return nil
 }
 
 func cloneBytes(b []byte) []byte {

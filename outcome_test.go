@@ -134,7 +134,11 @@ func TestOutcome_FnReturnsPermanentError(t *testing.T) {
 		w := <-waiters
 		var we *idem.Error
 		require.ErrorAs(t, w.err, &we)
-		require.Equal(t, *ie, *we)
+		require.NotSame(t, ie, we, "each caller gets its own *Error")
+		require.Equal(t, ie.Code, we.Code)
+		require.Equal(t, ie.Message, we.Message)
+		require.ErrorIs(t, w.err, errDeclined, "a waiter's error wraps fn's too")
+		require.True(t, we.Replayed && w.res.Replayed, "fn did not run in the waiter's call")
 	}
 
 	replayed := func(e *idem.Engine) {

@@ -2,9 +2,11 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/internal/layout"
 )
@@ -32,6 +34,8 @@ func (e *Engine) Prune(ctx context.Context) (int, error) {
 }
 
 func (e *Engine) prune(ctx context.Context) (int, error) {
+	e.pruneMu.Lock() // Prune and the background pruner take turns
+	defer e.pruneMu.Unlock()
 	total := 0
 	defer func() { e.n.pruned.Add(uint64(total)) }()
 	now := e.now()
@@ -49,23 +53,21 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 		dones [][]byte
 	}
 	var expired []slot
+	errLive := errors.New("a live slot") // stops the walk: later slots are newer
 	err := e.db.View(func(tx *bbolt.Tx) error {
-		root := rootBucket(tx)
-		c := root.Cursor()
-		for k, i := firstSlot(c); k != nil; k, i = nextSlot(c) {
+		return e.st.forEachSlot(tx, func(i uint64, b *bbolt.Bucket) error {
 			if layout.SlotEnd(i, e.st.slotWidth).Add(e.opts.Retention).After(now) {
-				break
+				return errLive
 			}
-			b := root.Bucket(k)
 			s := slot{i: i, name: layout.SlotName(i), n: b.Stats().KeyN}
 			if e.opts.Recovery == RecoverRefuse && holdsStarted(b) {
 				s.kept, s.dones = true, doneKeys(b)
 			}
 			expired = append(expired, s)
-		}
-		return nil
+			return nil
+		})
 	})
-	if err != nil {
+	if err != nil && err != errLive {
 		return total, err
 	}
 	for _, s := range expired {
@@ -73,7 +75,12 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			return total, err
 		}
 		if !s.kept {
-			err := e.pipe.Do(func(tx *bbolt.Tx) error { return rootBucket(tx).DeleteBucket(s.name) })
+			err := e.pipe.Do(func(tx *bbolt.Tx) error {
+				if err := rootBucket(tx).DeleteBucket(s.name); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
+					return err
+				}
+				return nil
+			})
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}
@@ -89,6 +96,9 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			s.dones = s.dones[len(batch):]
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
 				b := rootBucket(tx).Bucket(s.name)
+				if b == nil {
+					return nil // dropped meanwhile
+				}
 				for _, k := range batch {
 					if err := b.Delete(k); err != nil {
 						return err

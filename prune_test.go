@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,4 +113,24 @@ func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
 		return err == nil && st.Pruned == 1
 	}, 10*time.Second, time.Millisecond)
 	require.NoError(t, e.Close()) // goleak in TestMain checks that it stopped
+}
+
+func TestConcurrentPrunesTakeTurns(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
+	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: time.Millisecond, Retention: time.Minute, NoSync: true})
+	for round := range 20 {
+		for i := range 20 {
+			_, err := e.Do(bg, fmt.Sprintf("r%d-%d", round, i), nil, okFn("v"))
+			require.NoError(t, err)
+		}
+		clock.Advance(3 * time.Minute)
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				_, err := e.Prune(bg)
+				require.NoError(t, err, "overlapping prunes (and the background pruner) must not fail")
+			})
+		}
+		wg.Wait()
+	}
 }

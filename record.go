@@ -184,10 +184,12 @@ func decodeRecord(key string, b []byte) (*Record, error) {
 	return r, nil
 }
 
-// peekRecord reads what the replay fast path needs without copying the
-// response: the state, the fingerprint and the completion time.
+// peekRecord reads what the fast path needs without copying the response:
+// the state, the fingerprint and the completion time, once the checksum holds
+// (a damaged header must not pass for another fingerprint).
 func peekRecord(b []byte) (state State, fp uint64, completed time.Time, ok bool) {
-	if len(b) < recordFixed+1+4 || b[0] != recordVersion {
+	if len(b) < recordFixed+1+4 || b[0] != recordVersion ||
+		crc32.Checksum(b[:len(b)-4], crcTable) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
 		return 0, 0, time.Time{}, false
 	}
 	return State(b[1]), binary.LittleEndian.Uint64(b[3:]),

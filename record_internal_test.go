@@ -156,3 +156,48 @@ func FuzzValidateKey(f *testing.F) {
 		}
 	})
 }
+
+// A damaged header must not pass for another fingerprint: the fast path
+// checks the checksum before it compares.
+func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
+	e, err := Open(t.TempDir()+"/idem.db", nil)
+	require.NoError(t, err)
+	defer e.Close()
+	ctx := t.Context()
+	_, err = e.Do(ctx, "k", []byte("args"), func(context.Context) ([]byte, error) { return []byte("v"), nil })
+	require.NoError(t, err)
+	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
+		for _, slot := range e.st.knownSlots() {
+			if b := rootBucket(tx).Bucket(layout.SlotName(slot)); b != nil && b.Get([]byte("k")) != nil {
+				v := bytes.Clone(b.Get([]byte("k")))
+				v[5] ^= 0x01 // a bit of the stored fingerprint
+				return b.Put([]byte("k"), v)
+			}
+		}
+		return errors.New("record not found")
+	}))
+	e.cache.forget("k")
+	for _, fp := range []string{"args", "other args"} {
+		_, err = e.Do(ctx, "k", []byte(fp), func(context.Context) ([]byte, error) {
+			t.Error("fn ran over a damaged record")
+			return nil, nil
+		})
+		require.ErrorIs(t, err, ErrCorrupt, "fingerprint %q", fp)
+		require.NotErrorIs(t, err, ErrFingerprintMismatch)
+	}
+}
+
+// A value stored under a slot's name (by a DoTx fn that reached the engine's
+// bucket through bbolt) is skipped, not dereferenced.
+func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
+	e, err := Open(t.TempDir()+"/idem.db", &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer e.Close()
+	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
+		return rootBucket(tx).Put(layout.SlotName(1), []byte("not a bucket"))
+	}))
+	_, err = e.Stats()
+	require.NoError(t, err)
+	_, err = e.Prune(t.Context())
+	require.NoError(t, err)
+}

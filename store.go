@@ -271,7 +271,11 @@ func (s *store) forEachSlot(tx *bbolt.Tx, fn func(i uint64, b *bbolt.Bucket) err
 	root := rootBucket(tx)
 	c := root.Cursor()
 	for k, i := firstSlot(c); k != nil; k, i = nextSlot(c) {
-		if err := fn(i, root.Bucket(k)); err != nil {
+		b := root.Bucket(k)
+		if b == nil {
+			continue // a value, not a bucket, under a slot's name: not ours
+		}
+		if err := fn(i, b); err != nil {
 			return err
 		}
 	}
