@@ -222,8 +222,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		}
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
-	width, err := initFile(db, o.Retention, o.ReadOnly)
-	if err != nil {
+	if err := initFile(db, o.ReadOnly); err != nil {
 		_ = db.Close()
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
@@ -231,7 +230,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		db:       db,
 		path:     path,
 		opts:     o,
-		st:       store{slotWidth: width},
+		st:       store{width: o.Retention},
 		locks:    newKeyLocks(),
 		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
 		now:      o.Now,

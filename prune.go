@@ -17,7 +17,7 @@ const pruneBatch = 1000
 
 // Prune reclaims the space of expired records now and returns how many it
 // removed. Records are held in time slots as wide as the retention window was
-// when the file was created (done records by completion, started ones by
+// when each slot was made (done records by completion, started ones by
 // start); a slot is dropped whole, in one commit, once every record in it has
 // expired, so a record may outlive its window by up to one slot width:
 // retention is a floor. Under RecoverRefuse a slot that holds an interrupted
@@ -44,22 +44,20 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	// Find the expired slots and count their records in a read transaction: a
 	// slot that ended a window ago takes no more writes.
 	type slot struct {
-		i    uint64
-		name []byte
-		n    int
+		sl layout.Slot
+		n  int
 		// kept: the slot holds an interrupted execution under RecoverRefuse;
 		// only its done records, dones, are deleted, one by one.
 		kept  bool
 		dones [][]byte
 	}
 	var expired []slot
-	errLive := errors.New("a live slot") // stops the walk: later slots are newer
 	err := e.db.View(func(tx *bbolt.Tx) error {
-		return e.st.forEachSlot(tx, func(i uint64, b *bbolt.Bucket) error {
-			if layout.SlotEnd(i, e.st.slotWidth).Add(e.opts.Retention).After(now) {
-				return errLive
+		return e.st.forEachSlot(tx, func(sl layout.Slot, b *bbolt.Bucket) error {
+			if sl.EndTime().Add(e.opts.Retention).After(now) {
+				return nil // some record in it may be live
 			}
-			s := slot{i: i, name: layout.SlotName(i), n: b.Stats().KeyN}
+			s := slot{sl: sl, n: b.Stats().KeyN}
 			if e.opts.Recovery == RecoverRefuse && holdsStarted(b) {
 				s.kept, s.dones = true, doneKeys(b)
 			}
@@ -67,7 +65,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			return nil
 		})
 	})
-	if err != nil && err != errLive {
+	if err != nil {
 		return total, err
 	}
 	for _, s := range expired {
@@ -76,7 +74,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 		}
 		if !s.kept {
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
-				if err := rootBucket(tx).DeleteBucket(s.name); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
+				if err := rootBucket(tx).DeleteBucket(s.sl.Name()); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 					return err
 				}
 				return nil
@@ -84,7 +82,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}
-			e.st.removeSlot(s.i)
+			e.st.removeSlot(s.sl)
 			total += s.n
 			continue
 		}
@@ -95,7 +93,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			batch := s.dones[:min(pruneBatch, len(s.dones))]
 			s.dones = s.dones[len(batch):]
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
-				b := rootBucket(tx).Bucket(s.name)
+				b := rootBucket(tx).Bucket(s.sl.Name())
 				if b == nil {
 					return nil // dropped meanwhile
 				}

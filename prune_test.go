@@ -3,6 +3,7 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -133,4 +134,41 @@ func TestConcurrentPrunesTakeTurns(t *testing.T) {
 		}
 		wg.Wait()
 	}
+}
+
+// Slots carry their own span: a file made under one retention window reads
+// right under another, and new slots take the new width.
+func TestRetentionChangeBetweenOpens(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 30, 0, time.UTC))
+	path := filepath.Join(t.TempDir(), "idem.db")
+	e, err := idem.Open(path, &idem.Options{Now: clock.Now, Retention: time.Minute, PruneInterval: -1})
+	require.NoError(t, err)
+	_, err = e.Do(bg, "done", nil, okFn("v"))
+	require.NoError(t, err)
+	_, err = e.Do(bg, "interrupted", nil, func(context.Context) ([]byte, error) { return nil, context.Canceled })
+	require.ErrorIs(t, err, context.Canceled)
+	require.NoError(t, e.Close())
+
+	clock.Advance(45 * time.Second)
+	e, err = idem.Open(path, &idem.Options{Now: clock.Now, Retention: 24 * time.Hour, PruneInterval: -1})
+	require.NoError(t, err)
+	defer e.Close()
+	res, err := e.Do(bg, "done", nil, mustNotRun(t))
+	require.NoError(t, err)
+	require.True(t, res.Replayed, "a record of a one-minute slot is found under a 24-hour window")
+	res, err = e.Do(bg, "interrupted", nil, okFn("recovered"))
+	require.NoError(t, err)
+	require.Equal(t, 2, res.Attempt)
+	st, err := e.Stats()
+	require.NoError(t, err)
+	require.Equal(t, 2, st.Done, "the recovered key kept one version")
+	require.Zero(t, st.Started)
+
+	// A day later, the one-minute slots are long past and dropped; the record
+	// completed under the new window is still there until its own day ends.
+	clock.Advance(23 * time.Hour)
+	_, err = e.Prune(bg)
+	require.NoError(t, err)
+	_, err = e.Get("interrupted")
+	require.NoError(t, err)
 }

@@ -95,9 +95,9 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	require.NoError(t, err)
 	defer e.Close()
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		slot := layout.SlotIndex(e.now(), e.st.slotWidth)
+		slot := layout.SlotAt(e.now(), e.st.width)
 		e.st.addSlot(slot)
-		b, err := rootBucket(tx).CreateBucketIfNotExists(layout.SlotName(slot))
+		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
 		if err != nil {
 			return err
 		}
@@ -168,7 +168,7 @@ func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
 		for _, slot := range e.st.knownSlots() {
-			if b := rootBucket(tx).Bucket(layout.SlotName(slot)); b != nil && b.Get([]byte("k")) != nil {
+			if b := rootBucket(tx).Bucket(slot.Name()); b != nil && b.Get([]byte("k")) != nil {
 				v := bytes.Clone(b.Get([]byte("k")))
 				v[5] ^= 0x01 // a bit of the stored fingerprint
 				return b.Put([]byte("k"), v)
@@ -194,7 +194,7 @@ func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
 	require.NoError(t, err)
 	defer e.Close()
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		return rootBucket(tx).Put(layout.SlotName(1), []byte("not a bucket"))
+		return rootBucket(tx).Put(layout.Slot{Start: 1, End: 2}.Name(), []byte("not a bucket"))
 	}))
 	_, err = e.Stats()
 	require.NoError(t, err)

@@ -17,67 +17,32 @@ import (
 // so the state machine in engine.go does not know the bucket layout. Reads
 // take a *bbolt.Tx (read or write); writes run inside commit pipeline
 // functions.
+//
+// Records live in time-slot buckets as wide as the retention window: done
+// records by completion time, started ones by start time, so a slot's records
+// have all expired a window after the slot ends and the pruner drops it whole.
+// A key has one version, in one slot.
 type store struct {
-	slotWidth time.Duration
+	// width is the width of new slots: the retention window. Slots made under
+	// another retention keep their own span (it is in their name).
+	width time.Duration
 
-	// slots lists the slot buckets of the file, oldest first, or a superset:
-	// a slot is added before the commit that may create it and removed after
+	// slots lists the slot buckets of the file by start, or a superset: a
+	// slot is added before the commit that may create it and removed after
 	// the commit that dropped it, so a lookup that opens only these never
 	// misses a record, and needs no cursor over the root bucket.
-	slots   atomic.Pointer[[]uint64]
+	slots   atomic.Pointer[[]layout.Slot]
 	slotsMu sync.Mutex // serialises writers of slots
 }
 
-// loadSlots reads the list of slot buckets at Open.
-func (s *store) loadSlots(tx *bbolt.Tx) error {
-	var list []uint64
-	err := s.forEachSlot(tx, func(i uint64, _ *bbolt.Bucket) error {
-		list = append(list, i)
-		return nil
-	})
-	s.slots.Store(&list)
-	return err
-}
-
-func (s *store) knownSlots() []uint64 {
-	if p := s.slots.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
-
-// addSlot adds slot i to the list if it is not there yet.
-func (s *store) addSlot(i uint64) {
-	if slices.Contains(s.knownSlots(), i) {
-		return
-	}
-	s.slotsMu.Lock()
-	defer s.slotsMu.Unlock()
-	old := s.knownSlots()
-	at, found := slices.BinarySearch(old, i)
-	if found {
-		return
-	}
-	list := slices.Insert(slices.Clone(old), at, i)
-	s.slots.Store(&list)
-}
-
-// removeSlot removes slot i from the list, after its bucket was dropped.
-func (s *store) removeSlot(i uint64) {
-	s.slotsMu.Lock()
-	defer s.slotsMu.Unlock()
-	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(j uint64) bool { return j == i })
-	s.slots.Store(&list)
-}
-
 // initFile creates the engine's buckets in a new file, or checks the format
-// version of an existing one. It returns the slot width recorded in the file.
-// A read-only open only checks, and refuses a file that has no idem bucket.
-func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.Duration, err error) {
+// version of an existing one. A read-only open only checks, and refuses a file
+// that lacks the engine's buckets.
+func initFile(db *bbolt.DB, readOnly bool) error {
 	if readOnly {
-		err = db.View(func(tx *bbolt.Tx) error {
+		return db.View(func(tx *bbolt.Tx) error {
 			root := tx.Bucket(layout.Root)
-			if width, err = checkMeta(root); err != nil {
+			if err := checkMeta(root); err != nil {
 				return err
 			}
 			for _, name := range [][]byte{layout.Outbox, layout.Dead} {
@@ -87,9 +52,8 @@ func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.
 			}
 			return nil
 		})
-		return width, err
 	}
-	err = db.Update(func(tx *bbolt.Tx) error {
+	return db.Update(func(tx *bbolt.Tx) error {
 		root := tx.Bucket(layout.Root)
 		if root == nil {
 			var err error
@@ -103,11 +67,8 @@ func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.
 			if err := meta.Put(layout.VersionK, binary.BigEndian.AppendUint32(nil, layout.Version)); err != nil {
 				return err
 			}
-			if err := meta.Put(layout.SlotWidth, layout.U64(uint64(retention))); err != nil {
-				return err
-			}
 		}
-		if width, err = checkMeta(root); err != nil {
+		if err := checkMeta(root); err != nil {
 			return err
 		}
 		for _, name := range [][]byte{layout.Outbox, layout.Dead} {
@@ -117,50 +78,86 @@ func initFile(db *bbolt.DB, retention time.Duration, readOnly bool) (width time.
 		}
 		return nil
 	})
-	return width, err
 }
 
-// checkMeta checks the format version in root's meta bucket and returns the
-// slot width.
-func checkMeta(root *bbolt.Bucket) (time.Duration, error) {
+// checkMeta checks the format version in root's meta bucket.
+func checkMeta(root *bbolt.Bucket) error {
 	if root == nil {
-		return 0, fmt.Errorf("%w: not an idem file (no %q bucket)", ErrFormat, layout.Root)
+		return fmt.Errorf("%w: not an idem file (no %q bucket)", ErrFormat, layout.Root)
 	}
 	meta := root.Bucket(layout.Meta)
 	if meta == nil {
-		return 0, fmt.Errorf("%w: bucket %q has no meta bucket", ErrFormat, layout.Root)
+		return fmt.Errorf("%w: bucket %q has no meta bucket", ErrFormat, layout.Root)
 	}
 	v := meta.Get(layout.VersionK)
 	if len(v) != 4 {
-		return 0, fmt.Errorf("%w: no format version recorded", ErrFormat)
+		return fmt.Errorf("%w: no format version recorded", ErrFormat)
 	}
 	if got := binary.BigEndian.Uint32(v); got != layout.Version {
-		return 0, fmt.Errorf("%w: file has format version %d, this build reads version %d", ErrFormat, got, layout.Version)
+		return fmt.Errorf("%w: file has format version %d, this build reads version %d", ErrFormat, got, layout.Version)
 	}
-	w, ok := layout.ParseU64(meta.Get(layout.SlotWidth))
-	if !ok || w == 0 {
-		return 0, fmt.Errorf("%w: bad slot width", ErrFormat)
-	}
-	return time.Duration(w), nil
+	return nil
 }
 
 func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(layout.Root) }
 
-// firstSlot and nextSlot walk the slot buckets from the oldest.
-func firstSlot(c *bbolt.Cursor) (name []byte, i uint64) {
-	k, _ := c.Seek(layout.SlotPrefix)
-	if i, ok := layout.ParseSlot(k); ok {
-		return k, i
-	}
-	return nil, 0
+// loadSlots reads the list of slot buckets at Open.
+func (s *store) loadSlots(tx *bbolt.Tx) error {
+	var list []layout.Slot
+	err := s.forEachSlot(tx, func(sl layout.Slot, _ *bbolt.Bucket) error {
+		list = append(list, sl)
+		return nil
+	})
+	s.slots.Store(&list)
+	return err
 }
 
-func nextSlot(c *bbolt.Cursor) (name []byte, i uint64) {
-	k, _ := c.Next()
-	if i, ok := layout.ParseSlot(k); ok {
-		return k, i
+func (s *store) knownSlots() []layout.Slot {
+	if p := s.slots.Load(); p != nil {
+		return *p
 	}
-	return nil, 0
+	return nil
+}
+
+func compareSlots(a, b layout.Slot) int {
+	if a.Start != b.Start {
+		return cmpInt64(a.Start, b.Start)
+	}
+	return cmpInt64(a.End, b.End)
+}
+
+func cmpInt64(a, b int64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// addSlot adds sl to the list if it is not there yet.
+func (s *store) addSlot(sl layout.Slot) {
+	if slices.Contains(s.knownSlots(), sl) {
+		return
+	}
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	old := s.knownSlots()
+	at, found := slices.BinarySearchFunc(old, sl, compareSlots)
+	if found {
+		return
+	}
+	list := slices.Insert(slices.Clone(old), at, sl)
+	s.slots.Store(&list)
+}
+
+// removeSlot removes sl from the list, after its bucket was dropped.
+func (s *store) removeSlot(sl layout.Slot) {
+	s.slotsMu.Lock()
+	defer s.slotsMu.Unlock()
+	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(x layout.Slot) bool { return x == sl })
+	s.slots.Store(&list)
 }
 
 // slotTime is the time that places r in a slot: completion for a done record,
@@ -173,23 +170,31 @@ func slotTime(r *Record) time.Time {
 	return r.StartedAt
 }
 
-// rawLookup finds the newest stored value of key: the slots newest first,
-// stopping at slots that can hold only records older than horizon (a zero
-// horizon searches every slot). The value points into the mmap.
-func (s *store) rawLookup(tx *bbolt.Tx, key []byte, horizon time.Time) []byte {
+// find returns the newest stored value of key and its slot, probing the slots
+// newest first and skipping those that ended before horizon (a zero horizon
+// skips none). The value points into the mmap.
+func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, layout.Slot, bool) {
 	root := rootBucket(tx)
 	slots := s.knownSlots()
+	h := horizon.UnixNano()
 	for j := len(slots) - 1; j >= 0; j-- {
-		if !layout.SlotEnd(slots[j], s.slotWidth).After(horizon) {
-			return nil
+		sl := slots[j]
+		if !horizon.IsZero() && sl.End <= h {
+			continue
 		}
-		if b := root.Bucket(layout.SlotName(slots[j])); b != nil {
+		if b := root.Bucket(sl.Name()); b != nil {
 			if v := b.Get(key); v != nil {
-				return v
+				return v, sl, true
 			}
 		}
 	}
-	return nil
+	return nil, layout.Slot{}, false
+}
+
+// rawLookup is find without the slot.
+func (s *store) rawLookup(tx *bbolt.Tx, key []byte, horizon time.Time) []byte {
+	v, _, _ := s.find(tx, key, horizon)
+	return v
 }
 
 // lookup decodes the newest record of key, or returns nil. Whether it is
@@ -202,33 +207,39 @@ func (s *store) lookup(tx *bbolt.Tx, key string, horizon time.Time) (*Record, er
 	return decodeRecord(key, v)
 }
 
-// put stores r in its slot. replaces is the version of the key it supersedes,
-// if any: deleted when it sits in another slot, so a key has one version.
+// put stores r in the slot of its time, and deletes the version of the key
+// it supersedes (replaces, if not nil) when that sits in another slot, so a
+// key keeps one version.
 func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
-	slot := layout.SlotIndex(slotTime(r), s.slotWidth)
+	key := []byte(r.Key)
+	sl := layout.SlotAt(slotTime(r), s.width)
 	if replaces != nil {
-		if old := layout.SlotIndex(slotTime(replaces), s.slotWidth); old != slot {
-			if err := s.delFrom(tx, old, r.Key); err != nil {
+		if _, old, ok := s.find(tx, key, time.Time{}); ok && old != sl {
+			if err := s.delFrom(tx, old, key); err != nil {
 				return err
 			}
 		}
 	}
-	s.addSlot(slot)
-	b, err := rootBucket(tx).CreateBucketIfNotExists(layout.SlotName(slot))
+	s.addSlot(sl)
+	b, err := rootBucket(tx).CreateBucketIfNotExists(sl.Name())
 	if err != nil {
 		return err
 	}
-	return b.Put([]byte(r.Key), encodeRecord(make([]byte, 0, encodedSize(r)), r))
+	return b.Put(key, encodeRecord(make([]byte, 0, encodedSize(r)), r))
 }
 
-// del removes the stored version r of its key.
+// del removes the stored version of r's key.
 func (s *store) del(tx *bbolt.Tx, r *Record) error {
-	return s.delFrom(tx, layout.SlotIndex(slotTime(r), s.slotWidth), r.Key)
+	key := []byte(r.Key)
+	if _, sl, ok := s.find(tx, key, time.Time{}); ok {
+		return s.delFrom(tx, sl, key)
+	}
+	return nil
 }
 
-func (s *store) delFrom(tx *bbolt.Tx, slot uint64, key string) error {
-	if b := rootBucket(tx).Bucket(layout.SlotName(slot)); b != nil {
-		return b.Delete([]byte(key))
+func (s *store) delFrom(tx *bbolt.Tx, sl layout.Slot, key []byte) error {
+	if b := rootBucket(tx).Bucket(sl.Name()); b != nil {
+		return b.Delete(key)
 	}
 	return nil
 }
@@ -237,7 +248,7 @@ func (s *store) delFrom(tx *bbolt.Tx, slot uint64, key string) error {
 func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 	k := []byte(key)
 	found := false
-	err := s.forEachSlot(tx, func(_ uint64, b *bbolt.Bucket) error {
+	err := s.forEachSlot(tx, func(_ layout.Slot, b *bbolt.Bucket) error {
 		if b.Get(k) != nil {
 			found = true
 			return b.Delete(k)
@@ -251,7 +262,7 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 // record that fails to decode is passed as a Record with only Key set,
 // beside its error.
 func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
-	return s.forEachSlot(tx, func(_ uint64, b *bbolt.Bucket) error {
+	return s.forEachSlot(tx, func(_ layout.Slot, b *bbolt.Bucket) error {
 		return b.ForEach(func(k, v []byte) error {
 			if v == nil {
 				return nil
@@ -265,17 +276,24 @@ func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error
 	})
 }
 
-// forEachSlot calls fn for every slot bucket, oldest first. fn must not add
-// or drop slot buckets.
-func (s *store) forEachSlot(tx *bbolt.Tx, fn func(i uint64, b *bbolt.Bucket) error) error {
+// forEachSlot calls fn for every slot bucket in the file, by start. fn must
+// not add or drop slot buckets.
+func (s *store) forEachSlot(tx *bbolt.Tx, fn func(sl layout.Slot, b *bbolt.Bucket) error) error {
 	root := rootBucket(tx)
 	c := root.Cursor()
-	for k, i := firstSlot(c); k != nil; k, i = nextSlot(c) {
+	for k, _ := c.Seek(layout.SlotPrefix); k != nil; k, _ = c.Next() {
+		sl, ok := layout.ParseSlot(k)
+		if !ok {
+			if len(k) < len(layout.SlotPrefix) || string(k[:len(layout.SlotPrefix)]) != string(layout.SlotPrefix) {
+				return nil // past the slots
+			}
+			continue
+		}
 		b := root.Bucket(k)
 		if b == nil {
 			continue // a value, not a bucket, under a slot's name: not ours
 		}
-		if err := fn(i, b); err != nil {
+		if err := fn(sl, b); err != nil {
 			return err
 		}
 	}

@@ -4,9 +4,11 @@
 // Everything the engine owns lives under one top-level bucket, Root:
 //
 //	idem/
-//	  meta/     version → u32 big endian; slot_width → i64 nanoseconds, big endian
-//	  slot:N/   one bucket per time slot, N its index (u64 big endian, so
-//	            slots sort by time): key → record. Done records by completion
+//	  meta/     version → u32 big endian
+//	  slot:SE/  one bucket per time slot [S, E), unix nanoseconds (8 bytes
+//	            big endian each, sign bit flipped, so slots sort by start):
+//	            key → record. A slot is as wide as the retention window was
+//	            when it was made. Done records by completion
 //	            time, started records by start time, so that every record in
 //	            a slot expires by the slot's end plus the retention window, and
 //	            the pruner drops the slot whole. A key has one version, in one
@@ -35,33 +37,45 @@ var (
 	Outbox     = []byte("outbox")
 	Dead       = []byte("dead")
 	VersionK   = []byte("version")
-	SlotWidth  = []byte("slot_width")
 )
 
-// SlotName is the name of slot i's bucket.
-func SlotName(i uint64) []byte { return append(append([]byte(nil), SlotPrefix...), U64(i)...) }
+// Slot is a time slot: the records slotted at times in [Start, End), unix
+// nanoseconds. Its span is part of its name, so a file whose retention (and so
+// slot width) changes keeps reading its older slots right.
+type Slot struct{ Start, End int64 }
 
-// ParseSlot returns the index of a slot bucket's name; ok is false for any
-// other name.
-func ParseSlot(name []byte) (i uint64, ok bool) {
-	if len(name) != len(SlotPrefix)+8 || string(name[:len(SlotPrefix)]) != string(SlotPrefix) {
-		return 0, false
-	}
-	return ParseU64(name[len(SlotPrefix):])
+// SlotAt is the slot of width w that holds time t (aligned to multiples of w).
+func SlotAt(t time.Time, w time.Duration) Slot {
+	n, width := t.UnixNano(), int64(w)
+	start := n - ((n%width)+width)%width // floor, also for times before 1970
+	return Slot{Start: start, End: start + width}
 }
 
-// SlotIndex is the index of the slot of width w that holds time t.
-func SlotIndex(t time.Time, w time.Duration) uint64 {
+// Covers reports whether t falls in the slot.
+func (s Slot) Covers(t time.Time) bool {
 	n := t.UnixNano()
-	if n < 0 {
-		return 0
-	}
-	return uint64(n / int64(w))
+	return s.Start <= n && n < s.End
 }
 
-// SlotEnd is the first instant after slot i of width w.
-func SlotEnd(i uint64, w time.Duration) time.Time {
-	return time.Unix(0, int64(i+1)*int64(w))
+// EndTime is the first instant after the slot.
+func (s Slot) EndTime() time.Time { return time.Unix(0, s.End) }
+
+// Name is the slot's bucket name: SlotPrefix, Start and End as 8-byte big
+// endian (offset so that they sort as signed numbers).
+func (s Slot) Name() []byte {
+	b := append([]byte(nil), SlotPrefix...)
+	b = binary.BigEndian.AppendUint64(b, uint64(s.Start)^1<<63)
+	return binary.BigEndian.AppendUint64(b, uint64(s.End)^1<<63)
+}
+
+// ParseSlot reads a slot bucket's name; ok is false for any other name.
+func ParseSlot(name []byte) (s Slot, ok bool) {
+	if len(name) != len(SlotPrefix)+16 || string(name[:len(SlotPrefix)]) != string(SlotPrefix) {
+		return Slot{}, false
+	}
+	b := name[len(SlotPrefix):]
+	s = Slot{Start: int64(binary.BigEndian.Uint64(b) ^ 1<<63), End: int64(binary.BigEndian.Uint64(b[8:]) ^ 1<<63)}
+	return s, s.Start < s.End
 }
 
 // U64 encodes n as an 8-byte big-endian key, so keys sort numerically.
