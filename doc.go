@@ -46,8 +46,9 @@
 //   - Concurrent duplicates in one process run fn once (per-key singleflight);
 //     calls on different keys do not wait for each other.
 //   - Nothing is lost on bad input: invalid keys and fingerprint conflicts store
-//     nothing and touch nothing; a corrupt record is reported with ErrCorrupt
-//     and its key, never a panic.
+//     nothing and touch nothing; a corrupt record (a bad checksum, a truncated
+//     value, an unknown version) is reported with ErrCorrupt and its key, never
+//     a panic.
 //
 // # Caveats
 //
@@ -67,6 +68,9 @@
 //   - Responses are stored in full up to Options.MaxResponseSize (1 MiB by
 //     default); a larger one fails closed with ErrResponseTooLarge.
 //   - The file never shrinks by itself: `idem compact` rewrites it offline.
+//   - Damage to bbolt's own pages (a torn disk, a file edited by hand) is beyond
+//     record checksums: bbolt may panic or fault on it. `idem check` runs
+//     bbolt's consistency check; restore such a file from a Backup.
 //   - Keys and responses are user data: the engine never logs them. Choose keys
 //     that carry no personal data in clear (KeyOf hashes the parts).
 //

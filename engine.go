@@ -312,6 +312,10 @@ func validateKey(key string) error {
 // waiters then get ErrIncomplete. A response over MaxResponseSize fails closed
 // with ErrResponseTooLarge. Once fn has returned, its outcome is recorded even
 // if ctx ends. After Close, Do returns ErrClosed.
+//
+// fn may call Do with other keys, passing its ctx (a call with its own key
+// returns ErrReentrant). Cycles across keys (A's fn calls B, B's fn calls A)
+// wait until ctx ends, and fn must not call Close: both wait for themselves.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
 	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
@@ -802,9 +806,9 @@ func (e *Engine) Forget(key string) error {
 }
 
 // Resolve completes an interrupted execution by hand: key's started record
-// becomes done with response (and, if errMsg is not empty, a stored *Error
-// with code and errMsg), as if fn had returned them. It fails with ErrNotFound
-// if key has no record, with ErrState if its record is done, and with
+// becomes done with response (and, if code or errMsg is not empty, a stored
+// *Error with them), as if fn had returned them. It fails with ErrNotFound if
+// key has no live record, with ErrState if its record is done, and with
 // ErrInProgress while a call with the key runs.
 func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error {
 	return e.operate("resolve", key, func(tx *bbolt.Tx) error {
@@ -909,7 +913,7 @@ func (e *Engine) Stats() (Stats, error) {
 }
 
 // Records calls fn for every live record in the file (one read transaction),
-// started records first, then done ones from the oldest time slot. A corrupt
+// time slot by time slot from the oldest, by key within a slot. A corrupt
 // record is passed as a Record with only Key set, beside an ErrCorrupt error.
 // An error from fn stops the walk and is returned.
 func (e *Engine) Records(fn func(r *Record, err error) error) error {

@@ -62,7 +62,10 @@ var errRolledBack = errors.New("idem: fn's writes rolled back")
 // must touch nothing but tx (no I/O, no shared memory, no goroutines), and
 // should be short: it holds the file's single writer while it runs, and every
 // other call's commit waits for it. Calling the engine from inside fn returns
-// ErrReentrant.
+// ErrReentrant. fn may return bytes it read from tx: they are copied before
+// the transaction ends. A bucket's Tx method reaches the raw bbolt
+// transaction: do not use it (to commit, roll back, or reach the engine's
+// bucket); the engine's records are not an API.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
 	return e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.executeTx(ctx, c, fn)

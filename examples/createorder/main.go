@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/idemkit/idem"
 )
 
@@ -97,23 +99,15 @@ func (s *service) CreateOrder(ctx context.Context, key, customer, sku string, ce
 	return string(res.Response), res.Replayed, err
 }
 
-// Orders counts the orders in the file. The engine offers no read
-// transaction on user buckets, so it reads through a DoTx of its own and
-// forgets its key.
+// Orders counts the orders in the file, in a read transaction.
 func (s *service) Orders(ctx context.Context) (int, error) {
-	res, err := s.e.DoTx(ctx, "count-orders", nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
-		orders, err := tx.Bucket([]byte("orders"))
-		if err != nil {
-			return nil, err
+	n := 0
+	err := s.e.View(func(tx *bbolt.Tx) error {
+		if orders := tx.Bucket([]byte("orders")); orders != nil {
+			n = orders.Stats().KeyN
 		}
-		return fmt.Appendf(nil, "%d", orders.Stats().KeyN), nil
+		return nil
 	})
-	if err != nil {
-		return 0, err
-	}
-	_ = s.e.Forget("count-orders")
-	var n int
-	_, err = fmt.Sscan(string(res.Response), &n)
 	return n, err
 }
 
