@@ -24,9 +24,9 @@ const MaxNamespaceLen = 64
 //     Two lists meet only by a SHA-256 collision.
 //   - The length is fixed: len(namespace) + 65 bytes, at most 129, valid as
 //     a key (MaxKeyLen is 255) however long the parts are.
-//   - The parts do not sit in the file in clear, as the seed article asks of
-//     people's ids. The trade-off: the key is not reversible, so an operator
-//     reading the file (or `idem inspect`) cannot tell which customer a key
+//   - The parts do not sit in the file in clear: people's ids do not belong in
+//     keys. The trade-off: the key is not reversible, so an operator
+//     reading the file (or `idem ls`) cannot tell which customer a key
 //     belongs to, only recompute the key from known parts; and the hash is
 //     not a secret: parts drawn from a small space (a phone number, a
 //     sequential id) can be found by trying them all, so this is

@@ -328,8 +328,8 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 // attempt count starts again from 0, and as the oldest message of its
 // ordering key it is delivered before that key's later pending messages. It
 // fails with ErrNotFound if seq is not a dead letter (or expired), with
-// ErrCorrupt if it does not decode. Like every operator call, it must not be
-// called from inside a DoTx fn (it waits for the writer that fn holds).
+// ErrCorrupt if it does not decode. Like every engine call, it returns
+// ErrReentrant from inside a DoTx fn (which holds the writer).
 func (e *Engine) RetryDead(seq uint64) error {
 	err := e.operateDead("retry dead", func(tx *bbolt.Tx) error {
 		k := layout.U64(seq)

@@ -31,8 +31,14 @@ type store struct {
 	// slot is added before the commit that may create it and removed after
 	// the commit that dropped it, so a lookup that opens only these never
 	// misses a record, and needs no cursor over the root bucket.
-	slots   atomic.Pointer[[]layout.Slot]
+	slots   atomic.Pointer[[]knownSlot]
 	slotsMu sync.Mutex // serialises writers of slots
+}
+
+// knownSlot is a slot and its bucket name, built once.
+type knownSlot struct {
+	layout.Slot
+	name []byte
 }
 
 // initFile creates the engine's buckets in a new file, or checks the format
@@ -103,23 +109,23 @@ func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(layout.Root) }
 
 // loadSlots reads the list of slot buckets at Open.
 func (s *store) loadSlots(tx *bbolt.Tx) error {
-	var list []layout.Slot
+	var list []knownSlot
 	err := s.forEachSlot(tx, func(sl layout.Slot, _ *bbolt.Bucket) error {
-		list = append(list, sl)
+		list = append(list, knownSlot{sl, sl.Name()})
 		return nil
 	})
 	s.slots.Store(&list)
 	return err
 }
 
-func (s *store) knownSlots() []layout.Slot {
+func (s *store) knownSlots() []knownSlot {
 	if p := s.slots.Load(); p != nil {
 		return *p
 	}
 	return nil
 }
 
-func compareSlots(a, b layout.Slot) int {
+func compareSlots(a knownSlot, b layout.Slot) int {
 	if a.Start != b.Start {
 		return cmpInt64(a.Start, b.Start)
 	}
@@ -138,7 +144,7 @@ func cmpInt64(a, b int64) int {
 
 // addSlot adds sl to the list if it is not there yet.
 func (s *store) addSlot(sl layout.Slot) {
-	if slices.Contains(s.knownSlots(), sl) {
+	if _, found := slices.BinarySearchFunc(s.knownSlots(), sl, compareSlots); found {
 		return
 	}
 	s.slotsMu.Lock()
@@ -148,7 +154,7 @@ func (s *store) addSlot(sl layout.Slot) {
 	if found {
 		return
 	}
-	list := slices.Insert(slices.Clone(old), at, sl)
+	list := slices.Insert(slices.Clone(old), at, knownSlot{sl, sl.Name()})
 	s.slots.Store(&list)
 }
 
@@ -156,7 +162,7 @@ func (s *store) addSlot(sl layout.Slot) {
 func (s *store) removeSlot(sl layout.Slot) {
 	s.slotsMu.Lock()
 	defer s.slotsMu.Unlock()
-	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(x layout.Slot) bool { return x == sl })
+	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(x knownSlot) bool { return x.Slot == sl })
 	s.slots.Store(&list)
 }
 
@@ -182,9 +188,9 @@ func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, layou
 		if !horizon.IsZero() && sl.End <= h {
 			continue
 		}
-		if b := root.Bucket(sl.Name()); b != nil {
+		if b := root.Bucket(sl.name); b != nil {
 			if v := b.Get(key); v != nil {
-				return v, sl, true
+				return v, sl.Slot, true
 			}
 		}
 	}

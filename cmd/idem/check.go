@@ -47,6 +47,9 @@ type checkJSON struct {
 		Done           int           `json:"done"`
 		ExpiredPending int           `json:"expired_pending"`
 		Corrupt        []corruptJSON `json:"corrupt"`
+		// CorruptMessages counts outbox messages and dead letters that fail
+		// to decode (idem outbox ls names them).
+		CorruptMessages int `json:"corrupt_messages"`
 	} `json:"records"`
 }
 
@@ -67,7 +70,7 @@ func (a *app) check() error {
 			return err
 		}
 	}
-	out.OK = out.Pages.OK && len(out.Records.Corrupt) == 0
+	out.OK = out.Pages.OK && len(out.Records.Corrupt) == 0 && out.Records.CorruptMessages == 0
 	if a.json {
 		if err := a.printJSON(out); err != nil {
 			return err
@@ -95,11 +98,11 @@ func checkPages(path string, out *checkJSON) error {
 				out.Pages.Errors = append(out.Pages.Errors, err.Error())
 			}
 		}
-		if out.Pages.Total == 0 && tx.Bucket(layout.Root) == nil {
-			out.Pages.Total++
-			out.Pages.Errors = append(out.Pages.Errors, fmt.Sprintf("not an idem file: no %q bucket", layout.Root))
-		}
 		out.Pages.OK = out.Pages.Total == 0
+		if out.Pages.OK && tx.Bucket(layout.Root) == nil {
+			// Healthy pages, but not ours: say so like every other command.
+			return fmt.Errorf("%s: not an idem file (no %q bucket)", path, layout.Root)
+		}
 		return nil
 	})
 }
@@ -145,6 +148,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 	}
 	out.Records.ExpiredPending = s.ExpiredPending
 	out.Records.Decoded += s.ExpiredPending
+	out.Records.CorruptMessages = s.Outbox.Corrupt
 	return nil
 }
 
@@ -169,6 +173,7 @@ func (a *app) printCheck(out *checkJSON) error {
 		for _, c := range r.Corrupt {
 			fmt.Fprintf(w, "\t  %s: %s\n", quoteKey(c.Key), c.Error)
 		}
+		fmt.Fprintf(w, "outbox\t%d corrupt messages (idem outbox ls names them)\n", r.CorruptMessages)
 	} else {
 		fmt.Fprintf(w, "records\tnot checked: the file has page-level damage; restore it from a backup\n")
 	}
@@ -180,8 +185,10 @@ func (a *app) printCheck(out *checkJSON) error {
 		fmt.Fprintf(a.stdout, "ok: %s\n", a.db)
 	case !out.Pages.OK:
 		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(out.Pages.Total, "page-level error", "page-level errors"))
-	default:
+	case len(out.Records.Corrupt) > 0:
 		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(len(out.Records.Corrupt), "corrupt record", "corrupt records"))
+	default:
+		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(out.Records.CorruptMessages, "corrupt outbox message", "corrupt outbox messages"))
 	}
 	return nil
 }

@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			fmt.Fprintln(stderr, ex.msg)
 		}
 		return ex.code
-	case errors.As(err, new(*usageError)):
+	case errors.As(err, new(*usageError)), strings.HasPrefix(err.Error(), "unknown command "):
 		fmt.Fprintf(stderr, "idem: %v\nRun 'idem --help' for usage.\n", err)
 		return 2
 	}
@@ -265,11 +265,15 @@ func openReadOnly(path string) (*bbolt.DB, error) {
 }
 
 func mustExist(path string) error {
-	if _, err := os.Stat(path); err != nil {
+	fi, err := os.Stat(path)
+	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("idem: %s: no such file", path)
 		}
 		return fmt.Errorf("idem: %w", err)
+	}
+	if fi.Size() == 0 {
+		return fmt.Errorf("idem: %s: not an idem file (empty)", path)
 	}
 	return nil
 }

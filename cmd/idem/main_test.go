@@ -499,8 +499,8 @@ func TestCheckNotAnIdemFile(t *testing.T) {
 
 	r := idemDB(t, path, "check")
 	require.Equal(t, 1, r.code)
-	require.Contains(t, r.stdout, "pages    1 error\n           not an idem file: no \"idem\" bucket\n")
-	require.Contains(t, r.stdout, "records  not checked")
+	require.Equal(t, "idem: "+path+": not an idem file (no \"idem\" bucket)\n", r.stderr,
+		"a healthy file of another program is not reported as damaged")
 
 	r = idemDB(t, path, "stats")
 	require.Equal(t, 1, r.code)
@@ -684,4 +684,18 @@ func TestRendering(t *testing.T) {
 			require.Equal(t, tt.want, tt.got)
 		})
 	}
+}
+
+func TestCheckFindsCorruptOutboxMessages(t *testing.T) {
+	t.Parallel()
+	path := fixture(t)
+	db, err := bbolt.Open(path, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
+		return tx.Bucket(layout.Root).Bucket(layout.Outbox).Put(layout.U64(77), []byte("not a message"))
+	}))
+	require.NoError(t, db.Close())
+	r := idemDB(t, path, "check")
+	require.Equal(t, 1, r.code, r.stdout)
+	require.Contains(t, r.stdout, "FAILED: "+path+" has 1 corrupt outbox message\n")
 }

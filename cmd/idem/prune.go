@@ -12,10 +12,14 @@ func newPruneCmd(a *app) *cobra.Command {
 	return &cobra.Command{
 		Use:   "prune",
 		Short: "Reclaim the space of expired records now",
-		Long: `prune deletes the records past the retention window (--retention; expired
-interrupted executions too, unless --recovery refuse), as the program's
-background pruner would. Every reader already treats them as absent. The file
-does not shrink: freed pages are reused; run idem compact to shrink it.`,
+		Long: `prune reclaims the space of expired records, as the program's background
+pruner would. Records sit in time slots as wide as the retention window, and a
+slot is dropped whole once every record in it has expired (--retention; under
+--recovery refuse a slot that holds an interrupted execution stays for it): a
+record may wait up to one window past its expiry, which is why stats can show
+records awaiting prune that prune does not remove yet. Every reader already
+treats them as absent. The file does not shrink: freed pages are reused; run
+idem compact to shrink it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return a.prune(cmd.Context()) },
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
 	"github.com/idemkit/idem/internal/taubench"
@@ -37,9 +38,27 @@ logical call, the canonical arguments as fingerprint) and once through a naive
 baseline that calls the tools directly. It checks every answer the agent reads
 against the reference, and the records each task changes against the task's.
 
+The schedules (each a flag, all on by default):
+  none        every call once: checks the tools themselves
+  duplicate   every call sent twice in a row; the agent reads both answers
+  lost        every call runs, its answer is dropped, the agent retries it
+  concurrent  two identical calls in flight at the same moment
+  crash       a child process is killed (SIGKILL) at a random point of one
+              random write call; the file is reopened and the agent retries
+  mutated     every write call is retried with the same key and changed
+              arguments; idem must refuse it, the original's effect stands
+
+The columns: tasks matching (every answer the agent read equals the reference
+and the changed records equal the task's), outputs diverged (answers, counted
+one by one), extra effects (write executions beyond one per logical call) and
+state mismatches (tasks whose records differ). A retried write often leaves
+the same records while answering differently, so a row can show extra effects
+and diverged answers with no state mismatch.
+
 The data is read from ../shared/taubench/retail beside the repository (or
---data DIR); it is not part of this repository. The exit status is 1 if any idem
-row falls short of every task.`,
+--data DIR); it is not part of this repository. --db does not apply: every
+task runs on a fresh copy in a temporary directory. The exit status is 1 if
+any idem row falls short of every task.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if data == "" {
@@ -55,6 +74,12 @@ row falls short of every task.`,
 			tasks, err := taubench.LoadTasks(tasksFile)
 			if err != nil {
 				return err
+			}
+			if limit < 0 {
+				return &usageError{fmt.Errorf("--limit must not be negative, not %d", limit)}
+			}
+			if len(tasks) == 0 {
+				return fmt.Errorf("no tasks in %s", tasksFile)
 			}
 			if limit > 0 && limit < len(tasks) {
 				tasks = tasks[:limit]
@@ -101,7 +126,7 @@ row falls short of every task.`,
 				}
 			} else {
 				taubench.WriteTable(a.stdout, rep)
-				fmt.Fprintf(a.stdout, "\nrepeat with: idem taubench --seed %d\n", rep.Seed)
+				fmt.Fprintf(a.stdout, "\nrepeat with: %s\n", repeatLine(cmd, rep.Seed))
 			}
 			if !rep.OK() {
 				for _, row := range rep.Rows {
@@ -146,4 +171,16 @@ func repoRoot() string {
 			return wd
 		}
 	}
+}
+
+// repeatLine is the command that repeats this run: its flags as given, and
+// the seed it used.
+func repeatLine(cmd *cobra.Command, seed uint64) string {
+	line := []string{"idem taubench"}
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if f.Name != "seed" {
+			line = append(line, fmt.Sprintf("--%s=%s", f.Name, f.Value))
+		}
+	})
+	return strings.Join(append(line, fmt.Sprintf("--seed=%d", seed)), " ")
 }
