@@ -135,6 +135,37 @@ func BenchmarkDoTx(b *testing.B) {
 	}
 }
 
+// BenchmarkDoTxSeq: DoTx with the effect row keyed by a sequence number, so
+// that each call adds one record at a random place instead of two.
+func BenchmarkDoTxSeq(b *testing.B) {
+	s := sizes()
+	for _, c := range bench.Contenders() {
+		b.Run("contender="+c.Name, func(b *testing.B) {
+			f := openFixture(b, c, benchkit.FixtureSpec{Stored: s.FirstStored})
+			for _, n := range s.DoTxCallers {
+				throughput(b, fmt.Sprintf("callers=%d", n), f, benchkit.DoTxSeqWorkload(s.FirstStored, n, s.First))
+			}
+		})
+	}
+}
+
+// BenchmarkCeiling: plain bbolt, durable transactions of random-key puts on a
+// store of Sizes.FirstStored records: b.N transactions; ops/s is puts per
+// second, ceiling-Do/s half of it.
+func BenchmarkCeiling(b *testing.B) {
+	s := sizes()
+	w := benchkit.CeilingWorkload(s.FirstStored, s.CeilingPutsPerTx, s.Ceiling)
+	for _, c := range bench.Contenders() {
+		if !w.RunsOn(c.Name) {
+			continue
+		}
+		b.Run("contender="+c.Name, func(b *testing.B) {
+			f := openFixture(b, c, w.Fixture)
+			throughput(b, fmt.Sprintf("puts-per-tx=%d", s.CeilingPutsPerTx), f, w)
+		})
+	}
+}
+
 // BenchmarkReplay: replays of recent and cold keys at each store size.
 func BenchmarkReplay(b *testing.B) {
 	s := sizes()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/binary"
 	"encoding/hex"
+	"fmt"
 	"slices"
 )
 
@@ -95,6 +96,14 @@ func OtherFingerprint(i int) []byte {
 // idempotency key, holding EffectSize bytes.
 func effectFor(key string) Effect {
 	return Effect{Key: []byte(key), Value: effectValue}
+}
+
+// seqEffectFor is the effect of the DoTx call with key index k when effects
+// are keyed by a sequence number: "seq-" and k in 16 decimal digits, so that
+// keys sort in the order of k (and after every UUID), holding EffectSize
+// bytes. Concurrent callers take indexes in nearly increasing order.
+func seqEffectFor(k int) Effect {
+	return Effect{Key: fmt.Appendf(nil, "seq-%016d", k), Value: effectValue}
 }
 
 // Keyed is a key index with its key.

@@ -17,7 +17,13 @@
 // directory with records already stored. Workloads that need the same stored
 // state share a fixture ([FixtureSpec]), so that 1e6 records are loaded once
 // per contender, not once per workload. [RunOps] times operations run by
-// concurrent callers and keeps their latencies in a [Histogram].
+// concurrent callers and keeps their latencies in a [Histogram]. The write
+// workloads also count the bytes written at the block device holding the
+// fixture (from /sys, since /proc/self/io overstates writes on some kernels),
+// and the replays the heap allocations, per call. [CeilingWorkload] measures
+// plain bbolt on the same disk: the ceiling of an engine that writes two
+// records per call, of which the report gives idem's first executions as a
+// fraction.
 //
 // A [Plan] is the workload × contender rows of one run, grouped by fixture;
 // [Plan.Run] measures them with a progress bar and returns the [Row]s, which

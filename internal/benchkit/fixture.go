@@ -45,6 +45,7 @@ type Fixture struct {
 	Loaded time.Duration
 
 	fresh atomic.Int64 // the next key index nobody used
+	disk  *diskCounter // the block device holding Dir; nil when not found
 }
 
 // OpenFixture opens c in dir (which must exist and be empty) and stores
@@ -64,7 +65,7 @@ func OpenFixture(ctx context.Context, c Contender, dir string, spec FixtureSpec,
 	if err != nil {
 		return nil, err
 	}
-	f := &Fixture{Spec: spec, D: d, Dir: dir, HeapBefore: heap}
+	f := &Fixture{Spec: spec, D: d, Dir: dir, HeapBefore: heap, disk: newDiskCounter(dir)}
 	f.fresh.Store(int64(spec.Stored + spec.Expired))
 	start := time.Now()
 	if err := f.load(ctx, progress); err != nil {

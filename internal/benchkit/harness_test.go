@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"regexp"
@@ -260,9 +261,94 @@ func TestPlan(t *testing.T) {
 
 func TestHeader(t *testing.T) {
 	h := benchkit.Header("idem bench --quick", "/mnt/disk", true, "postgres: skipped")
-	for _, want := range []string{"`idem bench --quick` · ", "- machine: ", "- disk: stores under /mnt/disk\n", "- sizes: quick", "- postgres: skipped\n"} {
+	for _, want := range []string{"`idem bench --quick` · ", "- machine: ", "- disk: stores under /mnt/disk, on block device ", "- sizes: quick", "- postgres: skipped\n"} {
 		if !strings.Contains(h, want) {
 			t.Errorf("header lacks %q:\n%s", want, h)
+		}
+	}
+}
+
+func TestCeiling(t *testing.T) {
+	s := benchtest.TinySizes()
+	ws := benchkit.Workloads(s)
+	p, err := benchkit.NewPlan(ws, benchkit.Contenders(), regexp.MustCompile(`^(first/callers=8|ceiling/.*)/`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// first/callers=8 on three contenders; the ceiling on naive-bbolt only.
+	if p.Len() != 4 {
+		t.Fatalf("Len() = %d, want 4", p.Len())
+	}
+	rows, err := p.Run(context.Background(), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ceiling, first benchkit.Row
+	for _, r := range rows {
+		if r.Error != "" || r.Skipped != "" {
+			t.Fatalf("%s/%s: %+v", r.Workload, r.Contender, r)
+		}
+		switch {
+		case strings.HasPrefix(r.Workload, "ceiling/"):
+			ceiling = r
+		case r.Contender == "idem":
+			first = r
+		}
+	}
+	if ceiling.Workload != "ceiling/puts-per-tx=100" || ceiling.Contender != "naive-bbolt" || ceiling.Ops != 200 || ceiling.Ratio != 0 {
+		t.Errorf("ceiling row %+v; want 2 transactions of 100 puts by naive-bbolt, no ratio", ceiling)
+	}
+	do := ceiling.Metrics["ceiling-Do/s"]
+	if do <= 0 || math.Abs(do-ceiling.OpsPerSec/2) > 1e-6*do {
+		t.Errorf("ceiling %v Do/s, want half of %v puts/s", do, ceiling.OpsPerSec)
+	}
+	if want := first.OpsPerSec / do; first.OfCeiling <= 0 || math.Abs(first.OfCeiling-want) > 1e-9 {
+		t.Errorf("idem's first row: %v of the ceiling, want %v", first.OfCeiling, want)
+	}
+	var b strings.Builder
+	if err := benchkit.WriteMarkdown(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "% of the bbolt ceiling (") {
+		t.Errorf("table lacks the fraction of the ceiling:\n%s", b.String())
+	}
+}
+
+func TestCounted(t *testing.T) {
+	s := benchtest.TinySizes()
+	p, err := benchkit.NewPlan(benchkit.Workloads(s), benchkit.Contenders(), regexp.MustCompile(`^(first/callers=1|dotx-seq/callers=4|replay/keys=200/cold/callers=4)/(idem|naive-bbolt)$`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	deviceFound := !strings.HasPrefix(benchkit.DiskDevice(dir), "not found")
+	rows, err := p.Run(context.Background(), dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 6 {
+		t.Fatalf("%d rows, want 6", len(rows))
+	}
+	for _, r := range rows {
+		written, hasWritten := r.Metrics["written-B/call"]
+		allocs, hasAllocs := r.Metrics["allocs/call"]
+		switch {
+		case strings.HasPrefix(r.Workload, "replay/"):
+			if !hasAllocs || allocs <= 0 || hasWritten || !strings.Contains(r.Note, " allocs/call") {
+				t.Errorf("%s/%s: metrics %v, note %q; want allocs/call only", r.Workload, r.Contender, r.Metrics, r.Note)
+			}
+		case deviceFound:
+			// Durable commits write at least a page per call.
+			if !hasWritten || written < 4096 || hasAllocs || !strings.Contains(r.Note, " written/call") {
+				t.Errorf("%s/%s: metrics %v, note %q; want at least 4 KiB written/call", r.Workload, r.Contender, r.Metrics, r.Note)
+			}
+		default:
+			if hasWritten || !strings.Contains(r.Note, "written/call n/a") {
+				t.Errorf("%s/%s: metrics %v, note %q; want written/call n/a", r.Workload, r.Contender, r.Metrics, r.Note)
+			}
+		}
+		if !strings.HasPrefix(r.Note, fmt.Sprintf("%d ops in ", r.Ops)) {
+			t.Errorf("%s/%s: note %q does not start with the ops", r.Workload, r.Contender, r.Note)
 		}
 	}
 }

@@ -24,13 +24,14 @@ type Plan struct {
 type pair struct{ w, c int }
 
 // NewPlan selects the rows whose "workload/contender" name matches only (every
-// row when only is nil), for example "replay/keys=1e6/cold/callers=64/idem".
-// It fails when only matches no row.
+// row when only is nil), for example "replay/keys=1e6/cold/callers=64/idem",
+// among those of contenders that run the workload (Workload.Contenders). It
+// fails when only matches no row.
 func NewPlan(workloads []Workload, contenders []Contender, only *regexp.Regexp) (*Plan, error) {
 	p := &Plan{workloads: workloads, contenders: contenders, groups: map[FixtureSpec][]int{}, chosen: map[pair]bool{}}
 	for wi, w := range workloads {
 		for ci, c := range contenders {
-			if only != nil && !only.MatchString(w.Name+"/"+c.Name) {
+			if only != nil && !only.MatchString(w.Name+"/"+c.Name) || !w.RunsOn(c.Name) {
 				continue
 			}
 			p.chosen[pair{wi, ci}] = true

@@ -30,10 +30,13 @@ type Row struct {
 	Score     float64 `json:"score,omitempty"`
 	ScoreUnit string  `json:"score_unit,omitempty"`
 	// Ratio is Score over the Score of RatioTo's row in the same workload.
-	Ratio   float64            `json:"ratio,omitempty"`
-	RatioTo string             `json:"ratio_to,omitempty"`
-	Metrics map[string]float64 `json:"metrics,omitempty"`
-	Note    string             `json:"note,omitempty"`
+	Ratio   float64 `json:"ratio,omitempty"`
+	RatioTo string  `json:"ratio_to,omitempty"`
+	// OfCeiling is, for the reference's first executions, OpsPerSec over the
+	// ceiling the run's ceiling row measured (its "ceiling-Do/s").
+	OfCeiling float64            `json:"of_ceiling,omitempty"`
+	Metrics   map[string]float64 `json:"metrics,omitempty"`
+	Note      string             `json:"note,omitempty"`
 	// Skipped says why the row was not measured; Error why it failed.
 	Skipped string `json:"skipped,omitempty"`
 	Error   string `json:"error,omitempty"`
@@ -69,9 +72,12 @@ func NewRow(workload, contender string, r *Result, err error) Row {
 
 // SetRatios sets each measured row's Ratio to its Score over that of the
 // Reference contender's row in the same workload, or, where the reference has
-// no figure, of the Fallback contender's.
+// no figure, of the Fallback contender's. The ceiling row has no ratio: it is
+// bbolt's figure, not a contender's. When rows hold a ceiling row, it sets
+// the OfCeiling of the Reference's first executions.
 func SetRatios(rows []Row) {
 	refs := make(map[string]Row)
+	var ceiling float64
 	for _, name := range []string{Fallback, Reference} { // the reference wins
 		for _, r := range rows {
 			if r.Contender == name && r.Score > 0 {
@@ -79,10 +85,19 @@ func SetRatios(rows []Row) {
 			}
 		}
 	}
+	for _, r := range rows {
+		if v := r.Metrics[ceilingMetric]; v > 0 && strings.HasPrefix(r.Workload, ceilingPrefix) {
+			ceiling = v
+		}
+	}
 	for i := range rows {
-		ref, ok := refs[rows[i].Workload]
-		if ok && rows[i].Score > 0 && rows[i].ScoreUnit == ref.ScoreUnit {
-			rows[i].Ratio, rows[i].RatioTo = rows[i].Score/ref.Score, ref.Contender
+		r := &rows[i]
+		ref, ok := refs[r.Workload]
+		if ok && r.Score > 0 && r.ScoreUnit == ref.ScoreUnit && !strings.HasPrefix(r.Workload, ceilingPrefix) {
+			r.Ratio, r.RatioTo = r.Score/ref.Score, ref.Contender
+		}
+		if ceiling > 0 && r.Contender == Reference && strings.HasPrefix(r.Workload, "first/") && r.OpsPerSec > 0 {
+			r.OfCeiling = r.OpsPerSec / ceiling
 		}
 	}
 }
@@ -122,6 +137,9 @@ func WriteMarkdown(w io.Writer, rows []Row) error {
 			if note == "" && r.Ops > 0 {
 				note = fmt.Sprintf("%d ops in %.2fs", r.Ops, r.Seconds)
 			}
+			if r.OfCeiling > 0 {
+				note += fmt.Sprintf("; %.0f%% of the bbolt ceiling (%s Do/s)", 100*r.OfCeiling, thousands(r.OpsPerSec/r.OfCeiling))
+			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Workload, r.Contender, ops, p50, p99, ratio, cell(note))
@@ -138,6 +156,22 @@ naive-bbolt's. bare's ratio is the overhead ratio: how much faster a plain call 
 Memory rows compare disk bytes per record instead (lower is better). Prune rows: ops/s, p50
 and p99 are the writers' from the prune's start until its end, or for as long as the idle
 window if the prune was shorter. Latencies are per call, to within 1.6%.
+
+ceiling: plain bbolt on the same disk (a file of its own beside naive-bbolt's, bbolt's
+default options, the first rows' stored records): one caller commits durable transactions
+of random-key puts with 200-byte values. Its ops are puts, its p50 and p99 are those of
+whole transactions; half its puts/s is the ceiling of an engine that writes two records
+per call, and idem's first rows give their ops/s as a fraction of it. dotx-seq: dotx with
+the effect row keyed by a sequence number instead of the idempotency key, so that each
+call adds one record at a random place in a B-tree instead of two.
+
+written/call: bytes written to the block device that holds the stores (sectors written in
+its /sys/block stat) while the timed calls ran, over the calls. It counts every process's
+writes to that device, and this machine's other users write too: an upper bound, noisy on
+a shared machine; PostgreSQL's server counts when its data directory is on that device.
+allocs/call: heap allocations of the whole Go process (runtime.MemStats.Mallocs) while the
+timed calls ran, over the calls, the harness's own included (bare's figure); Go objects
+only, not what a database allocates outside Go's heap (SQLite's C heap, a server's).
 `
 
 // cell makes s safe in a markdown table cell: one line, no pipes, short.
@@ -172,7 +206,7 @@ func Header(command, dir string, quick bool, more ...string) string {
 	fmt.Fprintf(&b, "`%s` · %s\n\n", command, time.Now().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(&b, "- machine: %s/%s, %d CPUs (GOMAXPROCS %d)%s, %s\n",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), cpuModel(), runtime.Version())
-	fmt.Fprintf(&b, "- disk: stores under %s\n", dir)
+	fmt.Fprintf(&b, "- disk: stores under %s, on block device %s\n", dir, DiskDevice(dir))
 	sizes := "full"
 	if quick {
 		sizes = "quick (smoke test: figures mean little)"

@@ -75,6 +75,13 @@ func (r *Result) Metric(unit string) (float64, bool) {
 // each operation's latency. The first error stops every caller and is returned
 // with the operation's number.
 func RunOps(ctx context.Context, callers int, load Load, op Op) (*Result, error) {
+	return runOps(ctx, callers, load, op, nil)
+}
+
+// runOps is RunOps; around, if not nil, is called just before the timed
+// operations start and returns what to call just after they end (untimed):
+// it reads counters whose growth the workload divides by the operations.
+func runOps(ctx context.Context, callers int, load Load, op Op, around func() func()) (*Result, error) {
 	callers = max(callers, 1)
 	var next atomic.Int64
 	if load.Warmup > 0 {
@@ -83,9 +90,14 @@ func RunOps(ctx context.Context, callers int, load Load, op Op) (*Result, error)
 		}
 		next.Store(int64(load.Warmup)) // each caller took one number past the end
 	}
+	after := func() {}
+	if around != nil {
+		after = around()
+	}
 	start := time.Now()
 	h, err := runPhase(ctx, callers, &next, next.Load()+int64(max(load.Ops, 1)), load.Max, op)
 	elapsed := time.Since(start)
+	after()
 	if err != nil {
 		return nil, err
 	}

@@ -31,9 +31,18 @@ type Workload struct {
 	// Bytes is the payload of one operation in bytes, for b.SetBytes (the
 	// response written or replayed); zero for none.
 	Bytes int
+	// Contenders names the contenders that run the workload; nil means every
+	// one. A Plan makes no row for the others.
+	Contenders []string
 	// Run measures the workload on f. It returns an error wrapping ErrSkipped
 	// when the contender lacks what the workload needs.
 	Run func(ctx context.Context, f *Fixture, load Load) (*Result, error)
+}
+
+// RunsOn reports whether the contender named runs w: every one when
+// w.Contenders is nil, else those it lists.
+func (w *Workload) RunsOn(contender string) bool {
+	return w.Contenders == nil || slices.Contains(w.Contenders, contender)
 }
 
 // Sizes are the sizes of the workloads Workloads makes.
@@ -43,6 +52,9 @@ type Sizes struct {
 	FirstStored  int
 	FirstCallers []int
 	DoTxCallers  []int
+	// CeilingPutsPerTx is the number of puts in each transaction of the
+	// ceiling workload (plain bbolt, FirstStored records stored).
+	CeilingPutsPerTx int
 	// ReplayStored are the store sizes of the replay workloads, each run in
 	// both modes with each of ReplayCallers.
 	ReplayStored  []int
@@ -59,30 +71,33 @@ type Sizes struct {
 	// PruneIdle before the prune starts and then until it ends.
 	PruneExpired, PruneLive, PruneWriters int
 	PruneIdle                             time.Duration
-	// Loads of the throughput workloads (DoTx uses First).
-	First, Replay, Conflict Load
+	// Loads of the throughput workloads (DoTx uses First). Ceiling counts
+	// transactions.
+	First, Replay, Conflict, Ceiling Load
 }
 
 // FullSizes are the sizes of the measurements: 1e6 records, 1e5
-// expired ones, up to 256 callers. A run of every contender takes some 15
-// minutes.
+// expired ones, up to 256 callers, transactions of 1,000 puts for the
+// ceiling. A run of every contender takes some 9 minutes.
 func FullSizes() Sizes {
 	return Sizes{
-		FirstStored:    100_000,
-		FirstCallers:   []int{1, 8, 64, 256},
-		DoTxCallers:    []int{1, 64},
-		ReplayStored:   []int{10_000, 100_000, 1_000_000},
-		ReplayCallers:  []int{1, 64},
-		Recent:         10_000,
-		ConflictStored: 100_000,
-		MemoryStored:   1_000_000,
-		PruneExpired:   100_000,
-		PruneLive:      100_000,
-		PruneWriters:   8,
-		PruneIdle:      time.Second,
-		First:          Load{Ops: 20_000, Max: 8 * time.Second, Warmup: 500},
-		Replay:         Load{Ops: 1_000_000, Max: 2 * time.Second, Warmup: 2_000},
-		Conflict:       Load{Ops: 1_000_000, Max: 2 * time.Second, Warmup: 2_000},
+		FirstStored:      100_000,
+		FirstCallers:     []int{1, 8, 64, 256},
+		DoTxCallers:      []int{1, 64},
+		CeilingPutsPerTx: 1000,
+		ReplayStored:     []int{10_000, 100_000, 1_000_000},
+		ReplayCallers:    []int{1, 64},
+		Recent:           10_000,
+		ConflictStored:   100_000,
+		MemoryStored:     1_000_000,
+		PruneExpired:     100_000,
+		PruneLive:        100_000,
+		PruneWriters:     8,
+		PruneIdle:        time.Second,
+		First:            Load{Ops: 20_000, Max: 8 * time.Second, Warmup: 500},
+		Replay:           Load{Ops: 1_000_000, Max: 2 * time.Second, Warmup: 2_000},
+		Conflict:         Load{Ops: 1_000_000, Max: 2 * time.Second, Warmup: 2_000},
+		Ceiling:          Load{Ops: 60, Max: 8 * time.Second, Warmup: 3},
 	}
 }
 
@@ -90,21 +105,23 @@ func FullSizes() Sizes {
 // run ends in seconds. Their figures mean little.
 func QuickSizes() Sizes {
 	return Sizes{
-		FirstStored:    1_000,
-		FirstCallers:   []int{1, 8, 64, 256},
-		DoTxCallers:    []int{1, 64},
-		ReplayStored:   []int{2_000},
-		ReplayCallers:  []int{1, 64},
-		Recent:         500,
-		ConflictStored: 2_000,
-		MemoryStored:   2_000,
-		PruneExpired:   2_000,
-		PruneLive:      1_000,
-		PruneWriters:   8,
-		PruneIdle:      100 * time.Millisecond,
-		First:          Load{Ops: 300, Max: 500 * time.Millisecond, Warmup: 20},
-		Replay:         Load{Ops: 5_000, Max: 200 * time.Millisecond, Warmup: 100},
-		Conflict:       Load{Ops: 2_000, Max: 200 * time.Millisecond, Warmup: 100},
+		FirstStored:      1_000,
+		FirstCallers:     []int{1, 8, 64, 256},
+		DoTxCallers:      []int{1, 64},
+		CeilingPutsPerTx: 1000,
+		ReplayStored:     []int{2_000},
+		ReplayCallers:    []int{1, 64},
+		Recent:           500,
+		ConflictStored:   2_000,
+		MemoryStored:     2_000,
+		PruneExpired:     2_000,
+		PruneLive:        1_000,
+		PruneWriters:     8,
+		PruneIdle:        100 * time.Millisecond,
+		First:            Load{Ops: 300, Max: 500 * time.Millisecond, Warmup: 20},
+		Replay:           Load{Ops: 5_000, Max: 200 * time.Millisecond, Warmup: 100},
+		Conflict:         Load{Ops: 2_000, Max: 200 * time.Millisecond, Warmup: 100},
+		Ceiling:          Load{Ops: 2, Max: 500 * time.Millisecond, Warmup: 1},
 	}
 }
 
@@ -115,8 +132,12 @@ func Workloads(s Sizes) []Workload {
 	for _, c := range s.FirstCallers {
 		ws = append(ws, FirstWorkload(s.FirstStored, c, s.First))
 	}
+	ws = append(ws, CeilingWorkload(s.FirstStored, s.CeilingPutsPerTx, s.Ceiling))
 	for _, c := range s.DoTxCallers {
 		ws = append(ws, DoTxWorkload(s.FirstStored, c, s.First))
+	}
+	for _, c := range s.DoTxCallers {
+		ws = append(ws, DoTxSeqWorkload(s.FirstStored, c, s.First))
 	}
 	for _, n := range s.ReplayStored {
 		recent := min(s.Recent, n)
@@ -190,7 +211,7 @@ func FirstWorkload(stored, callers int, load Load) Workload {
 		Load:    load,
 		Bytes:   ResponseSize,
 		Run: func(ctx context.Context, f *Fixture, load Load) (*Result, error) {
-			return RunOps(ctx, callers, load, func(ctx context.Context, _ int) error {
+			return runCounted(ctx, f, callers, load, countWrites, func(ctx context.Context, _ int) error {
 				k := f.FreshKey()
 				return checkFirst(f.D.Do(ctx, Key(k), Fingerprint(k), respond))
 			})
@@ -200,9 +221,28 @@ func FirstWorkload(stored, callers int, load Load) Workload {
 
 // DoTxWorkload is the DoTx shape: each call writes an effect row and its done
 // record in one commit (idem's DoTx; one SQL transaction; one bbolt Update).
+// The effect row is keyed by the idempotency key, so each call writes two
+// rows at random places in their B-trees, as a first execution through Do
+// writes two records.
 func DoTxWorkload(stored, callers int, load Load) Workload {
+	return doTxWorkload("dotx", stored, callers, load, func(k int, key string) Effect {
+		return effectFor(key)
+	})
+}
+
+// DoTxSeqWorkload is DoTxWorkload with the effect row keyed by a sequence
+// number (as an auto-increment id would key it): the effects of one commit
+// land side by side at the end of their B-tree, so each call adds one row at a
+// random place, its record.
+func DoTxSeqWorkload(stored, callers int, load Load) Workload {
+	return doTxWorkload("dotx-seq", stored, callers, load, func(k int, _ string) Effect {
+		return seqEffectFor(k)
+	})
+}
+
+func doTxWorkload(name string, stored, callers int, load Load, effect func(k int, key string) Effect) Workload {
 	return Workload{
-		Name:    fmt.Sprintf("dotx/callers=%d", callers),
+		Name:    fmt.Sprintf("%s/callers=%d", name, callers),
 		Fixture: FixtureSpec{Stored: stored},
 		Callers: callers,
 		Load:    load,
@@ -212,11 +252,12 @@ func DoTxWorkload(stored, callers int, load Load) Workload {
 			if !ok {
 				return nil, fmt.Errorf("%w: %s has no DoTx", ErrSkipped, f.D.Name())
 			}
-			return RunOps(ctx, callers, load, func(ctx context.Context, _ int) error {
+			return runCounted(ctx, f, callers, load, countWrites, func(ctx context.Context, _ int) error {
 				k := f.FreshKey()
 				key := Key(k)
+				eff := effect(k, key)
 				return checkFirst(td.DoTx(ctx, key, Fingerprint(k), func(context.Context) (Effect, []byte, error) {
-					return effectFor(key), response, nil
+					return eff, response, nil
 				}))
 			})
 		},
@@ -255,7 +296,7 @@ func ReplayWorkload(stored, recent int, mode ReplayMode, callers int, load Load)
 		Load:    load,
 		Bytes:   ResponseSize,
 		Run: func(ctx context.Context, f *Fixture, load Load) (*Result, error) {
-			return RunOps(ctx, callers, load, replayOp(f, mode))
+			return runCounted(ctx, f, callers, load, countAllocs, replayOp(f, mode))
 		},
 	}
 }

@@ -181,13 +181,14 @@ func TinySizes() benchkit.Sizes {
 	s.Recent, s.ConflictStored, s.MemoryStored = 50, 200, 200
 	s.PruneExpired, s.PruneLive, s.PruneWriters, s.PruneIdle = 100, 50, 2, 20*time.Millisecond
 	s.First = benchkit.Load{Ops: 20, Warmup: 2}
+	s.CeilingPutsPerTx, s.Ceiling = 100, benchkit.Load{Ops: 2, Warmup: 1}
 	s.Replay = benchkit.Load{Ops: 200, Warmup: 10}
 	s.Conflict = s.Replay
 	return s
 }
 
-// Workloads runs every workload at sizes s on c, one fixture per spec as a
-// run shares them, and checks that each either measured something or said
+// Workloads runs every workload at sizes s that c runs (Workload.RunsOn) on
+// c, one fixture per spec as a run shares them, and checks that each either measured something or said
 // why it was skipped. It skips t when c cannot run here.
 func Workloads(t *testing.T, c benchkit.Contender, s benchkit.Sizes) {
 	ctx := context.Background()
@@ -201,6 +202,9 @@ func Workloads(t *testing.T, c benchkit.Contender, s benchkit.Sizes) {
 	}
 	fixtures := make(map[benchkit.FixtureSpec]*benchkit.Fixture)
 	for _, w := range ws {
+		if !w.RunsOn(c.Name) {
+			continue
+		}
 		f := fixtures[w.Fixture]
 		if f == nil {
 			var err error
@@ -226,7 +230,9 @@ func Workloads(t *testing.T, c benchkit.Contender, s benchkit.Sizes) {
 		if err != nil {
 			t.Fatalf("%s: %v", w.Name, err)
 		}
-		if !w.OneShot && (r.Ops == 0 || r.OpsPerSec() <= 0 || r.Latency.Count() != r.Ops) {
+		// One latency per operation; the ceiling's operations are puts, and
+		// its latencies those of transactions of puts.
+		if !w.OneShot && (r.Ops == 0 || r.OpsPerSec() <= 0 || r.Latency.Count() == 0 || r.Ops%r.Latency.Count() != 0) {
 			t.Errorf("%s: %d ops, %v ops/s, %d latencies", w.Name, r.Ops, r.OpsPerSec(), r.Latency.Count())
 		}
 		if r.Score <= 0 || r.ScoreUnit == "" {
