@@ -44,15 +44,30 @@ func (l ledger) charge(key string) error {
 	return f.Sync()
 }
 
-func (l ledger) charges(key string) int {
+// lines returns every charge in the ledger, in order (none before the first).
+func (l ledger) lines() ([]string, error) {
 	f, err := os.Open(string(l))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
 	if err != nil {
-		return 0
+		return nil, err
 	}
 	defer f.Close()
+	var lines []string
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		lines = append(lines, s.Text())
+	}
+	return lines, s.Err()
+}
+
+// charges counts the charges made with key.
+func (l ledger) charges(key string) int {
+	lines, _ := l.lines()
 	n := 0
-	for s := bufio.NewScanner(f); s.Scan(); {
-		if s.Text() == key {
+	for _, line := range lines {
+		if line == key {
 			n++
 		}
 	}

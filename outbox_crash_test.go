@@ -7,7 +7,6 @@ package idem_test
 // a client would after a timeout.
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -35,37 +34,6 @@ const (
 	obPointInFn = "test-create-order-in-fn"
 )
 
-// obGateway is the payment gateway's ledger: one line per charge with the
-// idempotency key it was given, synced before the charge returns, so it
-// survives the kill. A real gateway would dedupe by that key.
-type obGateway string
-
-func (g obGateway) charge(key string) error {
-	f, err := os.OpenFile(string(g), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if _, err := fmt.Fprintln(f, key); err != nil {
-		return err
-	}
-	return f.Sync()
-}
-
-func (g obGateway) charges(t testing.TB) []string {
-	f, err := os.Open(string(g))
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	require.NoError(t, err)
-	defer f.Close()
-	var lines []string
-	for s := bufio.NewScanner(f); s.Scan(); {
-		lines = append(lines, s.Text())
-	}
-	return lines
-}
-
 // obCrashKey is the call's idempotency key, built from its domain parts.
 var obCrashKey = idem.KeyOf("create_order", "customer-8812", "sku-A1", "2025-01-02")
 
@@ -91,7 +59,7 @@ func obCreateOrder(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 	return []byte(id), nil
 }
 
-func obCrashOptions(g obGateway) *idem.Options {
+func obCrashOptions(g ledger) *idem.Options {
 	return &idem.Options{PruneInterval: -1, Outbox: idem.OutboxOptions{
 		Dispatch:     true,
 		PollInterval: time.Millisecond,
@@ -107,7 +75,7 @@ func TestOutboxCrashChild(t *testing.T) {
 	if os.Getenv(obEnvChild) == "" {
 		t.Skip("the child process of TestOutboxCrash")
 	}
-	e, err := idem.Open(os.Getenv(obEnvDB), obCrashOptions(obGateway(os.Getenv(obEnvGateway))))
+	e, err := idem.Open(os.Getenv(obEnvDB), obCrashOptions(ledger(os.Getenv(obEnvGateway))))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)
@@ -133,7 +101,7 @@ func TestOutboxCrash(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
 			db := filepath.Join(dir, "idem.db")
-			gateway := obGateway(filepath.Join(dir, "gateway.log"))
+			gateway := ledger(filepath.Join(dir, "gateway.log"))
 
 			cmd := exec.Command(os.Args[0], "-test.run=^TestOutboxCrashChild$", "-test.count=1")
 			cmd.Env = append(os.Environ(), obEnvChild+"=1", obEnvDB+"="+db, obEnvGateway+"="+string(gateway), fault.Env+"="+tc.point)
@@ -142,7 +110,7 @@ func TestOutboxCrash(t *testing.T) {
 			require.True(t, errors.As(err, &exit), "child: %v\n%s", err, out)
 			ws, ok := exit.Sys().(syscall.WaitStatus)
 			require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die of SIGKILL at %s; it said:\n%s", tc.point, out)
-			childCharges := len(gateway.charges(t))
+			childCharges := len(mustLines(t, gateway))
 			if tc.point == "outbox-after-handler" {
 				require.Equal(t, 1, childCharges, "the child charged the card before it died")
 			}
@@ -172,9 +140,9 @@ func TestOutboxCrash(t *testing.T) {
 
 			obWait(t, "the outbox to drain", nil, func() bool {
 				s := obStats(t, e)
-				return s.Pending == 0 && len(gateway.charges(t)) > 0
+				return s.Pending == 0 && len(mustLines(t, gateway)) > 0
 			})
-			charges := gateway.charges(t)
+			charges := mustLines(t, gateway)
 			for _, key := range charges {
 				require.Equal(t, idem.DownstreamKey(obCrashKey, 0), key, "the same downstream key every time")
 			}
@@ -184,4 +152,12 @@ func TestOutboxCrash(t *testing.T) {
 			t.Logf("%d charge(s), all with key %s: a gateway that dedupes by key charged once", len(charges), charges[0])
 		})
 	}
+}
+
+// mustLines reads the gateway's ledger.
+func mustLines(t testing.TB, g ledger) []string {
+	t.Helper()
+	lines, err := g.lines()
+	require.NoError(t, err)
+	return lines
 }
