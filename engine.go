@@ -358,17 +358,17 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 
 	// The fast path: a done record answers without the per-key lock, after
 	// the fingerprint check, from memory if it completed recently.
-	if rec, ok := e.cached(key, e.now()); ok {
+	now := e.now()
+	if rec, ok := e.cached(key, now); ok {
 		return e.replay(op, rec, fp, true)
 	}
 	gen := e.locks.generation()
-	rec, conflict, err := e.loadFor(key, fp, true)
+	rec, conflict, err := e.loadFor(key, fp, true, now)
 	if err != nil {
 		return Result{}, err
 	}
 	if conflict {
-		e.n.conflicts.Add(1)
-		return Result{}, &OpError{Op: op, Key: key, Err: ErrFingerprintMismatch}
+		return Result{}, e.conflict(op, key, nil)
 	}
 	if rec != nil && rec.State == StateDone {
 		return e.replay(op, rec, fp, false)
@@ -379,8 +379,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		if !leader {
 			if f.fp != fp {
 				if f.executing.Load() {
-					e.n.conflicts.Add(1)
-					return Result{}, &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the call in progress has another fingerprint", ErrFingerprintMismatch)}
+					return Result{}, e.conflict(op, key, errors.New("the call in progress has another fingerprint"))
 				}
 				// The leader has not claimed the key with its fingerprint (it
 				// may be answering from a record of ours, or be an operator):
@@ -453,8 +452,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, f *flight, r
 	}
 	if rec != nil {
 		if rec.Fingerprint != c.fp {
-			e.n.conflicts.Add(1)
-			return Result{}, &OpError{Op: op, Key: c.key, Err: ErrFingerprintMismatch}
+			return Result{}, e.conflict(op, c.key, nil)
 		}
 		if rec.State == StateDone {
 			return e.replay(op, rec, c.fp, false)
@@ -572,8 +570,7 @@ func (e *Engine) restore(tx *bbolt.Tx, c *leading, started *Record) error {
 // record just decoded from the file is the caller's already.
 func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result, error) {
 	if rec.Fingerprint != fp {
-		e.n.conflicts.Add(1)
-		return Result{}, &OpError{Op: op, Key: rec.Key, Err: ErrFingerprintMismatch}
+		return Result{}, e.conflict(op, rec.Key, nil)
 	}
 	e.n.replays.Add(1)
 	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
@@ -589,6 +586,17 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 		return res, &err
 	}
 	return res, nil
+}
+
+// conflict counts a fingerprint mismatch on key and returns its error, with
+// why (if not nil) as the detail.
+func (e *Engine) conflict(op, key string, why error) error {
+	e.n.conflicts.Add(1)
+	err := ErrFingerprintMismatch
+	if why != nil {
+		err = fmt.Errorf("%w: %v", ErrFingerprintMismatch, why)
+	}
+	return &OpError{Op: op, Key: key, Err: err}
 }
 
 // remember puts a just-committed done record in the replay cache, as a
@@ -608,15 +616,14 @@ func (e *Engine) remember(done *Record) {
 
 // load reads key's live record, or nil if it has none or it expired.
 func (e *Engine) load(key string) (*Record, error) {
-	rec, _, err := e.loadFor(key, 0, false)
+	rec, _, err := e.loadFor(key, 0, false, e.now())
 	return rec, err
 }
 
-// loadFor is load for a call with fingerprint fp: a live done record with
-// another fingerprint is reported as conflict without decoding it (the
-// response need not be copied to be refused).
-func (e *Engine) loadFor(key string, fp uint64, check bool) (rec *Record, conflict bool, err error) {
-	now := e.now()
+// loadFor is load at now for a call with fingerprint fp: if check is set, a
+// live done record with another fingerprint is reported as conflict without
+// decoding it (the response need not be copied to be refused).
+func (e *Engine) loadFor(key string, fp uint64, check bool, now time.Time) (rec *Record, conflict bool, err error) {
 	err = e.db.View(func(tx *bbolt.Tx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
