@@ -1058,15 +1058,9 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 	corrupt := func(why string) error {
 		return &OpError{Op: "decode message", Err: fmt.Errorf("%w: message %d: %s", ErrCorrupt, seq, why)}
 	}
-	if len(b) < messageFixed+2+1+1+4 {
-		return nil, corrupt(fmt.Sprintf("%d bytes is too short", len(b)))
-	}
-	if b[0] != messageVersion {
-		return nil, corrupt(fmt.Sprintf("unknown message version %d", b[0]))
-	}
-	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if crc32.Checksum(body, crcTable) != sum {
-		return nil, corrupt("checksum mismatch")
+	body, why := unframe(b, "message", messageVersion, messageFixed+2+1+1)
+	if why != "" {
+		return nil, corrupt(why)
 	}
 	flags := body[1]
 	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr) != 0 {

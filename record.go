@@ -138,15 +138,9 @@ func decodeRecord(key string, b []byte) (*Record, error) {
 	corrupt := func(why string) error {
 		return &OpError{Op: "decode", Key: key, Err: fmt.Errorf("%w: %s", ErrCorrupt, why)}
 	}
-	if len(b) < recordFixed+1+4 {
-		return nil, corrupt(fmt.Sprintf("%d bytes is too short", len(b)))
-	}
-	if b[0] != recordVersion {
-		return nil, corrupt(fmt.Sprintf("unknown record version %d", b[0]))
-	}
-	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if crc32.Checksum(body, crcTable) != sum {
-		return nil, corrupt("checksum mismatch")
+	body, why := unframe(b, "record", recordVersion, recordFixed+1)
+	if why != "" {
+		return nil, corrupt(why)
 	}
 	r := &Record{Key: key, State: State(body[1])}
 	if r.State != StateStarted && r.State != StateDone {
@@ -188,12 +182,29 @@ func decodeRecord(key string, b []byte) (*Record, error) {
 // the state, the fingerprint and the completion time, once the checksum holds
 // (a damaged header must not pass for another fingerprint).
 func peekRecord(b []byte) (state State, fp uint64, completed time.Time, ok bool) {
-	if len(b) < recordFixed+1+4 || b[0] != recordVersion ||
-		crc32.Checksum(b[:len(b)-4], crcTable) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+	if _, why := unframe(b, "record", recordVersion, recordFixed+1); why != "" {
 		return 0, 0, time.Time{}, false
 	}
 	return State(b[1]), binary.LittleEndian.Uint64(b[3:]),
 		fromUnixNano(int64(binary.LittleEndian.Uint64(b[19:]))), true
+}
+
+// unframe checks the frame shared by records and outbox messages (a version
+// byte first, a CRC-32C of the rest last) and returns the body, without the
+// checksum; why says what is wrong, "" if nothing. min is the least body
+// length a valid value of that kind has.
+func unframe(b []byte, kind string, version byte, min int) (body []byte, why string) {
+	if len(b) < min+4 {
+		return nil, fmt.Sprintf("%d bytes is too short", len(b))
+	}
+	if b[0] != version {
+		return nil, fmt.Sprintf("unknown %s version %d", kind, b[0])
+	}
+	body = b[:len(b)-4]
+	if crc32.Checksum(body, crcTable) != binary.LittleEndian.Uint32(b[len(b)-4:]) {
+		return nil, "checksum mismatch"
+	}
+	return body, ""
 }
 
 func appendBytes(dst, b []byte) []byte {
