@@ -47,14 +47,8 @@ func (a *app) get(key string, raw bool) (err error) {
 		_, err := a.stdout.Write(r.Response)
 		return err
 	}
-	out := getJSON{recordJSON: a.recordJSON(r), ResponseEncoding: "utf-8"}
-	if r.Response != nil {
-		s := string(r.Response)
-		if !utf8.Valid(r.Response) {
-			s, out.ResponseEncoding = base64.StdEncoding.EncodeToString(r.Response), "base64"
-		}
-		out.Response = &s
-	}
+	out := getJSON{recordJSON: a.recordJSON(r)}
+	out.Response, out.ResponseEncoding = userBytes(r.Response)
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -90,4 +84,18 @@ func (a *app) printRecord(r *idem.Record, out getJSON) error {
 		fmt.Fprintln(a.stdout, *out.Response)
 	}
 	return nil
+}
+
+// userBytes renders stored user bytes (a response, a payload) for output:
+// the text itself if it is UTF-8, else base64, with the encoding's name; nil
+// (none stored, which differs from empty) stays nil.
+func userBytes(b []byte) (text *string, encoding string) {
+	if b == nil {
+		return nil, "utf-8"
+	}
+	s, enc := string(b), "utf-8"
+	if !utf8.Valid(b) {
+		s, enc = base64.StdEncoding.EncodeToString(b), "base64"
+	}
+	return &s, enc
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"slices"
@@ -320,14 +319,8 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 		_, err := a.stdout.Write(m.Payload)
 		return err
 	}
-	out := outboxGetJSON{messageJSON: a.messageJSON(m), PayloadEncoding: "utf-8"}
-	if m.Payload != nil {
-		s := string(m.Payload)
-		if !utf8.Valid(m.Payload) {
-			s, out.PayloadEncoding = base64.StdEncoding.EncodeToString(m.Payload), "base64"
-		}
-		out.Payload = &s
-	}
+	out := outboxGetJSON{messageJSON: a.messageJSON(m)}
+	out.Payload, out.PayloadEncoding = userBytes(m.Payload)
 	if a.json {
 		return a.printJSON(out)
 	}

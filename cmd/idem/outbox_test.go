@@ -503,26 +503,7 @@ func outboxCommands(path string) map[string][]string {
 func TestOutboxFileInUse(t *testing.T) {
 	t.Parallel()
 	path := outboxFixture(t)
-	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1})
-	require.NoError(t, err)
-	t.Cleanup(func() { require.NoError(t, e.Close()) })
-
-	want := "idem: " + path + " is in use by another program; the idem tool works on a file no program holds (stop the program, or inspect through it)\n"
-	for name, args := range outboxCommands(path) {
-		for _, format := range []string{"human", "json"} {
-			t.Run(name+" "+format, func(t *testing.T) {
-				t.Parallel()
-				a := args
-				if format == "json" {
-					a = append([]string{"--json"}, a...)
-				}
-				r := idemCmd(t, nil, "", a...)
-				require.Equal(t, 1, r.code)
-				require.Equal(t, want, r.stderr)
-				require.Empty(t, r.stdout)
-			})
-		}
-	}
+	requireInUse(t, path, outboxCommands(path))
 }
 
 func TestOutboxMissingFileIsNotCreated(t *testing.T) {
