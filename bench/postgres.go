@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -113,17 +112,10 @@ func (p *Postgres) find(ctx context.Context, key string, fp []byte) (resp []byte
 		state    int16
 	)
 	err = p.pool.QueryRow(ctx, p.lookup, key, time.Now().UnixNano()).Scan(&storedFP, &state, &resp)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
-	case err != nil:
-		return nil, false, err
-	case !bytes.Equal(storedFP, fp):
-		return nil, true, benchkit.ErrConflict
-	case state != 1:
-		return nil, true, benchkit.ErrInProgress
 	}
-	return resp, true, nil
+	return answer(err, storedFP, fp, state == 1, resp)
 }
 
 // lost answers a call whose claim found the key taken by another call.

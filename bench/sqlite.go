@@ -159,14 +159,21 @@ func (s *SQLite) find(ctx context.Context, key string, fp []byte) (resp []byte, 
 		state    int
 	)
 	err = s.lookup.QueryRowContext(ctx, key, time.Now().UnixNano()).Scan(&storedFP, &state, &resp)
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
+	if errors.Is(err, sql.ErrNoRows) {
 		return nil, false, nil
+	}
+	return answer(err, storedFP, fp, state == 1, resp)
+}
+
+// answer is what a SQL baseline makes of the row it read for a key (err:
+// the read failed): a conflict, a call in progress, or a replay of resp.
+func answer(err error, storedFP, fp []byte, done bool, resp []byte) ([]byte, bool, error) {
+	switch {
 	case err != nil:
 		return nil, false, err
 	case !bytes.Equal(storedFP, fp):
 		return nil, true, benchkit.ErrConflict
-	case state != 1:
+	case !done:
 		return nil, true, benchkit.ErrInProgress
 	}
 	return resp, true, nil
