@@ -62,13 +62,6 @@ func (l *keyLocks) release(key string, f *flight) {
 // generation changes whenever a flight ends.
 func (l *keyLocks) generation() uint64 { return l.released.Load() }
 
-// owned reports whether a live call leads key.
-func (l *keyLocks) owned(key string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.m[key] != nil
-}
-
 // wait blocks until the flight ends or ctx is done. A cancelled wait returns
 // ctx.Err() and changes nothing, for the leader or the other waiters.
 func (f *flight) wait(ctx context.Context) error {

@@ -95,18 +95,6 @@ func enqueue(t *testing.T, e *idem.Engine, key string, enqueue func(*idem.Tx) er
 	require.NoError(t, err)
 }
 
-// fields are the fields of the first line of out that starts with prefix.
-func fields(t *testing.T, out, prefix string) []string {
-	t.Helper()
-	for _, line := range strings.Split(out, "\n") {
-		if strings.HasPrefix(line, prefix) {
-			return strings.Fields(line)
-		}
-	}
-	t.Fatalf("no line %q in:\n%s", prefix, out)
-	return nil
-}
-
 // seqColumn is the first field of every line of an outbox ls table after
 // its header.
 func seqColumn(out string) []string {

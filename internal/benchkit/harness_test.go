@@ -31,7 +31,7 @@ func TestKey(t *testing.T) {
 		}
 		seen[k] = true
 	}
-	if benchkit.Key(7) != benchkit.Key(7) {
+	if a, b := benchkit.Key(7), benchkit.Key(7); a != b {
 		t.Error("Key is not deterministic")
 	}
 }
