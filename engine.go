@@ -144,7 +144,6 @@ type Result struct {
 // Engine is an open idem file. It is safe for concurrent use.
 type Engine struct {
 	db    *bbolt.DB
-	path  string
 	opts  Options
 	st    store
 	cache *replayCache
@@ -233,7 +232,6 @@ func Open(path string, opts *Options) (*Engine, error) {
 	}
 	e := &Engine{
 		db:       db,
-		path:     path,
 		opts:     o,
 		st:       store{width: o.Retention},
 		locks:    newKeyLocks(),
@@ -273,9 +271,6 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 	}()
 	return bbolt.Open(path, 0o600, o)
 }
-
-// Path returns the file's path.
-func (e *Engine) Path() string { return e.path }
 
 // validateKey checks the key rules: non-empty, at most MaxKeyLen bytes (Stripe's
 // limit), valid UTF-8.
