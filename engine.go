@@ -731,8 +731,12 @@ func (e *Engine) fnContext(ctx context.Context, c *leading, inTx bool) (context.
 	return ctx, func() { unregister(); cancel() }
 }
 
-// reentrant refuses calls that would deadlock: any call from inside a DoTx fn
-// (which holds the writer), and a call for the key whose fn is running.
+// reentrant refuses, from the context fn was given, calls that would
+// deadlock: any call from inside a DoTx fn (which holds the writer), and a
+// call for the key whose fn is running. It is the cheap check, made before
+// any read; a DoTx fn that passes another context is caught by the commit
+// pipeline's Holding (a goroutine id read), checked only before a write and
+// by the operator methods (enterOp), never on the replay path.
 func (e *Engine) reentrant(ctx context.Context, key string) error {
 	c, ok := ctx.Value(callCtxKey{}).(*callCtx)
 	if !ok || c.e != e {
