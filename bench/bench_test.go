@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/bench"
-	"github.com/idemkit/idem/internal/benchkit"
+	"github.com/idemkit/idem/kit/benchkit"
 )
 
 // Benchmarks: every workload × contender, named key=value for benchstat, for

@@ -4,7 +4,7 @@ import (
 	"context"
 	"os"
 
-	"github.com/idemkit/idem/internal/benchkit"
+	"github.com/idemkit/idem/kit/benchkit"
 )
 
 // Contenders lists every contender: benchkit's driver-free ones (idem first,

@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem/bench"
-	"github.com/idemkit/idem/internal/benchkit"
-	"github.com/idemkit/idem/internal/benchkit/benchtest"
+	"github.com/idemkit/idem/kit/benchkit"
+	"github.com/idemkit/idem/kit/benchkit/benchtest"
 )
 
 // TestContenders checks the contenders this module adds; benchkit's tests

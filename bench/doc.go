@@ -1,7 +1,7 @@
 // Package bench measures idem side by side with the patterns people use
 // instead of it, SQLite (modernc.org/sqlite, WAL, synchronous=FULL and
 // NORMAL) and PostgreSQL (pgx) among them, beside the driver-free contenders
-// of the idem module's internal/benchkit (a bare call, a naive bbolt engine,
+// of the idem module's kit/benchkit (a bare call, a naive bbolt engine,
 // idem), whose harness, workloads and report it uses.
 //
 // It is a module of its own, so that users of the engine never download

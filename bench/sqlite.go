@@ -13,7 +13,7 @@ import (
 
 	"modernc.org/sqlite"
 
-	"github.com/idemkit/idem/internal/benchkit"
+	"github.com/idemkit/idem/kit/benchkit"
 )
 
 // SyncMode is SQLite's synchronous setting.

@@ -29,7 +29,7 @@ import (
 	"syscall"
 
 	"github.com/idemkit/idem/bench"
-	"github.com/idemkit/idem/internal/benchkit"
+	"github.com/idemkit/idem/kit/benchkit"
 )
 
 // config is what the flags say.

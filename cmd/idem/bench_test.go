@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/benchkit"
+	"github.com/idemkit/idem/kit/benchkit"
 )
 
 // benchOnly selects three cheap rows: one caller's first executions, on every

@@ -13,7 +13,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
-	"github.com/idemkit/idem/internal/taubench"
+	"github.com/idemkit/idem/kit/taubench"
 )
 
 // A crash child of the taubench crash schedule is this program re-executed:

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/benchkit"
-	"github.com/idemkit/idem/internal/benchkit/benchtest"
+	"github.com/idemkit/idem/kit/benchkit"
+	"github.com/idemkit/idem/kit/benchkit/benchtest"
 )
 
 func TestKey(t *testing.T) {

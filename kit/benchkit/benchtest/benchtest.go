@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/benchkit"
+	"github.com/idemkit/idem/kit/benchkit"
 )
 
 // open opens c in a temporary directory, skipping the test when the
