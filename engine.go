@@ -34,6 +34,8 @@ const (
 	DefaultPruneInterval = time.Minute
 	// DefaultLockTimeout bounds how long Open waits for the file lock.
 	DefaultLockTimeout = time.Second
+	// DefaultRetryAfter is the wait an InProgressError suggests (Options.RetryAfter).
+	DefaultRetryAfter = time.Second
 	// DefaultMaxResponseSize is the largest response stored, in bytes (1 MiB).
 	DefaultMaxResponseSize = 1 << 20
 )
@@ -84,6 +86,11 @@ type Options struct {
 
 	// InFlight is the policy for concurrent duplicates. Zero is InFlightWait.
 	InFlight InFlightPolicy
+
+	// RetryAfter is the wait, wall-clock, that an InProgressError suggests to a
+	// duplicate refused under InFlightFail (the HTTP adapter's Retry-After,
+	// rounded up to whole seconds). Zero means DefaultRetryAfter.
+	RetryAfter time.Duration
 
 	// Recovery is the policy for interrupted executions. Zero is
 	// RecoverReexecute.
@@ -191,6 +198,9 @@ func Open(path string, opts *Options) (*Engine, error) {
 	}
 	if o.LockTimeout <= 0 {
 		o.LockTimeout = DefaultLockTimeout
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = DefaultRetryAfter
 	}
 	if o.MaxResponseSize == 0 {
 		o.MaxResponseSize = DefaultMaxResponseSize
@@ -370,7 +380,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	}
 
 	for {
-		f, leader := e.locks.acquire(key, fp)
+		f, leader := e.locks.acquire(key, fp, now)
 		if !leader {
 			if f.fp != fp {
 				if f.executing.Load() {
@@ -385,7 +395,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 				continue
 			}
 			if e.opts.InFlight == InFlightFail {
-				return Result{}, &OpError{Op: op, Key: key, Err: ErrInProgress}
+				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
 			}
 			fault.Point("do-wait")
 			if err := f.wait(ctx); err != nil {
@@ -854,7 +864,7 @@ func (e *Engine) operate(op, key string, fn func(tx *bbolt.Tx) error) error {
 		return &OpError{Op: op, Key: key, Err: err}
 	}
 	defer e.calls.Done()
-	f, leader := e.locks.acquire(key, 0)
+	f, leader := e.locks.acquire(key, 0, e.now())
 	if !leader {
 		return &OpError{Op: op, Key: key, Err: ErrInProgress}
 	}

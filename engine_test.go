@@ -547,3 +547,30 @@ func TestGoexitInsideDoTxLeavesTheEngineWorking(t *testing.T) {
 	_, err = e.DoTx(bg, "k", nil, func(context.Context, *idem.Tx) ([]byte, error) { return []byte("again"), nil })
 	require.NoError(t, err, "nothing was committed for the exited call: the key is free")
 }
+
+func TestInProgressErrorCarriesRetryAfter(t *testing.T) {
+	e, _ := testkit.Open(t, &idem.Options{InFlight: idem.InFlightFail, RetryAfter: 3 * time.Second})
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Do(context.Background(), "k", nil, func(context.Context) ([]byte, error) {
+			close(entered)
+			<-release
+			return []byte("ok"), nil
+		})
+		done <- err
+	}()
+	<-entered
+	_, err := e.Do(context.Background(), "k", nil, func(context.Context) ([]byte, error) { return nil, nil })
+	close(release)
+	var ip *idem.InProgressError
+	if !errors.As(err, &ip) || !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("duplicate: %v, want an *InProgressError matching ErrInProgress", err)
+	}
+	if ip.RetryAfter != 3*time.Second || ip.StartedAt.IsZero() {
+		t.Fatalf("InProgressError = %+v, want RetryAfter 3s and a start time", ip)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

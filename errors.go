@@ -3,6 +3,7 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Input errors: nothing was stored, so the call can be corrected and retried.
@@ -55,6 +56,25 @@ var (
 	// such as Resolve of a done record.
 	ErrState = errors.New("idem: record in the wrong state")
 )
+
+// InProgressError is the error, wrapped in an *OpError, of a duplicate refused
+// while the first call with its key runs (Options.InFlight is InFlightFail).
+// It matches ErrInProgress with errors.Is. Adapters turn it into the IETF
+// Idempotency-Key draft's HTTP 409 with a Retry-After header, or an MCP
+// error with a retryAfter hint.
+type InProgressError struct {
+	// StartedAt is when the running call took the key (engine clock).
+	StartedAt time.Time
+	// RetryAfter is how long to wait before retrying: Options.RetryAfter.
+	RetryAfter time.Duration
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("%s (started %s; retry after %v)", ErrInProgress.Error(), e.StartedAt.UTC().Format(time.RFC3339), e.RetryAfter)
+}
+
+// Is reports whether target is ErrInProgress.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
 // Engine errors.
 var (

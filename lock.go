@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // keyLocks is the per-key singleflight: at most one call per key leads (runs
@@ -21,8 +22,9 @@ type keyLocks struct {
 // flight is one leading call. Its outcome fields are written by the leader
 // before done is closed and only read after.
 type flight struct {
-	fp   uint64
-	done chan struct{}
+	fp      uint64
+	done    chan struct{}
+	started time.Time // when the leader took the key (engine clock)
 	// executing is set once the leader claims the key with fp (it found no
 	// live record, or recovers an interrupted execution with fp): from then
 	// on a call with another fingerprint conflicts without waiting.
@@ -39,13 +41,13 @@ func newKeyLocks() *keyLocks { return &keyLocks{m: make(map[string]*flight)} }
 
 // acquire makes the caller the leader of key, or returns the flight to wait
 // for. A flight with another fingerprint is a conflict, reported at once.
-func (l *keyLocks) acquire(key string, fp uint64) (f *flight, leader bool) {
+func (l *keyLocks) acquire(key string, fp uint64, now time.Time) (f *flight, leader bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if f := l.m[key]; f != nil {
 		return f, false
 	}
-	f = &flight{fp: fp, done: make(chan struct{})}
+	f = &flight{fp: fp, done: make(chan struct{}), started: now}
 	l.m[key] = f
 	return f, true
 }
