@@ -129,6 +129,11 @@ type Options struct {
 	// Logger receives the engine's own events (pruning, recovery) at debug
 	// and warn level; keys and responses are never logged. Nil discards.
 	Logger *slog.Logger
+
+	// Observer receives the engine's events (executions, replays, commits,
+	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
+	// the cost of a nil check per event.
+	Observer Observer
 }
 
 // Result describes the answer of Do or DoTx. It is returned beside a non-nil
@@ -257,6 +262,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.pipe = commit.New(db, e.committed)
+	e.watchCommits()
 	if o.ReadOnly {
 		e.opts.Outbox.Dispatch = false
 	}
@@ -395,9 +401,11 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 				continue
 			}
 			if e.opts.InFlight == InFlightFail {
+				e.observe(Event{Kind: EventInProgress, Op: op})
 				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
 			}
 			fault.Point("do-wait")
+			e.observe(Event{Kind: EventWait, Op: op})
 			if err := f.wait(ctx); err != nil {
 				return Result{}, err
 			}
@@ -500,6 +508,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	}
 
 	e.n.executions.Add(1)
+	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
 	fnCtx, stop := e.fnContext(ctx, c, false)
 	resp, ferr := fn(fnCtx)
 	stop()
@@ -578,6 +587,7 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 		return Result{}, e.conflict(op, rec.Key, nil)
 	}
 	e.n.replays.Add(1)
+	e.observe(Event{Kind: EventReplay, Op: op})
 	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
 	if !shared {
 		if rec.Err != nil {
@@ -597,6 +607,7 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 // why (if not nil) as the detail.
 func (e *Engine) conflict(op, key string, why error) error {
 	e.n.conflicts.Add(1)
+	e.observe(Event{Kind: EventConflict, Op: op})
 	err := ErrFingerprintMismatch
 	if why != nil {
 		err = fmt.Errorf("%w: %v", ErrFingerprintMismatch, why)

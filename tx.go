@@ -86,6 +86,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		done *Record
 	)
 	e.n.executions.Add(1)
+	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
 	err := e.pipe.Do(func(btx *bbolt.Tx) error {
 		tx := &Tx{tx: btx, e: e, key: c.key}
 		resp, ferr = fn(fnCtx, tx)
