@@ -106,6 +106,9 @@ type app struct {
 	// deadLetterRetention is OutboxOptions.DeadLetterRetention, for the
 	// commands that have the flag.
 	deadLetterRetention time.Duration
+
+	// remote is --url and --token: online operation (remote.go).
+	remote remoteFlags
 }
 
 // run executes the command line args and returns the exit status.
@@ -168,6 +171,7 @@ Options: they decide which records have expired.`,
 	f.BoolVar(&a.json, "json", false, "print one JSON document instead of a table")
 	f.DurationVar(&a.retention, "retention", idem.DefaultRetention, "retention window of the program (Options.Retention)")
 	f.StringVar(&a.recovery, "recovery", "reexecute", "recovery policy of the program (Options.Recovery): reexecute or refuse")
+	a.addRemoteFlags(f)
 
 	for _, sub := range subcommands {
 		c := sub(a)
@@ -193,7 +197,7 @@ func (a *app) resolveGlobals(cmd *cobra.Command) error {
 	if _, err := a.recoveryPolicy(); err != nil {
 		return &usageError{err}
 	}
-	return nil
+	return a.resolveRemote(cmd)
 }
 
 func (a *app) recoveryPolicy() (idem.RecoveryPolicy, error) {
@@ -352,7 +356,7 @@ func unprefix(s string) string {
 }
 
 // closeEngine closes e and keeps the first error.
-func closeEngine(e *idem.Engine, err *error) {
+func closeEngine(e interface{ Close() error }, err *error) {
 	if cerr := e.Close(); cerr != nil && *err == nil {
 		*err = fmt.Errorf("idem: close: %w", cerr)
 	}

@@ -58,13 +58,15 @@ func (a *app) stats() error {
 		return err
 	}
 	// The size on disk, which is what compact shrinks (Stats.FileSize is
-	// the size bbolt maps, up to the last page in use).
-	size, err := fileSize(a.db)
-	if err != nil {
-		return err
+	// the size bbolt maps, up to the last page in use); with --url, that.
+	if a.remote.url == "" {
+		size, err := fileSize(a.db)
+		if err != nil {
+			return err
+		}
+		s.FileSize = size
 	}
-	s.FileSize = size
-	out := statsJSON{Path: a.db, FileSize: s.FileSize, Retention: a.retention.String()}
+	out := statsJSON{Path: a.location(), FileSize: s.FileSize, Retention: a.retention.String()}
 	out.Records.Live = s.Started + s.Done
 	out.Records.Started, out.Records.Done = s.Started, s.Done
 	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
@@ -76,7 +78,7 @@ func (a *app) stats() error {
 		return a.printJSON(out)
 	}
 	w := a.table()
-	fmt.Fprintf(w, "file\t%s (%s)\n", a.db, fmtBytes(s.FileSize))
+	fmt.Fprintf(w, "file\t%s (%s)\n", a.location(), fmtBytes(s.FileSize))
 	fmt.Fprintf(w, "records\t%d live: %d started, %d done\n", out.Records.Live, s.Started, s.Done)
 	fmt.Fprintf(w, "expired\t%d awaiting prune (retention %v)\n", s.ExpiredPending, a.retention)
 	corrupt := fmt.Sprint(s.Corrupt)
@@ -91,7 +93,7 @@ func (a *app) stats() error {
 }
 
 func (a *app) engineStats() (s idem.Stats, err error) {
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return s, err
 	}
