@@ -19,6 +19,13 @@
 // commands that only read (stats, ls, get, check, outbox ls and outbox get)
 // open the file read-only, with a shared lock, and never change it.
 //
+// With --url URL (or $IDEM_URL), stats, get, forget, resolve and outbox
+// ls|get|retry|drop talk to a running program's admin handler
+// (github.com/idemkit/idem/idemhttp's Admin, mounted at URL) instead: the same
+// output, the server's retention window, and --token (or $IDEM_TOKEN, which
+// keeps it out of ps) sent as "Authorization: Bearer" to the handler's
+// authorization function. The other commands need the file and refuse --url.
+//
 // Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
 // document on stdout instead of a table, and --retention and --recovery, which
 // must match the program's Options, since they decide which records have
@@ -155,7 +162,12 @@ outcome of every idempotency key.
 
 It works on a file that no program holds: stop the program first, or inspect it
 through the program. --retention and --recovery must match the program's
-Options: they decide which records have expired.`,
+Options: they decide which records have expired.
+
+With --url, stats, get, forget, resolve and outbox ls|get|retry|drop talk to a
+running program's admin handler (idemhttp.Admin) instead of a file, sending
+--token (or $IDEM_TOKEN) as a bearer token; the retention window is then the
+server's.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
