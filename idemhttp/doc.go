@@ -97,7 +97,8 @@
 //
 // The handler's context keeps the request's values but does not end when the
 // client goes away: the outcome is recorded, and the client's retry gets it.
-// It ends when the engine closes. A handler that panics leaves an interrupted
+// It ends when the engine closes; an answer written after that reaches its
+// caller but is not stored, and the key stays started. A handler that panics leaves an interrupted
 // execution (the engine's recovery policy decides what the next request with
 // the key gets). If the engine cannot record the handler's outcome (a failed
 // commit), the handler's caller still gets its answer; the key then stays

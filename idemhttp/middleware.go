@@ -151,7 +151,9 @@ type Options struct {
 //
 // The handler runs with a context that keeps the request's values but does
 // not end when the client goes away (so that its outcome is recorded for the
-// client's retry); it ends when the engine closes. idem.CallFrom on it tells
+// client's retry); it ends when the engine closes, and an answer written
+// after that goes to its caller but is not stored (the key stays started,
+// for the engine's recovery policy). idem.CallFrom on it tells
 // the attempt and whether the call recovers an interrupted one. The handler
 // may mark its response as not to be stored with NotStored. A handler that
 // panics leaves the key started (the engine's recovery policy decides what a
@@ -262,7 +264,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			hctx, done := handlerContext(ctx, r.Context())
 			defer done()
 			next.ServeHTTP(rec, withBody(r.WithContext(hctx), body))
-			return rec.outcome(m.headers)
+			resp, err := rec.outcome(m.headers)
+			if err == nil && hctx.Err() != nil {
+				// The engine is closing: an answer made under cancellation is
+				// not the request's outcome. The key stays started, for the
+				// recovery policy.
+				return nil, hctx.Err()
+			}
+			return resp, err
 		})
 		if rec != nil {
 			// The handler ran for this request: its caller gets its answer,

@@ -673,3 +673,63 @@ func TestClientGoneHandlerFinishes(t *testing.T) {
 		t.Fatalf("retry: %q replayed %q runs %d", body, resp.Header.Get(idemhttp.HeaderReplayed), runs.Load())
 	}
 }
+
+// TestEngineClosedFirst closes the engine under a running handler (the wrong
+// shutdown order): the handler's context ends, its caller gets its answer,
+// and the key stays started, so the next request with it re-executes.
+func TestEngineClosedFirst(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	e, err := idem.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := make(chan struct{})
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			close(started)
+			<-r.Context().Done()
+			http.Error(w, "interrupted", http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "done")
+	})
+	s := newServer(t, e, nil, h)
+	type answer struct {
+		status int
+		err    error
+	}
+	first := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
+		req.Header.Set(idemhttp.HeaderKey, "k")
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			first <- answer{err: err}
+			return
+		}
+		resp.Body.Close()
+		first <- answer{status: resp.StatusCode}
+	}()
+	<-started
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if a := <-first; a.err != nil || a.status != http.StatusInternalServerError {
+		t.Fatalf("the interrupted request: %+v", a)
+	}
+	s.Close()
+
+	e, err = idem.Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if rec, err := e.Get("k"); err != nil || rec.State != idem.StateStarted {
+		t.Fatalf("record after the interruption: %+v %v", rec, err)
+	}
+	s = newServer(t, e, nil, h)
+	if resp, body := mustPost(t, s.Client(), s.URL, "k", "x"); resp.StatusCode != http.StatusOK || string(body) != "done" || runs.Load() != 2 {
+		t.Fatalf("re-execution: %d %q, runs %d", resp.StatusCode, body, runs.Load())
+	}
+}
