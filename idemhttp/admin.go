@@ -89,13 +89,13 @@ type AdminOptions struct {
 func AllowBearer(token string) func(*http.Request, AdminAction) bool {
 	want := []byte(token)
 	return func(r *http.Request, _ AdminAction) bool {
-		got, ok := bearer(r)
+		got, ok := adminBearer(r)
 		return ok && len(want) > 0 && subtle.ConstantTimeCompare([]byte(got), want) == 1
 	}
 }
 
-// bearer returns the token of an "Authorization: Bearer" header.
-func bearer(r *http.Request) (string, bool) {
+// adminBearer returns the token of an "Authorization: Bearer" header.
+func adminBearer(r *http.Request) (string, bool) {
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
 	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return "", false
@@ -142,7 +142,9 @@ func bearer(r *http.Request) (string, bool) {
 // closed (503), corrupt and internal (500). "op" and "key" name the
 // engine's operation and key when it reported them (idem.OpError), and
 // "detail" says why. The handler logs nothing: keys and responses go only
-// to authorized callers.
+// to authorized callers. Keys travel in the query string, so an access log
+// in front of the handler sees them: keep such logs off the admin routes, or
+// use keys that carry no personal data (idem.KeyOf).
 func Admin(op Operator, opts *AdminOptions) http.Handler {
 	a := &admin{op: op}
 	if opts != nil {
@@ -174,19 +176,19 @@ func (a *admin) guard(action AdminAction, h func(http.ResponseWriter, *http.Requ
 	return func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		if a.opts.Authorize == nil || !a.opts.Authorize(r, action) {
-			writeProblem(w, &adminError{status: http.StatusForbidden, code: "forbidden",
+			adminWriteProblem(w, &adminError{status: http.StatusForbidden, code: "forbidden",
 				detail: fmt.Sprintf("not authorized to %s", action)})
 			return
 		}
 		if err := h(w, r); err != nil {
-			writeProblem(w, toAdminError(err))
+			adminWriteProblem(w, toAdminError(err))
 		}
 	}
 }
 
 func (a *admin) index(w http.ResponseWriter, _ *http.Request) error {
 	ret := a.op.Retention()
-	return writeJSON(w, http.StatusOK, AdminIndex{
+	return adminWriteJSON(w, http.StatusOK, AdminIndex{
 		Retention:        ret.String(),
 		RetentionSeconds: ret.Seconds(),
 		ShowResponses:    a.opts.ShowResponses,
@@ -198,20 +200,20 @@ func (a *admin) stats(w http.ResponseWriter, _ *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, newAdminStats(s, a.op.Retention()))
+	return adminWriteJSON(w, http.StatusOK, newAdminStats(s, a.op.Retention()))
 }
 
-// queryKey returns the key parameter: present and unique.
-func queryKey(r *http.Request) (string, error) {
+// adminQueryKey returns the key parameter: present and unique.
+func adminQueryKey(r *http.Request) (string, error) {
 	keys, ok := r.URL.Query()["key"]
 	if !ok || len(keys) != 1 {
-		return "", badRequest("give one key parameter: ?key=KEY (query-escaped)")
+		return "", adminBadRequest("give one key parameter: ?key=KEY (query-escaped)")
 	}
 	return keys[0], nil
 }
 
 func (a *admin) getRecord(w http.ResponseWriter, r *http.Request) error {
-	key, err := queryKey(r)
+	key, err := adminQueryKey(r)
 	if err != nil {
 		return err
 	}
@@ -219,33 +221,33 @@ func (a *admin) getRecord(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, a.record(rec))
+	return adminWriteJSON(w, http.StatusOK, a.record(rec))
 }
 
 func (a *admin) forget(w http.ResponseWriter, r *http.Request) error {
-	key, err := queryKey(r)
+	key, err := adminQueryKey(r)
 	if err != nil {
 		return err
 	}
 	if err := a.op.Forget(key); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, adminForgotten{Key: key, Forgotten: true})
+	return adminWriteJSON(w, http.StatusOK, adminForgotten{Key: key, Forgotten: true})
 }
 
-// resolveBody is the JSON body of POST /records/resolve.
-type resolveBody struct {
+// adminResolveBody is the JSON body of POST /records/resolve.
+type adminResolveBody struct {
 	Response         *string         `json:"response"`
 	ResponseEncoding string          `json:"response_encoding"`
 	Error            *AdminErrorJSON `json:"error"`
 }
 
 func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
-	key, err := queryKey(r)
+	key, err := adminQueryKey(r)
 	if err != nil {
 		return err
 	}
-	var body resolveBody
+	var body adminResolveBody
 	if err := a.readJSON(w, r, &body); err != nil {
 		return err
 	}
@@ -256,10 +258,10 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 			resp = []byte(*body.Response)
 		case "base64":
 			if resp, err = base64.StdEncoding.DecodeString(*body.Response); err != nil {
-				return badRequest("response is not valid base64: " + err.Error())
+				return adminBadRequest("response is not valid base64: " + err.Error())
 			}
 		default:
-			return badRequest(fmt.Sprintf("response_encoding must be utf-8 or base64, not %q", body.ResponseEncoding))
+			return adminBadRequest(fmt.Sprintf("response_encoding must be utf-8 or base64, not %q", body.ResponseEncoding))
 		}
 		if resp == nil {
 			resp = []byte{} // "" is an empty response, not none
@@ -276,7 +278,7 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, a.record(rec))
+	return adminWriteJSON(w, http.StatusOK, a.record(rec))
 }
 
 // resolveKey is the one use of Operator.Resolve, whose signature may change.
@@ -298,10 +300,10 @@ func (a *admin) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
 			return &adminError{status: http.StatusRequestEntityTooLarge, code: "too_large",
 				detail: fmt.Sprintf("the body exceeds %d bytes", a.opts.MaxBody)}
 		}
-		return badRequest("the body is not the JSON object expected: " + err.Error())
+		return adminBadRequest("the body is not the JSON object expected: " + err.Error())
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return badRequest("the body holds more than one JSON value")
+		return adminBadRequest("the body holds more than one JSON value")
 	}
 	return nil
 }
@@ -314,13 +316,13 @@ func (a *admin) listMessages(w http.ResponseWriter, r *http.Request) error {
 		state = "all"
 	case "all", "pending", "dead":
 	default:
-		return badRequest(fmt.Sprintf("state must be pending, dead or all, not %q", state))
+		return adminBadRequest(fmt.Sprintf("state must be pending, dead or all, not %q", state))
 	}
 	limit := 0
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 0 {
-			return badRequest(fmt.Sprintf("limit must be a non-negative integer, not %q", s))
+			return adminBadRequest(fmt.Sprintf("limit must be a non-negative integer, not %q", s))
 		}
 		limit = n
 	}
@@ -345,24 +347,24 @@ func (a *admin) listMessages(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, out)
+	return adminWriteJSON(w, http.StatusOK, out)
 }
 
-// pathSeq parses the {seq} path segment.
-func pathSeq(r *http.Request) (uint64, error) {
+// adminPathSeq parses the {seq} path segment.
+func adminPathSeq(r *http.Request) (uint64, error) {
 	s := r.PathValue("seq")
 	seq, err := strconv.ParseUint(s, 10, 64)
 	if err != nil || seq == 0 {
-		return 0, badRequest(fmt.Sprintf("%q is not a message sequence number (a positive integer)", s))
+		return 0, adminBadRequest(fmt.Sprintf("%q is not a message sequence number (a positive integer)", s))
 	}
 	return seq, nil
 }
 
-// errStop ends a walk of the messages early.
-var errStop = errors.New("stop")
+// adminErrStop ends a walk of the messages early.
+var adminErrStop = errors.New("stop")
 
 func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
-	seq, err := pathSeq(r)
+	seq, err := adminPathSeq(r)
 	if err != nil {
 		return err
 	}
@@ -375,16 +377,16 @@ func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
 			return merr
 		}
 		found = m
-		return errStop
+		return adminErrStop
 	})
 	switch {
-	case errors.Is(err, errStop):
+	case errors.Is(err, adminErrStop):
 	case err != nil:
 		return err
 	case found == nil:
 		return fmt.Errorf("message %d: %w (delivered, dropped, expired or never enqueued)", seq, idem.ErrNotFound)
 	}
-	return writeJSON(w, http.StatusOK, a.message(found))
+	return adminWriteJSON(w, http.StatusOK, a.message(found))
 }
 
 func (a *admin) retryDead(w http.ResponseWriter, r *http.Request) error {
@@ -396,14 +398,14 @@ func (a *admin) dropDead(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *admin) operateDead(w http.ResponseWriter, r *http.Request, name string, do func(uint64) error) error {
-	seq, err := pathSeq(r)
+	seq, err := adminPathSeq(r)
 	if err != nil {
 		return err
 	}
 	if err := do(seq); err != nil {
 		return err
 	}
-	return writeJSON(w, http.StatusOK, adminDeadOp{Op: name, Seq: seq})
+	return adminWriteJSON(w, http.StatusOK, adminDeadOp{Op: name, Seq: seq})
 }
 
 // record renders rec, with its response only under ShowResponses.
@@ -414,10 +416,10 @@ func (a *admin) record(rec *idem.Record) AdminRecord {
 		Attempt:     rec.Attempt,
 		Fingerprint: fmt.Sprintf("%016x", rec.Fingerprint),
 		StartedAt:   rec.StartedAt.UTC(),
-		CompletedAt: timePtr(rec.CompletedAt),
+		CompletedAt: adminTime(rec.CompletedAt),
 	}
 	if rec.State == idem.StateDone {
-		out.ExpiresAt = timePtr(rec.ExpiresAt(a.op.Retention()))
+		out.ExpiresAt = adminTime(rec.ExpiresAt(a.op.Retention()))
 	}
 	if rec.Err != nil {
 		out.Error = &AdminErrorJSON{Code: rec.Err.Code, Message: rec.Err.Message}
@@ -437,9 +439,9 @@ func (a *admin) message(m *idem.Message) AdminMessage {
 		OrderingKey:   m.OrderingKey,
 		Attempt:       m.Attempt,
 		EnqueuedAt:    m.EnqueuedAt.UTC(),
-		NextAttemptAt: timePtr(m.NextAttemptAt),
+		NextAttemptAt: adminTime(m.NextAttemptAt),
 		Dead:          m.Dead,
-		DeadAt:        timePtr(m.DeadAt),
+		DeadAt:        adminTime(m.DeadAt),
 	}
 	if m.LastError != "" {
 		s := m.LastError
@@ -467,7 +469,7 @@ func (a *admin) userBytes(b []byte) (size *int, text *string, encoding string, h
 	return &n, &s, enc, false
 }
 
-func timePtr(t time.Time) *time.Time {
+func adminTime(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
 	}

@@ -165,8 +165,12 @@ type adminDeadOp struct {
 }
 
 // AdminProblem is an error answer of the admin handler: RFC 9457 problem
-// details, with the members Code (the case, see Admin), Op and Key (the
-// engine's operation and key, when it named them).
+// details (application/problem+json). Code names the case (see Admin for the
+// list and their statuses); Type is
+// "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#AdminProblem-" + Code
+// (the Idempotency-Key draft registers no types; these are this package's);
+// Title is the status's text; Detail says why; Op and Key are the engine's
+// operation and key, when it named them (an idem.OpError).
 type AdminProblem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -178,7 +182,7 @@ type AdminProblem struct {
 }
 
 // adminProblemType is the prefix of the problem type URIs: the code follows.
-const adminProblemType = "https://github.com/idemkit/idem/tree/main/idemhttp#admin-"
+const adminProblemType = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#AdminProblem-"
 
 // adminError is an error answer before it is written.
 type adminError struct {
@@ -191,7 +195,7 @@ type adminError struct {
 
 func (e *adminError) Error() string { return e.detail }
 
-func badRequest(detail string) error {
+func adminBadRequest(detail string) error {
 	return &adminError{status: http.StatusBadRequest, code: "bad_request", detail: detail}
 }
 
@@ -229,7 +233,7 @@ func toAdminError(err error) *adminError {
 	return out
 }
 
-func writeProblem(w http.ResponseWriter, e *adminError) {
+func adminWriteProblem(w http.ResponseWriter, e *adminError) {
 	if e.retryAfter > 0 {
 		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
@@ -247,7 +251,7 @@ func writeProblem(w http.ResponseWriter, e *adminError) {
 	})
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) error {
+func adminWriteJSON(w http.ResponseWriter, status int, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return err

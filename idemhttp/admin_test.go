@@ -87,7 +87,7 @@ func problem(t *testing.T, r reply, status int, code string) idemhttp.AdminProbl
 	p := decodeAs[idemhttp.AdminProblem](t, r)
 	require.Equal(t, code, p.Code)
 	require.Equal(t, status, p.Status)
-	require.True(t, strings.HasSuffix(p.Type, "#admin-"+code), p.Type)
+	require.True(t, strings.HasSuffix(p.Type, "#AdminProblem-"+code), p.Type)
 	return p
 }
 
