@@ -64,13 +64,13 @@ func (a *app) addRemoteFlags(f *pflag.FlagSet) {
 	f.StringVar(&a.remote.token, "token", "", "bearer token for --url, handed to the handler's authorization function ($IDEM_TOKEN; the variable keeps it out of ps)")
 }
 
-// resolveRemote applies $IDEM_URL and $IDEM_TOKEN and refuses the commands
-// that need the file itself.
+// resolveRemote applies $IDEM_URL (unless --db is given) and $IDEM_TOKEN,
+// and refuses the commands that need the file itself.
 func (a *app) resolveRemote(cmd *cobra.Command) error {
 	r := &a.remote
 	r.ctx = cmd.Context()
-	if !cmd.Flags().Changed("url") {
-		r.url = a.getenv("IDEM_URL")
+	if !cmd.Flags().Changed("url") && !cmd.Flags().Changed("db") {
+		r.url = a.getenv("IDEM_URL") // --db given: the file, whatever the environment says
 	}
 	if !cmd.Flags().Changed("token") {
 		r.token = a.getenv("IDEM_TOKEN")

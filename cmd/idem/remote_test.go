@@ -195,6 +195,14 @@ func TestRemoteAuthorization(t *testing.T) {
 	require.Equal(t, 0, r.code, r.stderr)
 	_, err = e.Get("order-2")
 	require.ErrorIs(t, err, idem.ErrNotFound)
+
+	// --db wins over $IDEM_URL: the file is used (another one here).
+	other := fixture(t)
+	r = idemCmd(t, map[string]string{"IDEM_URL": u}, "", "--db", other, "forget", "binary")
+	require.Equal(t, 0, r.code, r.stderr)
+	_, err = e.Get("binary")
+	require.NoError(t, err, "the program's record is untouched")
+	require.Equal(t, 1, idemDB(t, other, "get", "binary").code, "forgotten in the file")
 }
 
 func TestRemoteUsage(t *testing.T) {
