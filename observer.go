@@ -100,10 +100,11 @@ func (e *Engine) observeStart() time.Time {
 	return time.Now()
 }
 
-// observePrune reports a prune run that removed n records since start.
-func (e *Engine) observePrune(n int, start time.Time) {
+// observePrune reports a prune run that removed *n records since start
+// (deferred by prune, which counts n as it goes).
+func (e *Engine) observePrune(n *int, start time.Time) {
 	if e.opts.Observer != nil {
-		e.opts.Observer.Observe(Event{Kind: EventPrune, N: n, Duration: time.Since(start)})
+		e.opts.Observer.Observe(Event{Kind: EventPrune, N: *n, Duration: time.Since(start)})
 	}
 }
 

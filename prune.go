@@ -37,7 +37,8 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	e.pruneMu.Lock() // Prune and the background pruner take turns
 	defer e.pruneMu.Unlock()
 	total := 0
-	defer func(start time.Time) { e.n.pruned.Add(uint64(total)); e.observePrune(total, start) }(e.observeStart())
+	defer func() { e.n.pruned.Add(uint64(total)) }()
+	defer e.observePrune(&total, e.observeStart())
 	now := e.now()
 	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention
 
