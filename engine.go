@@ -507,8 +507,8 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 		return Result{}, err
 	}
 
-	e.n.executions.Add(1)
 	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
+	e.n.executions.Add(1)
 	fnCtx, stop := e.fnContext(ctx, c, false)
 	resp, ferr := fn(fnCtx)
 	stop()

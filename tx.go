@@ -85,8 +85,8 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		ferr error
 		done *Record
 	)
-	e.n.executions.Add(1)
 	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
+	e.n.executions.Add(1)
 	err := e.pipe.Do(func(btx *bbolt.Tx) error {
 		tx := &Tx{tx: btx, e: e, key: c.key}
 		resp, ferr = fn(fnCtx, tx)
