@@ -103,6 +103,9 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 
+	// remote is --url and --token: online operation (remote.go).
+	remote remoteFlags
+
 	db        string
 	json      bool
 	retention time.Duration
@@ -113,9 +116,6 @@ type app struct {
 	// deadLetterRetention is OutboxOptions.DeadLetterRetention, for the
 	// commands that have the flag.
 	deadLetterRetention time.Duration
-
-	// remote is --url and --token: online operation (remote.go).
-	remote remoteFlags
 }
 
 // run executes the command line args and returns the exit status.
@@ -162,12 +162,7 @@ outcome of every idempotency key.
 
 It works on a file that no program holds: stop the program first, or inspect it
 through the program. --retention and --recovery must match the program's
-Options: they decide which records have expired.
-
-With --url, stats, get, forget, resolve and outbox ls|get|retry|drop talk to a
-running program's admin handler (idemhttp.Admin) instead of a file, sending
---token (or $IDEM_TOKEN) as a bearer token; the retention window is then the
-server's.`,
+Options: they decide which records have expired.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -177,13 +172,13 @@ server's.`,
 	root.SetErr(a.stderr)
 	root.SetIn(a.stdin)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	a.addRemote(root)
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.db, "db", "idem.db", "path of the idem file; $IDEM_DB, if set, replaces the default")
 	f.BoolVar(&a.json, "json", false, "print one JSON document instead of a table")
 	f.DurationVar(&a.retention, "retention", idem.DefaultRetention, "retention window of the program (Options.Retention)")
 	f.StringVar(&a.recovery, "recovery", "reexecute", "recovery policy of the program (Options.Recovery): reexecute or refuse")
-	a.addRemoteFlags(f)
 
 	for _, sub := range subcommands {
 		c := sub(a)

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -58,8 +57,16 @@ type remoteFlags struct {
 	conn *remote
 }
 
-// addRemoteFlags adds --url and --token to the root command.
-func (a *app) addRemoteFlags(f *pflag.FlagSet) {
+// addRemote adds --url and --token to the root command, and says so in its
+// help.
+func (a *app) addRemote(root *cobra.Command) {
+	root.Long += `
+
+With --url, stats, get, forget, resolve and outbox ls|get|retry|drop talk to a
+running program's admin handler (idemhttp.Admin) instead of a file, sending
+--token (or $IDEM_TOKEN) as a bearer token; the retention window is then the
+server's.`
+	f := root.PersistentFlags()
 	f.StringVar(&a.remote.url, "url", "", "talk to a running program's admin handler at this URL instead of opening --db ($IDEM_URL)")
 	f.StringVar(&a.remote.token, "token", "", "bearer token for --url, handed to the handler's authorization function ($IDEM_TOKEN; the variable keeps it out of ps)")
 }
@@ -81,6 +88,7 @@ func (a *app) resolveRemote(cmd *cobra.Command) error {
 	if cmd.Flags().Changed("db") {
 		return &usageError{errors.New("give --db or --url, not both")}
 	}
+	a.db = r.url // where the commands say they read (stats' "file")
 	u, err := url.Parse(r.url)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return &usageError{fmt.Errorf("--url must be an http or https URL, such as http://127.0.0.1:8080/admin/idem, not %q", r.url)}
@@ -115,12 +123,13 @@ func (a *app) openOperator() (operator, error) {
 	return rm, nil
 }
 
-// location names where the commands read: the file, or the URL.
-func (a *app) location() string {
+// sizeOf is the file's size for stats: on disk, or with --url the size in
+// use that the server reports (s.FileSize).
+func (a *app) sizeOf(s idem.Stats) (int64, error) {
 	if a.remote.url != "" {
-		return a.remote.url
+		return s.FileSize, nil
 	}
-	return a.db
+	return fileSize(a.db)
 }
 
 // hiddenResponse reports the size of key's response when the server hides

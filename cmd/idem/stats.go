@@ -58,15 +58,13 @@ func (a *app) stats() error {
 		return err
 	}
 	// The size on disk, which is what compact shrinks (Stats.FileSize is
-	// the size bbolt maps, up to the last page in use); with --url, that.
-	if a.remote.url == "" {
-		size, err := fileSize(a.db)
-		if err != nil {
-			return err
-		}
-		s.FileSize = size
+	// the size bbolt maps, up to the last page in use).
+	size, err := a.sizeOf(s)
+	if err != nil {
+		return err
 	}
-	out := statsJSON{Path: a.location(), FileSize: s.FileSize, Retention: a.retention.String()}
+	s.FileSize = size
+	out := statsJSON{Path: a.db, FileSize: s.FileSize, Retention: a.retention.String()}
 	out.Records.Live = s.Started + s.Done
 	out.Records.Started, out.Records.Done = s.Started, s.Done
 	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
@@ -78,7 +76,7 @@ func (a *app) stats() error {
 		return a.printJSON(out)
 	}
 	w := a.table()
-	fmt.Fprintf(w, "file\t%s (%s)\n", a.location(), fmtBytes(s.FileSize))
+	fmt.Fprintf(w, "file\t%s (%s)\n", a.db, fmtBytes(s.FileSize))
 	fmt.Fprintf(w, "records\t%d live: %d started, %d done\n", out.Records.Live, s.Started, s.Done)
 	fmt.Fprintf(w, "expired\t%d awaiting prune (retention %v)\n", s.ExpiredPending, a.retention)
 	corrupt := fmt.Sprint(s.Corrupt)
