@@ -418,9 +418,7 @@ func (a *admin) record(rec *idem.Record) AdminRecord {
 		StartedAt:   rec.StartedAt.UTC(),
 		CompletedAt: adminTime(rec.CompletedAt),
 	}
-	if rec.State == idem.StateDone {
-		out.ExpiresAt = adminTime(rec.ExpiresAt(a.op.Retention()))
-	}
+	out.ExpiresAt = adminTime(rec.ExpiresAt(a.op.Retention()))
 	if rec.Err != nil {
 		out.Error = &AdminErrorJSON{Code: rec.Err.Code, Message: rec.Err.Message}
 	}

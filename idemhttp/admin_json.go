@@ -86,10 +86,11 @@ type AdminRecord struct {
 	Fingerprint string     `json:"fingerprint"`
 	StartedAt   time.Time  `json:"started_at"`
 	CompletedAt *time.Time `json:"completed_at"` // null while started
-	// ExpiresAt is when a done record leaves the retention window; null for
-	// a started record, which expires a window after StartedAt under
-	// idem.RecoverReexecute and never under idem.RecoverRefuse (a policy
-	// the handler does not know).
+	// ExpiresAt is when the record leaves the retention window, as
+	// idem.Record.ExpiresAt says with the engine's Retention; null for never.
+	// For a started record it is a window after StartedAt: under
+	// idem.RecoverRefuse such a record stays until resolved, a policy the
+	// record does not carry in this version.
 	ExpiresAt *time.Time `json:"expires_at"`
 	// Error is the stored *idem.Error, null if none.
 	Error *AdminErrorJSON `json:"error"`

@@ -58,6 +58,9 @@ func (a *app) get(key string, raw bool) (err error) {
 	if hidden {
 		out.ResponseSize, out.ResponseHidden = &n, true
 	}
+	if at, ok := a.serverExpiry(key); ok {
+		out.ExpiresAt = at
+	}
 	if a.json {
 		return a.printJSON(out)
 	}

@@ -52,6 +52,9 @@ type remoteFlags struct {
 	url   string
 	token string
 	ctx   context.Context
+	// keepRetention: --retention was given, or is zero (each record's own
+	// window): the server's window does not replace it.
+	keepRetention bool
 	// conn is the connection made by openOperator, for the renderings that
 	// depend on what the server hides.
 	conn *remote
@@ -76,6 +79,7 @@ server's.`
 func (a *app) resolveRemote(cmd *cobra.Command) error {
 	r := &a.remote
 	r.ctx = cmd.Context()
+	r.keepRetention = cmd.Flags().Changed("retention") || a.retention == 0
 	if !cmd.Flags().Changed("url") && !cmd.Flags().Changed("db") {
 		r.url = a.getenv("IDEM_URL") // --db given: the file, whatever the environment says
 	}
@@ -100,7 +104,7 @@ func (a *app) resolveRemote(cmd *cobra.Command) error {
 }
 
 // openOperator opens the file at --db, or connects to --url: the server's
-// retention window then replaces --retention.
+// retention window then replaces the default of --retention.
 func (a *app) openOperator() (operator, error) {
 	if a.remote.url == "" {
 		return a.openEngine()
@@ -116,7 +120,7 @@ func (a *app) openOperator() (operator, error) {
 		return nil, err
 	}
 	rm.retention = time.Duration(idx.RetentionSeconds * float64(time.Second))
-	if rm.retention > 0 {
+	if rm.retention > 0 && !a.remote.keepRetention {
 		a.retention = rm.retention
 	}
 	a.remote.conn = rm
@@ -142,6 +146,16 @@ func (a *app) hiddenResponse(key string) (int, bool) {
 	return n, ok
 }
 
+// serverExpiry is when key's record expires as the server judges it (nil:
+// never), with --url: the server knows the engine's window and each record's.
+func (a *app) serverExpiry(key string) (*time.Time, bool) {
+	if a.remote.conn == nil {
+		return nil, false
+	}
+	at, ok := a.remote.conn.expiries[key]
+	return at, ok
+}
+
 // hiddenPayload is hiddenResponse for message seq's payload.
 func (a *app) hiddenPayload(seq uint64) (int, bool) {
 	if a.remote.conn == nil {
@@ -163,6 +177,9 @@ type remote struct {
 	// The sizes of what the server hid, by key and by seq.
 	hiddenResponses map[string]int
 	hiddenPayloads  map[uint64]int
+	// expiries are the records' expiry times as the server judges them, by
+	// key (nil: never).
+	expiries map[string]*time.Time
 }
 
 func (r *remote) Close() error { return nil }
@@ -273,6 +290,10 @@ func (r *remote) record(a *idemhttp.AdminRecord) (*idem.Record, error) {
 	if a.Error != nil {
 		rec.Err = &idem.Error{Code: a.Error.Code, Message: a.Error.Message}
 	}
+	if r.expiries == nil {
+		r.expiries = map[string]*time.Time{}
+	}
+	r.expiries[a.Key] = a.ExpiresAt
 	if a.ResponseHidden && a.ResponseSize != nil {
 		if r.hiddenResponses == nil {
 			r.hiddenResponses = map[string]int{}
