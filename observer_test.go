@@ -14,20 +14,20 @@ import (
 	"github.com/idemkit/idem/internal/testkit"
 )
 
-// recorder is an Observer that keeps every event.
-type recorder struct {
+// eventRecorder is an Observer that keeps every event.
+type eventRecorder struct {
 	mu     sync.Mutex
 	events []idem.Event
 }
 
-func (r *recorder) Observe(ev idem.Event) {
+func (r *eventRecorder) Observe(ev idem.Event) {
 	r.mu.Lock()
 	r.events = append(r.events, ev)
 	r.mu.Unlock()
 }
 
 // of returns the events of kind.
-func (r *recorder) of(kind idem.EventKind) []idem.Event {
+func (r *eventRecorder) of(kind idem.EventKind) []idem.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var out []idem.Event
@@ -39,14 +39,14 @@ func (r *recorder) of(kind idem.EventKind) []idem.Event {
 	return out
 }
 
-func (r *recorder) all() []idem.Event {
+func (r *eventRecorder) all() []idem.Event {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]idem.Event(nil), r.events...)
 }
 
 func TestObserverCalls(t *testing.T) {
-	rec := &recorder{}
+	rec := &eventRecorder{}
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Now: clock.Now, PruneInterval: -1, Observer: rec})
 	bg := context.Background()
@@ -104,7 +104,7 @@ func TestObserverCalls(t *testing.T) {
 
 func TestObserverDuplicates(t *testing.T) {
 	for _, policy := range []idem.InFlightPolicy{idem.InFlightWait, idem.InFlightFail} {
-		rec := &recorder{}
+		rec := &eventRecorder{}
 		e, _ := testkit.Open(t, &idem.Options{NoSync: true, InFlight: policy, Observer: rec})
 		running, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error, 1)
@@ -142,7 +142,7 @@ func TestObserverDuplicates(t *testing.T) {
 }
 
 func TestObserverOutbox(t *testing.T) {
-	rec := &recorder{}
+	rec := &eventRecorder{}
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true, PruneInterval: -1, Observer: rec, Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 2, BaseBackoff: time.Nanosecond,
 		Handlers: map[string]idem.Handler{

@@ -35,18 +35,18 @@ func adminServer(t *testing.T, e idemhttp.Operator, opts *idemhttp.AdminOptions)
 	return srv.URL + "/admin"
 }
 
-func bearerOpts(show bool) *idemhttp.AdminOptions {
+func adminBearerOpts(show bool) *idemhttp.AdminOptions {
 	return &idemhttp.AdminOptions{Authorize: idemhttp.AllowBearer(adminToken), ShowResponses: show}
 }
 
-type reply struct {
+type adminReply struct {
 	status int
 	header http.Header
 	body   []byte
 }
 
-// call sends one request with a real client; body, if not nil, goes as JSON.
-func call(t *testing.T, method, u, token string, body any) reply {
+// adminCall sends one request with a real client; body, if not nil, goes as JSON.
+func adminCall(t *testing.T, method, u, token string, body any) adminReply {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -67,10 +67,10 @@ func call(t *testing.T, method, u, token string, body any) reply {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return reply{resp.StatusCode, resp.Header, b}
+	return adminReply{resp.StatusCode, resp.Header, b}
 }
 
-func decodeAs[T any](t *testing.T, r reply) T {
+func adminDecode[T any](t *testing.T, r adminReply) T {
 	t.Helper()
 	var v T
 	dec := json.NewDecoder(bytes.NewReader(r.body))
@@ -79,31 +79,31 @@ func decodeAs[T any](t *testing.T, r reply) T {
 	return v
 }
 
-// problem checks that r is a problem details answer with status and code.
-func problem(t *testing.T, r reply, status int, code string) idemhttp.AdminProblem {
+// adminProblemOf checks that r is a problem details answer with status and code.
+func adminProblemOf(t *testing.T, r adminReply, status int, code string) idemhttp.AdminProblem {
 	t.Helper()
 	require.Equal(t, status, r.status, "body: %s", r.body)
 	require.Equal(t, "application/problem+json", r.header.Get("Content-Type"))
-	p := decodeAs[idemhttp.AdminProblem](t, r)
+	p := adminDecode[idemhttp.AdminProblem](t, r)
 	require.Equal(t, code, p.Code)
 	require.Equal(t, status, p.Status)
 	require.True(t, strings.HasSuffix(p.Type, "#AdminProblem-"+code), p.Type)
 	return p
 }
 
-func keyURL(base, route, key string) string {
+func adminKeyURL(base, route, key string) string {
 	return base + route + "?key=" + url.QueryEscape(key)
 }
 
-// seed stores a done record for key with resp.
-func seed(t *testing.T, e *idem.Engine, key string, resp []byte) {
+// adminSeed stores a done record for key with resp.
+func adminSeed(t *testing.T, e *idem.Engine, key string, resp []byte) {
 	t.Helper()
 	_, err := e.Do(context.Background(), key, []byte("args"), func(context.Context) ([]byte, error) { return resp, nil })
 	require.NoError(t, err)
 }
 
-// interrupt leaves key as an interrupted execution: its fn panics.
-func interrupt(t *testing.T, e *idem.Engine, key string) {
+// adminInterrupt leaves key as an interrupted execution: its fn panics.
+func adminInterrupt(t *testing.T, e *idem.Engine, key string) {
 	t.Helper()
 	func() {
 		defer func() { require.NotNil(t, recover()) }()
@@ -114,8 +114,8 @@ func interrupt(t *testing.T, e *idem.Engine, key string) {
 	require.Equal(t, idem.StateStarted, rec.State)
 }
 
-// writeRoutes are every route that changes state, as method and path.
-var writeRoutes = []struct{ method, path string }{
+// adminWriteRoutes are every route that changes state, as method and path.
+var adminWriteRoutes = []struct{ method, path string }{
 	{http.MethodDelete, "/records?key=order-1"},
 	{http.MethodPost, "/records/resolve?key=order-2"},
 	{http.MethodPost, "/outbox/1/retry"},
@@ -124,23 +124,23 @@ var writeRoutes = []struct{ method, path string }{
 
 func TestAdminRefusesEveryRequestByDefault(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
-	seed(t, e, "order-1", []byte("r1"))
-	interrupt(t, e, "order-2")
+	adminSeed(t, e, "order-1", []byte("r1"))
+	adminInterrupt(t, e, "order-2")
 	for name, opts := range map[string]*idemhttp.AdminOptions{
 		"nil options":        nil,
 		"nil Authorize":      {ShowResponses: true},
 		"empty bearer":       {Authorize: idemhttp.AllowBearer("")},
-		"wrong bearer":       bearerOpts(true),
+		"wrong bearer":       adminBearerOpts(true),
 		"refusing Authorize": {Authorize: func(*http.Request, idemhttp.AdminAction) bool { return false }},
 	} {
 		t.Run(name, func(t *testing.T) {
 			base := adminServer(t, e, opts)
 			for _, path := range []string{"/", "/stats", "/records?key=order-1", "/outbox", "/outbox/1"} {
-				p := problem(t, call(t, http.MethodGet, base+path, "wrong", nil), http.StatusForbidden, "forbidden")
+				p := adminProblemOf(t, adminCall(t, http.MethodGet, base+path, "wrong", nil), http.StatusForbidden, "forbidden")
 				require.NotContains(t, p.Detail, "r1")
 			}
-			for _, wr := range writeRoutes {
-				problem(t, call(t, wr.method, base+wr.path, "wrong", map[string]any{"response": "x"}), http.StatusForbidden, "forbidden")
+			for _, wr := range adminWriteRoutes {
+				adminProblemOf(t, adminCall(t, wr.method, base+wr.path, "wrong", map[string]any{"response": "x"}), http.StatusForbidden, "forbidden")
 			}
 		})
 	}
@@ -154,7 +154,7 @@ func TestAdminRefusesEveryRequestByDefault(t *testing.T) {
 
 func TestAdminAuthorizeSeesTheAction(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
-	seed(t, e, "order-1", []byte("r1"))
+	adminSeed(t, e, "order-1", []byte("r1"))
 	var mu sync.Mutex
 	var seen []idemhttp.AdminAction
 	readOnly := func(r *http.Request, a idemhttp.AdminAction) bool {
@@ -164,8 +164,8 @@ func TestAdminAuthorizeSeesTheAction(t *testing.T) {
 		return a == idemhttp.AdminRead
 	}
 	base := adminServer(t, e, &idemhttp.AdminOptions{Authorize: readOnly})
-	require.Equal(t, http.StatusOK, call(t, http.MethodGet, keyURL(base, "/records", "order-1"), "", nil).status)
-	problem(t, call(t, http.MethodDelete, keyURL(base, "/records", "order-1"), "", nil), http.StatusForbidden, "forbidden")
+	require.Equal(t, http.StatusOK, adminCall(t, http.MethodGet, adminKeyURL(base, "/records", "order-1"), "", nil).status)
+	adminProblemOf(t, adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "order-1"), "", nil), http.StatusForbidden, "forbidden")
 	require.Equal(t, []idemhttp.AdminAction{idemhttp.AdminRead, idemhttp.AdminWrite}, seen)
 	_, err := e.Get("order-1")
 	require.NoError(t, err, "a read-only caller forgot nothing")
@@ -173,12 +173,12 @@ func TestAdminAuthorizeSeesTheAction(t *testing.T) {
 
 func TestAdminNoGetChangesState(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
-	seed(t, e, "order-1", []byte("r1"))
-	interrupt(t, e, "order-2")
-	base := adminServer(t, e, bearerOpts(true))
-	for _, wr := range writeRoutes {
+	adminSeed(t, e, "order-1", []byte("r1"))
+	adminInterrupt(t, e, "order-2")
+	base := adminServer(t, e, adminBearerOpts(true))
+	for _, wr := range adminWriteRoutes {
 		for _, m := range []string{http.MethodGet, http.MethodHead} {
-			r := call(t, m, base+wr.path, adminToken, nil)
+			r := adminCall(t, m, base+wr.path, adminToken, nil)
 			if wr.method == http.MethodDelete {
 				// GET on a DELETE route's path is the read of the resource.
 				require.Contains(t, []int{http.StatusOK, http.StatusNotFound}, r.status, "%s %s", m, wr.path)
@@ -189,7 +189,7 @@ func TestAdminNoGetChangesState(t *testing.T) {
 		}
 	}
 	// A write method on a read route is refused too.
-	require.Equal(t, http.StatusMethodNotAllowed, call(t, http.MethodPost, base+"/stats", adminToken, nil).status)
+	require.Equal(t, http.StatusMethodNotAllowed, adminCall(t, http.MethodPost, base+"/stats", adminToken, nil).status)
 	rec, err := e.Get("order-1")
 	require.NoError(t, err)
 	require.Equal(t, idem.StateDone, rec.State)
@@ -200,17 +200,17 @@ func TestAdminNoGetChangesState(t *testing.T) {
 
 func TestAdminRecordResponseShownOnlyByOption(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Retention: time.Hour})
-	seed(t, e, "text", []byte(`{"order":"o-1"}`))
-	seed(t, e, "binary", []byte("\xff\x00\xfe"))
-	seed(t, e, "empty", []byte{})
-	seed(t, e, "none", nil)
+	adminSeed(t, e, "text", []byte(`{"order":"o-1"}`))
+	adminSeed(t, e, "binary", []byte("\xff\x00\xfe"))
+	adminSeed(t, e, "empty", []byte{})
+	adminSeed(t, e, "none", nil)
 	_, err := e.Do(context.Background(), "declined", nil, func(context.Context) ([]byte, error) {
 		return nil, idem.WithCode(errors.New("card declined"), "card_declined")
 	})
 	require.Error(t, err)
 
-	hidden := adminServer(t, e, bearerOpts(false))
-	shown := adminServer(t, e, bearerOpts(true))
+	hidden := adminServer(t, e, adminBearerOpts(false))
+	shown := adminServer(t, e, adminBearerOpts(true))
 	size := func(n int) *int { return &n }
 	str := func(s string) *string { return &s }
 	tests := []struct {
@@ -227,10 +227,10 @@ func TestAdminRecordResponseShownOnlyByOption(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.key, func(t *testing.T) {
-			r := call(t, http.MethodGet, keyURL(hidden, "/records", tt.key), adminToken, nil)
+			r := adminCall(t, http.MethodGet, adminKeyURL(hidden, "/records", tt.key), adminToken, nil)
 			require.Equal(t, http.StatusOK, r.status)
 			require.Equal(t, "no-store", r.header.Get("Cache-Control"))
-			rec := decodeAs[idemhttp.AdminRecord](t, r)
+			rec := adminDecode[idemhttp.AdminRecord](t, r)
 			require.Equal(t, tt.key, rec.Key)
 			require.Equal(t, "done", rec.State)
 			require.Equal(t, tt.size, rec.ResponseSize)
@@ -240,7 +240,7 @@ func TestAdminRecordResponseShownOnlyByOption(t *testing.T) {
 				require.NotContains(t, string(r.body), *tt.response+`"`, "hidden means absent from the bytes")
 			}
 
-			rec = decodeAs[idemhttp.AdminRecord](t, call(t, http.MethodGet, keyURL(shown, "/records", tt.key), adminToken, nil))
+			rec = adminDecode[idemhttp.AdminRecord](t, adminCall(t, http.MethodGet, adminKeyURL(shown, "/records", tt.key), adminToken, nil))
 			require.Equal(t, tt.size, rec.ResponseSize)
 			require.Equal(t, tt.response, rec.Response)
 			require.Equal(t, tt.encoding, rec.ResponseEncoding)
@@ -249,41 +249,41 @@ func TestAdminRecordResponseShownOnlyByOption(t *testing.T) {
 			require.Equal(t, rec.CompletedAt.Add(time.Hour), *rec.ExpiresAt)
 		})
 	}
-	rec := decodeAs[idemhttp.AdminRecord](t, call(t, http.MethodGet, keyURL(hidden, "/records", "declined"), adminToken, nil))
+	rec := adminDecode[idemhttp.AdminRecord](t, adminCall(t, http.MethodGet, adminKeyURL(hidden, "/records", "declined"), adminToken, nil))
 	require.Equal(t, &idemhttp.AdminErrorJSON{Code: "card_declined", Message: "card declined"}, rec.Error)
 
-	idx := decodeAs[idemhttp.AdminIndex](t, call(t, http.MethodGet, hidden+"/", adminToken, nil))
+	idx := adminDecode[idemhttp.AdminIndex](t, adminCall(t, http.MethodGet, hidden+"/", adminToken, nil))
 	require.Equal(t, idemhttp.AdminIndex{Retention: "1h0m0s", RetentionSeconds: 3600, ShowResponses: false}, idx)
 }
 
 func TestAdminKeysTravelEscaped(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
-	base := adminServer(t, e, bearerOpts(true))
+	base := adminServer(t, e, adminBearerOpts(true))
 	for _, key := range []string{"a/b/../c", "with space&x=1?#", "ключ-%2F", ".."} {
-		seed(t, e, key, []byte("v"))
-		rec := decodeAs[idemhttp.AdminRecord](t, call(t, http.MethodGet, keyURL(base, "/records", key), adminToken, nil))
+		adminSeed(t, e, key, []byte("v"))
+		rec := adminDecode[idemhttp.AdminRecord](t, adminCall(t, http.MethodGet, adminKeyURL(base, "/records", key), adminToken, nil))
 		require.Equal(t, key, rec.Key)
-		require.Equal(t, http.StatusOK, call(t, http.MethodDelete, keyURL(base, "/records", key), adminToken, nil).status)
+		require.Equal(t, http.StatusOK, adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", key), adminToken, nil).status)
 		_, err := e.Get(key)
 		require.ErrorIs(t, err, idem.ErrNotFound, key)
 	}
-	problem(t, call(t, http.MethodGet, base+"/records", adminToken, nil), http.StatusBadRequest, "bad_request")
-	problem(t, call(t, http.MethodGet, base+"/records?key=a&key=b", adminToken, nil), http.StatusBadRequest, "bad_request")
-	p := problem(t, call(t, http.MethodGet, keyURL(base, "/records", ""), adminToken, nil), http.StatusBadRequest, "invalid_key")
+	adminProblemOf(t, adminCall(t, http.MethodGet, base+"/records", adminToken, nil), http.StatusBadRequest, "bad_request")
+	adminProblemOf(t, adminCall(t, http.MethodGet, base+"/records?key=a&key=b", adminToken, nil), http.StatusBadRequest, "bad_request")
+	p := adminProblemOf(t, adminCall(t, http.MethodGet, adminKeyURL(base, "/records", ""), adminToken, nil), http.StatusBadRequest, "invalid_key")
 	require.Equal(t, "get", p.Op)
 }
 
 func TestAdminForget(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
-	seed(t, e, "order-1", []byte("r1"))
-	base := adminServer(t, e, bearerOpts(false))
-	r := call(t, http.MethodDelete, keyURL(base, "/records", "order-1"), adminToken, nil)
+	adminSeed(t, e, "order-1", []byte("r1"))
+	base := adminServer(t, e, adminBearerOpts(false))
+	r := adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "order-1"), adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status)
 	require.JSONEq(t, `{"key":"order-1","forgotten":true}`, string(r.body))
-	p := problem(t, call(t, http.MethodGet, keyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
+	p := adminProblemOf(t, adminCall(t, http.MethodGet, adminKeyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
 	require.Equal(t, idemhttp.AdminProblem{Type: p.Type, Title: "Not Found", Status: 404, Detail: "idem: record not found",
 		Code: "not_found", Op: "get", Key: "order-1"}, p)
-	problem(t, call(t, http.MethodDelete, keyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
 
 	ran := false
 	_, err := e.Do(context.Background(), "order-1", []byte("args"), func(context.Context) ([]byte, error) { ran = true; return nil, nil })
@@ -293,7 +293,7 @@ func TestAdminForget(t *testing.T) {
 
 func TestAdminForgetWhileRunningIsInProgress(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true, RetryAfter: 1500 * time.Millisecond})
-	base := adminServer(t, e, bearerOpts(false))
+	base := adminServer(t, e, adminBearerOpts(false))
 	running, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
@@ -305,9 +305,9 @@ func TestAdminForgetWhileRunningIsInProgress(t *testing.T) {
 		done <- err
 	}()
 	<-running
-	r := call(t, http.MethodDelete, keyURL(base, "/records", "slow"), adminToken, nil)
+	r := adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "slow"), adminToken, nil)
 	close(release)
-	problem(t, r, http.StatusConflict, "in_progress")
+	adminProblemOf(t, r, http.StatusConflict, "in_progress")
 	require.NotEmpty(t, r.header.Get("Retry-After"))
 	require.NoError(t, <-done)
 	rec, err := e.Get("slow")
@@ -318,13 +318,13 @@ func TestAdminForgetWhileRunningIsInProgress(t *testing.T) {
 func TestAdminResolve(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Recovery: idem.RecoverRefuse})
 	base := adminServer(t, e, &idemhttp.AdminOptions{Authorize: idemhttp.AllowBearer(adminToken), MaxBody: 1024})
-	interrupt(t, e, "order-1")
-	interrupt(t, e, "order-2")
-	interrupt(t, e, "order-3")
-	seed(t, e, "done", []byte("d"))
+	adminInterrupt(t, e, "order-1")
+	adminInterrupt(t, e, "order-2")
+	adminInterrupt(t, e, "order-3")
+	adminSeed(t, e, "done", []byte("d"))
 
 	t.Run("refusals change nothing", func(t *testing.T) {
-		u := keyURL(base, "/records/resolve", "order-1")
+		u := adminKeyURL(base, "/records/resolve", "order-1")
 		req, err := http.NewRequest(http.MethodPost, u, strings.NewReader(`{"response":"x"}`))
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+adminToken)
@@ -334,19 +334,19 @@ func TestAdminResolve(t *testing.T) {
 		resp.Body.Close()
 		require.Equal(t, http.StatusUnsupportedMediaType, resp.StatusCode)
 
-		problem(t, call(t, http.MethodPost, u, adminToken, map[string]any{"respnse": "typo"}), http.StatusBadRequest, "bad_request")
-		problem(t, call(t, http.MethodPost, u, adminToken, map[string]any{"response": "!", "response_encoding": "base64"}), http.StatusBadRequest, "bad_request")
-		problem(t, call(t, http.MethodPost, u, adminToken, map[string]any{"response": "x", "response_encoding": "latin1"}), http.StatusBadRequest, "bad_request")
-		problem(t, call(t, http.MethodPost, u, adminToken, map[string]any{"response": strings.Repeat("x", 2048)}), http.StatusRequestEntityTooLarge, "too_large")
+		adminProblemOf(t, adminCall(t, http.MethodPost, u, adminToken, map[string]any{"respnse": "typo"}), http.StatusBadRequest, "bad_request")
+		adminProblemOf(t, adminCall(t, http.MethodPost, u, adminToken, map[string]any{"response": "!", "response_encoding": "base64"}), http.StatusBadRequest, "bad_request")
+		adminProblemOf(t, adminCall(t, http.MethodPost, u, adminToken, map[string]any{"response": "x", "response_encoding": "latin1"}), http.StatusBadRequest, "bad_request")
+		adminProblemOf(t, adminCall(t, http.MethodPost, u, adminToken, map[string]any{"response": strings.Repeat("x", 2048)}), http.StatusRequestEntityTooLarge, "too_large")
 		rec, err := e.Get("order-1")
 		require.NoError(t, err)
 		require.Equal(t, idem.StateStarted, rec.State)
 	})
 
 	t.Run("with a response", func(t *testing.T) {
-		r := call(t, http.MethodPost, keyURL(base, "/records/resolve", "order-1"), adminToken, map[string]any{"response": "/wD+", "response_encoding": "base64"})
+		r := adminCall(t, http.MethodPost, adminKeyURL(base, "/records/resolve", "order-1"), adminToken, map[string]any{"response": "/wD+", "response_encoding": "base64"})
 		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
-		rec := decodeAs[idemhttp.AdminRecord](t, r)
+		rec := adminDecode[idemhttp.AdminRecord](t, r)
 		require.Equal(t, "done", rec.State)
 		require.Equal(t, 3, *rec.ResponseSize)
 		res, err := e.Do(context.Background(), "order-1", []byte("args"), func(context.Context) ([]byte, error) { panic("must not run") })
@@ -356,7 +356,7 @@ func TestAdminResolve(t *testing.T) {
 	})
 
 	t.Run("with an error", func(t *testing.T) {
-		r := call(t, http.MethodPost, keyURL(base, "/records/resolve", "order-2"), adminToken,
+		r := adminCall(t, http.MethodPost, adminKeyURL(base, "/records/resolve", "order-2"), adminToken,
 			map[string]any{"error": map[string]string{"code": "card_declined", "message": "declined downstream"}})
 		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 		_, err := e.Do(context.Background(), "order-2", []byte("args"), func(context.Context) ([]byte, error) { panic("must not run") })
@@ -367,7 +367,7 @@ func TestAdminResolve(t *testing.T) {
 	})
 
 	t.Run("empty is not none", func(t *testing.T) {
-		r := call(t, http.MethodPost, keyURL(base, "/records/resolve", "order-3"), adminToken, map[string]any{"response": ""})
+		r := adminCall(t, http.MethodPost, adminKeyURL(base, "/records/resolve", "order-3"), adminToken, map[string]any{"response": ""})
 		require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 		rec, err := e.Get("order-3")
 		require.NoError(t, err)
@@ -376,21 +376,21 @@ func TestAdminResolve(t *testing.T) {
 	})
 
 	t.Run("a done record", func(t *testing.T) {
-		p := problem(t, call(t, http.MethodPost, keyURL(base, "/records/resolve", "done"), adminToken, map[string]any{"response": "x"}),
+		p := adminProblemOf(t, adminCall(t, http.MethodPost, adminKeyURL(base, "/records/resolve", "done"), adminToken, map[string]any{"response": "x"}),
 			http.StatusConflict, "wrong_state")
 		require.Equal(t, "resolve", p.Op)
-		problem(t, call(t, http.MethodPost, keyURL(base, "/records/resolve", "nothing"), adminToken, map[string]any{}),
+		adminProblemOf(t, adminCall(t, http.MethodPost, adminKeyURL(base, "/records/resolve", "nothing"), adminToken, map[string]any{}),
 			http.StatusNotFound, "not_found")
 	})
 }
 
 func TestAdminStats(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
-	seed(t, e, "a", []byte("1"))
-	seed(t, e, "a", []byte("1")) // a replay
-	interrupt(t, e, "b")
-	base := adminServer(t, e, bearerOpts(false))
-	s := decodeAs[idemhttp.AdminStats](t, call(t, http.MethodGet, base+"/stats", adminToken, nil))
+	adminSeed(t, e, "a", []byte("1"))
+	adminSeed(t, e, "a", []byte("1")) // a replay
+	adminInterrupt(t, e, "b")
+	base := adminServer(t, e, adminBearerOpts(false))
+	s := adminDecode[idemhttp.AdminStats](t, adminCall(t, http.MethodGet, base+"/stats", adminToken, nil))
 	require.Equal(t, 1, s.Records.Started)
 	require.Equal(t, 1, s.Records.Done)
 	require.Equal(t, uint64(2), s.SinceOpen.Executions)
@@ -399,10 +399,10 @@ func TestAdminStats(t *testing.T) {
 	require.Equal(t, "24h0m0s", s.Retention)
 }
 
-// deadLetters opens an engine whose "charge" handler always fails once,
+// adminDeadLetters opens an engine whose "charge" handler always fails once,
 // enqueues one charge per key and one "email" message (no handler: it stays
 // pending), and waits until the charges are dead letters.
-func deadLetters(t *testing.T, keys ...string) *idem.Engine {
+func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 	t.Helper()
 	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
@@ -433,11 +433,11 @@ func deadLetters(t *testing.T, keys ...string) *idem.Engine {
 }
 
 func TestAdminOutbox(t *testing.T) {
-	e := deadLetters(t, "order-1", "order-2")
-	hidden := adminServer(t, e, bearerOpts(false))
-	shown := adminServer(t, e, bearerOpts(true))
+	e := adminDeadLetters(t, "order-1", "order-2")
+	hidden := adminServer(t, e, adminBearerOpts(false))
+	shown := adminServer(t, e, adminBearerOpts(true))
 
-	all := decodeAs[idemhttp.AdminMessages](t, call(t, http.MethodGet, hidden+"/outbox", adminToken, nil))
+	all := adminDecode[idemhttp.AdminMessages](t, adminCall(t, http.MethodGet, hidden+"/outbox", adminToken, nil))
 	require.Equal(t, 3, all.Matched)
 	require.Len(t, all.Messages, 3)
 	require.Equal(t, "email", all.Messages[0].Topic, "pending first")
@@ -448,9 +448,9 @@ func TestAdminOutbox(t *testing.T) {
 		require.True(t, m.PayloadHidden)
 		require.Nil(t, m.Payload)
 	}
-	require.NotContains(t, string(call(t, http.MethodGet, hidden+"/outbox", adminToken, nil).body), "pay order")
+	require.NotContains(t, string(adminCall(t, http.MethodGet, hidden+"/outbox", adminToken, nil).body), "pay order")
 
-	dead := decodeAs[idemhttp.AdminMessages](t, call(t, http.MethodGet, shown+"/outbox?state=dead&limit=1", adminToken, nil))
+	dead := adminDecode[idemhttp.AdminMessages](t, adminCall(t, http.MethodGet, shown+"/outbox?state=dead&limit=1", adminToken, nil))
 	require.Equal(t, 2, dead.Matched)
 	require.Len(t, dead.Messages, 1)
 	first := dead.Messages[0]
@@ -459,33 +459,33 @@ func TestAdminOutbox(t *testing.T) {
 	require.Equal(t, "pay order-1", *first.Payload)
 	require.Equal(t, "utf-8", first.PayloadEncoding)
 
-	pending := decodeAs[idemhttp.AdminMessages](t, call(t, http.MethodGet, shown+"/outbox?state=pending&topic=email", adminToken, nil))
+	pending := adminDecode[idemhttp.AdminMessages](t, adminCall(t, http.MethodGet, shown+"/outbox?state=pending&topic=email", adminToken, nil))
 	require.Len(t, pending.Messages, 1)
 	mail := pending.Messages[0]
 	require.Equal(t, "base64", mail.PayloadEncoding)
-	none := decodeAs[idemhttp.AdminMessages](t, call(t, http.MethodGet, shown+"/outbox?topic=sms", adminToken, nil))
+	none := adminDecode[idemhttp.AdminMessages](t, adminCall(t, http.MethodGet, shown+"/outbox?topic=sms", adminToken, nil))
 	require.Zero(t, none.Matched)
 	require.NotNil(t, none.Messages)
-	problem(t, call(t, http.MethodGet, shown+"/outbox?state=gone", adminToken, nil), http.StatusBadRequest, "bad_request")
-	problem(t, call(t, http.MethodGet, shown+"/outbox?limit=-1", adminToken, nil), http.StatusBadRequest, "bad_request")
+	adminProblemOf(t, adminCall(t, http.MethodGet, shown+"/outbox?state=gone", adminToken, nil), http.StatusBadRequest, "bad_request")
+	adminProblemOf(t, adminCall(t, http.MethodGet, shown+"/outbox?limit=-1", adminToken, nil), http.StatusBadRequest, "bad_request")
 
-	seqURL := func(seq uint64) string { return hidden + "/outbox/" + itoa(seq) }
-	one := decodeAs[idemhttp.AdminMessage](t, call(t, http.MethodGet, seqURL(first.Seq), adminToken, nil))
+	seqURL := func(seq uint64) string { return hidden + "/outbox/" + adminItoa(seq) }
+	one := adminDecode[idemhttp.AdminMessage](t, adminCall(t, http.MethodGet, seqURL(first.Seq), adminToken, nil))
 	require.Equal(t, first.Key, one.Key)
-	problem(t, call(t, http.MethodGet, hidden+"/outbox/999", adminToken, nil), http.StatusNotFound, "not_found")
-	problem(t, call(t, http.MethodGet, hidden+"/outbox/x", adminToken, nil), http.StatusBadRequest, "bad_request")
+	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/999", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/x", adminToken, nil), http.StatusBadRequest, "bad_request")
 
 	// A pending message is neither retried nor dropped.
-	problem(t, call(t, http.MethodPost, seqURL(mail.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
-	problem(t, call(t, http.MethodDelete, seqURL(mail.Seq), adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(mail.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodDelete, seqURL(mail.Seq), adminToken, nil), http.StatusNotFound, "not_found")
 
-	r := call(t, http.MethodDelete, seqURL(dead.Messages[0].Seq), adminToken, nil)
+	r := adminCall(t, http.MethodDelete, seqURL(dead.Messages[0].Seq), adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
-	require.JSONEq(t, `{"op":"drop","seq":`+itoa(first.Seq)+`}`, string(r.body))
+	require.JSONEq(t, `{"op":"drop","seq":`+adminItoa(first.Seq)+`}`, string(r.body))
 
 	second := all.Messages[2]
 	e.Handle("charge", func(context.Context, idem.Message) error { return nil })
-	r = call(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil)
+	r = adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -499,7 +499,7 @@ func TestAdminOutbox(t *testing.T) {
 		require.False(t, time.Now().After(deadline), "the retried dead letter was not delivered: %+v", s.Outbox)
 		time.Sleep(time.Millisecond)
 	}
-	problem(t, call(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
 }
 
-func itoa(n uint64) string { return strconv.FormatUint(n, 10) }
+func adminItoa(n uint64) string { return strconv.FormatUint(n, 10) }

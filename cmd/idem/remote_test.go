@@ -36,8 +36,8 @@ func serveAdmin(t *testing.T, path string, show bool) (string, *idem.Engine) {
 	return srv.URL + "/admin/idem", e
 }
 
-// copyFile copies the idem file at src to a new file and returns its path.
-func copyFile(t *testing.T, src string) string {
+// copyFixture copies the idem file at src to a new file and returns its path.
+func copyFixture(t *testing.T, src string) string {
 	t.Helper()
 	b, err := os.ReadFile(src)
 	require.NoError(t, err)
@@ -89,7 +89,7 @@ func TestRemoteSameAsFile(t *testing.T) {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
 			t.Parallel()
 			local := c.fixture(t)
-			online := copyFile(t, local)
+			online := copyFixture(t, local)
 			const stdin = "resolved from stdin"
 			want := idemCmd(t, nil, stdin, append([]string{"--db", local}, c.args...)...)
 
@@ -117,7 +117,7 @@ func stripNow(r result) result {
 func TestRemoteStats(t *testing.T) {
 	t.Parallel()
 	path := fixture(t)
-	want := decode[statsJSON](t, idemDB(t, copyFile(t, path), "--json", "stats").stdout)
+	want := decode[statsJSON](t, idemDB(t, copyFixture(t, path), "--json", "stats").stdout)
 	u, _ := serveAdmin(t, path, false)
 	r := idemURL(t, u, "", "--json", "stats")
 	require.Equal(t, 0, r.code, r.stderr)
