@@ -67,7 +67,8 @@ func (a *app) addRemote(root *cobra.Command) {
 
 With --url, stats, get, forget, resolve and outbox ls|get|retry|drop talk to a
 running program's admin handler (idemhttp.Admin) instead of a file, sending
---token (or $IDEM_TOKEN) as a bearer token; the retention window is then the
+--token (or $IDEM_TOKEN) as a bearer token (use https beyond loopback: the
+token and the keys travel in the request); the retention window is then the
 server's.`
 	f := root.PersistentFlags()
 	f.StringVar(&a.remote.url, "url", "", "talk to a running program's admin handler at this URL instead of opening --db ($IDEM_URL)")
