@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,9 +12,11 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
+	"github.com/idemkit/idem/internal/layout"
 )
 
 const testToken = "operator-token"
@@ -84,6 +88,32 @@ func TestRemoteSameAsFile(t *testing.T) {
 	}
 	for _, args := range outbox {
 		cases = append(cases, tc{args, outboxFixture, [][]string{{"--json", "outbox", "ls"}, {"--json", "outbox", "ls", "--dead"}}})
+	}
+	// Damaged data: a corrupt record, a corrupt pending message (seq 8) and
+	// a corrupt dead letter (seq 9).
+	damaged := func(t *testing.T) string {
+		path := outboxFixture(t)
+		doAll(t, path, base, map[string]func(context.Context) ([]byte, error){
+			"fine": func(context.Context) ([]byte, error) { return []byte("ok"), nil },
+		})
+		corrupt(t, path, "bad")
+		db, err := bbolt.Open(path, 0o600, nil)
+		require.NoError(t, err)
+		require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
+			root := tx.Bucket(layout.Root)
+			return errors.Join(
+				root.Bucket(layout.Outbox).Put(layout.U64(8), []byte("not a message")),
+				root.Bucket(layout.Dead).Put(layout.U64(9), []byte("not a message either")))
+		}))
+		require.NoError(t, db.Close())
+		return path
+	}
+	for _, args := range [][]string{
+		{"get", "bad"}, {"--json", "get", "bad"}, {"forget", "bad"}, {"resolve", "bad", "--response", "x"},
+		{"outbox", "ls"}, {"outbox", "ls", "--dead"}, {"--json", "outbox", "ls", "--dead"},
+		{"outbox", "get", "8"}, {"outbox", "get", "9"}, {"outbox", "retry", "9"}, {"outbox", "drop", "9", "8"},
+	} {
+		cases = append(cases, tc{args, damaged, [][]string{{"--json", "outbox", "ls", "--dead"}, {"--json", "get", "fine"}}})
 	}
 	for _, c := range cases {
 		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
