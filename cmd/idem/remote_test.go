@@ -263,3 +263,28 @@ func TestRemoteUsage(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.Contains(t, r.stderr, "connection refused")
 }
+
+func TestRemoteKeyInProgress(t *testing.T) {
+	t.Parallel()
+	u, e := serveAdmin(t, fixture(t), true)
+	running, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.Do(context.Background(), "slow", nil, func(context.Context) ([]byte, error) {
+			close(running)
+			<-release
+			return []byte("ok"), nil
+		})
+		done <- err
+	}()
+	<-running
+	forget := idemURL(t, u, "", "forget", "slow")
+	resolve := idemURL(t, u, "", "resolve", "slow", "--response", "x")
+	close(release)
+	require.NoError(t, <-done)
+	require.Equal(t, result{1, "", "idem: forget \"slow\": request in progress\n"}, forget)
+	require.Equal(t, result{1, "", "idem: resolve \"slow\": request in progress\n"}, resolve)
+	rec, err := e.Get("slow")
+	require.NoError(t, err)
+	require.Equal(t, []byte("ok"), rec.Response, "the running call kept its key")
+}
