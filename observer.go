@@ -10,9 +10,11 @@ import (
 //
 // Observe is called synchronously, on the goroutine of the call, the
 // committer, the pruner or a dispatcher worker, so it must be fast, must not
-// block, must be safe for concurrent use and must not call the engine. An
+// block and must be safe for concurrent use; it must not call the engine
+// (an EventCommit arrives while the committer holds the file's writer). An
 // Event never carries an idempotency key, a response, a payload or an
-// error's text: only the names below, a topic, counts and durations.
+// error's text: only its Kind, the operation ("do", "dotx"), an outbox
+// topic, a count and a duration.
 type Observer interface {
 	Observe(Event)
 }
