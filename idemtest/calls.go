@@ -135,3 +135,19 @@ func callFrom(t testing.TB, ctx context.Context) idem.Call {
 	}
 	return c
 }
+
+// records returns every live record of e, by key.
+func records[T any](t testing.TB, e Engine[T]) map[string]*idem.Record {
+	t.Helper()
+	m := map[string]*idem.Record{}
+	if err := e.Records(func(r *idem.Record, err error) error {
+		if err != nil {
+			return err
+		}
+		m[r.Key] = r
+		return nil
+	}); err != nil {
+		t.Fatalf("records: %v", err)
+	}
+	return m
+}

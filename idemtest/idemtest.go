@@ -78,6 +78,8 @@ type Engine[T any] interface {
 	Forget(key string) error
 	// Resolve completes key's interrupted execution by hand.
 	Resolve(key string, response []byte, code, errMsg string) error
+	// Records walks every live record.
+	Records(fn func(r *idem.Record, err error) error) error
 	// Prune reclaims the space of expired records now.
 	Prune(ctx context.Context) (int, error)
 	// Messages walks the outbox: pending messages, then dead letters.

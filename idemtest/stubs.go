@@ -2,11 +2,6 @@ package idemtest
 
 import "testing"
 
-func (s *suite[T]) dotx(t *testing.T)        {}
-func (s *suite[T]) keys(t *testing.T)        {}
-func (s *suite[T]) fingerprint(t *testing.T) {}
-func (s *suite[T]) retention(t *testing.T)   {}
-func (s *suite[T]) concurrency(t *testing.T) {}
 func (s *suite[T]) recovery(t *testing.T)    {}
 func (s *suite[T]) restart(t *testing.T)     {}
 func (s *suite[T]) outbox(t *testing.T)      {}
