@@ -151,3 +151,12 @@ func records[T any](t testing.TB, e Engine[T]) map[string]*idem.Record {
 	}
 	return m
 }
+
+// wantCall checks the Call of fn's context. It may run on any goroutine (a
+// DoTx fn runs on the committer's): it reports with t.Errorf, never FailNow.
+func wantCall(t testing.TB, ctx context.Context, want idem.Call, msg ...any) {
+	t.Helper()
+	if got := callFrom(t, ctx); got != want {
+		t.Errorf("fn's Call = %+v, want %+v %v", got, want, msg)
+	}
+}

@@ -21,7 +21,7 @@ func (s *suite[T]) dotx(t *testing.T) {
 		runs := 0
 		fn := func(ctx context.Context, tx T) ([]byte, error) {
 			runs++
-			require.Equal(t, idem.Call{Key: "create-1", Attempt: 1}, callFrom(t, ctx))
+			wantCall(t, ctx, idem.Call{Key: "create-1", Attempt: 1})
 			if err := s.h.PutEffect(tx, "order-1", "A1"); err != nil {
 				return nil, err
 			}

@@ -152,7 +152,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			require.Nil(t, record(t, e, "k"), "the key is free")
 			s.wantEffects(t, e, v, map[string]string{}, "nothing of fn's committed")
 			res, err := call(bg, e, v, "k", []byte("another request"), func(ctx context.Context, _ T) ([]byte, error) {
-				require.Equal(t, idem.Call{Key: "k", Attempt: 1}, callFrom(t, ctx))
+				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1})
 				return []byte("second"), nil
 			})
 			require.NoError(t, err, "the key is new: any fingerprint")
@@ -240,7 +240,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			r := record(t, e, "k")
 			require.Equal(t, idem.StateStarted, r.State, "an interrupted execution")
 			res, err := call(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
-				require.Equal(t, idem.Call{Key: "k", Attempt: 2, Recovered: true}, callFrom(t, ctx))
+				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
 				return []byte("ok"), nil
 			})
 			require.NoError(t, err)
@@ -290,7 +290,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			r := record(t, e, "k")
 			require.Equal(t, idem.StateStarted, r.State, "stays started, as after a crash")
 			res, err := call(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
-				require.Equal(t, idem.Call{Key: "k", Attempt: 2, Recovered: true}, callFrom(t, ctx))
+				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
 				return []byte("ok"), nil
 			})
 			require.NoError(t, err, "the key is not wedged")

@@ -38,7 +38,7 @@ func (s *suite[T]) retention(t *testing.T) {
 				require.ErrorIs(t, err, idem.ErrNotFound, "expired at the window's end, before any prune")
 				require.Empty(t, records(t, e))
 				res, err = e.Do(bg, "k", other, func(ctx context.Context) ([]byte, error) {
-					require.Equal(t, idem.Call{Key: "k", Attempt: 1}, callFrom(t, ctx))
+					wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1})
 					return []byte("second"), nil
 				})
 				require.NoError(t, err, "the key is new: any fingerprint")
@@ -74,7 +74,7 @@ func (s *suite[T]) retention(t *testing.T) {
 		c.Advance(time.Nanosecond)
 		require.Nil(t, record(t, e, "k"))
 		res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
-			require.Equal(t, idem.Call{Key: "k", Attempt: 1}, callFrom(t, ctx), "the evidence expired with its window")
+			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1}, "the evidence expired with its window")
 			return []byte("v"), nil
 		})
 		require.NoError(t, err)
