@@ -2,8 +2,6 @@ package idemtest
 
 import "testing"
 
-func (s *suite[T]) restart(t *testing.T)     {}
-func (s *suite[T]) outbox(t *testing.T)      {}
 func (s *suite[T]) process(t *testing.T)     {}
 
 const (
