@@ -29,10 +29,8 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 			MaxResponseSize: o.MaxResponseSize,
 			Now:             o.Now,
 			Outbox:          o.Outbox,
-			// The suite prunes when it means to; a kill needs no fsync to
-			// keep what was written (the page cache survives the process).
+			// The suite prunes when it means to (Engine.Prune).
 			PruneInterval: -1,
-			NoSync:        true,
 		})
 	},
 	PutEffect: func(tx *idem.Tx, key, value string) error {

@@ -250,6 +250,25 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.ErrorIs(t, e.DropDead(ds[1].Seq), idem.ErrNotFound, "dropped already")
 	})
 
+	t.Run("a dead letter does not hold back its ordering key", func(t *testing.T) {
+		c := newClock()
+		var rec recorder
+		h := rec.handler(func(m idem.Message) error {
+			if string(m.Payload) == "poison" {
+				return errors.New("rejected")
+			}
+			return nil
+		})
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h}, idem.OutboxOptions{MaxAttempts: 1}))
+		s.enqueue(t, e, "order-1", "charge", []byte("poison"), []byte("next"))
+		eventually(t, "the next message's delivery", nil, func() bool { return len(rec.delivered()) == 1 })
+		require.Equal(t, []byte("next"), rec.delivered()[0].Payload)
+		eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 1 })
+		ms := messages(t, e)
+		require.True(t, ms[0].Dead)
+		require.Equal(t, []byte("poison"), ms[0].Payload)
+	})
+
 	t.Run("enqueue order per ordering key", func(t *testing.T) {
 		c := newClock()
 		var rec recorder
