@@ -165,6 +165,18 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, "ok", string(res.Response))
 		})
+		t.Run("the refusal of its own key says so", func(t *testing.T) {
+			pendingFix(t, "issue 8 item 7")
+			e, _ := s.fresh(t, Options{})
+			var inner error
+			_, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
+				_, inner = e.Do(ctx, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
+				return []byte("ok"), nil
+			})
+			require.NoError(t, err)
+			require.ErrorIs(t, inner, idem.ErrReentrant)
+			require.NotContains(t, inner.Error(), "DoTx", "Do calling itself is not a call from inside DoTx")
+		})
 		t.Run("with its own key and a fresh ctx", func(t *testing.T) {
 			pendingFix(t, "issue 8 item 5")
 			e, _ := s.fresh(t, Options{})

@@ -122,4 +122,42 @@ func (s *suite[T]) dotx(t *testing.T) {
 			require.LessOrEqual(t, n, 3, "fn of %s ran %d times", key, n)
 		}
 	})
+	t.Run("no fn runs more than 3 times when each re-run exposes a new failure", func(t *testing.T) {
+		pendingFix(t, "issue 8 item 12")
+		// An adversary: fn i fails on its run 1 + i%5, so the re-runs that
+		// one failure causes bring the next failures to light.
+		e, _ := s.fresh(t, Options{})
+		var mu sync.Mutex
+		runs := map[string]int{}
+		var wg sync.WaitGroup
+		for i := range 64 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				key := fmt.Sprintf("k%02d", i)
+				_, _ = e.DoTx(bg, key, fp, func(ctx context.Context, tx T) ([]byte, error) {
+					mu.Lock()
+					runs[key]++
+					n := runs[key]
+					mu.Unlock()
+					if n == 1+i%5 {
+						return nil, errors.New("refused")
+					}
+					return []byte(key), s.h.PutEffect(tx, key, "v")
+				})
+			}()
+		}
+		wg.Wait()
+		effects := s.effects(t, e)
+		for key, n := range runs {
+			require.LessOrEqual(t, n, 3, "fn of %s ran %d times", key, n)
+			r := record(t, e, key)
+			require.NotNil(t, r, key)
+			if r.Err == nil {
+				require.Equal(t, "v", effects[key], "%s: done without an error, so its effect committed", key)
+			} else {
+				require.NotContains(t, effects, key, "%s: failed, so its effect did not commit", key)
+			}
+		}
+	})
 }
