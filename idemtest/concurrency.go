@@ -41,6 +41,10 @@ func (s *suite[T]) concurrency(t *testing.T) {
 		})
 	})
 
+	t.Run("histories are linearizable", func(t *testing.T) {
+		both(t, s.linearizable)
+	})
+
 	t.Run("many keys, many callers each, no coordination", func(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
 			e, _ := s.fresh(t, Options{})

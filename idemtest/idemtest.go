@@ -18,7 +18,8 @@
 // The suite holds each row of DESIGN.md's table of outcomes as a named subtest
 // (for Do and, where the row applies, DoTx), the fingerprint checks on every
 // path, key validation, retention through the clock seam (Options.Now),
-// concurrency (singleflight, InFlightFail), recovery of interrupted executions
+// concurrency (singleflight, InFlightFail, histories checked against a model
+// with porcupine), recovery of interrupted executions
 // and the operator calls that resolve them, restarts, nil versus empty
 // responses, oversized responses, DoTx effects committing with their record,
 // and the outbox. Cases that need a process to die re-execute the test binary
@@ -133,7 +134,9 @@ type Harness[T any] struct {
 
 	// Hook makes the engine run fn at point (PointWait, PointAfterStarted)
 	// in this process until unset is called. The suite sets at most one hook
-	// per point and never runs subtests in parallel.
+	// per point and never runs subtests in parallel. The state machine of
+	// this module marks both points with internal/fault, so a backend built
+	// on it passes fault.Set.
 	Hook func(point string, fn func()) (unset func())
 
 	// OwnedAcrossProcesses says whether engines in several processes share
