@@ -52,10 +52,26 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 		return m, err
 	},
 	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
-	Hook:    fault.Set,
+	Hook:    hookVia(fault.Set),
 	Check:   testkit.Check,
 }
 
 func TestConformance(t *testing.T) {
 	idemtest.Run(t, boltHarness)
+}
+
+// hookVia adapts a failpoint setter to Harness.Hook, whichever form its hook
+// takes: func(), or func() error (a hook that may fail the point; this one
+// never does).
+func hookVia[H func() | func() error](set func(point string, hook H) (unset func())) func(string, func()) func() {
+	return func(point string, fn func()) func() {
+		var h H
+		switch any(h).(type) {
+		case func():
+			h = any(fn).(H)
+		case func() error:
+			h = any(func() error { fn(); return nil }).(H)
+		}
+		return set(point, h)
+	}
 }
