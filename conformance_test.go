@@ -29,6 +29,7 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 			MaxResponseSize: o.MaxResponseSize,
 			Now:             o.Now,
 			Outbox:          o.Outbox,
+			Logger:          o.Logger,
 			// The suite prunes when it means to (Engine.Prune).
 			PruneInterval: -1,
 		})

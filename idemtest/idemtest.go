@@ -33,6 +33,7 @@ package idemtest
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"regexp"
 	"strings"
@@ -65,6 +66,9 @@ type Options struct {
 	// Outbox configures the dispatcher. The suite sets Dispatch, Handlers,
 	// BaseBackoff, MaxBackoff, MaxAttempts and PollInterval as it needs.
 	Outbox idem.OutboxOptions
+	// Logger receives the engine's own events; nil discards them. The suite
+	// sets it to check that keys and responses are never logged.
+	Logger *slog.Logger
 }
 
 // Engine is what the suite calls on an engine under test: the adapters'
@@ -183,6 +187,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("process", s.process)
+	t.Run("logs", s.logs)
 }
 
 // suite is one run of the suite over a harness.
