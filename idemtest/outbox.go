@@ -288,6 +288,27 @@ func (s *suite[T]) outbox(t *testing.T) {
 		}
 	})
 
+	t.Run("Close cancels a running handler, and its attempt does not count", func(t *testing.T) {
+		c := newClock()
+		entered := make(chan struct{})
+		var once sync.Once
+		blocking := func(ctx context.Context, m idem.Message) error {
+			once.Do(func() { close(entered) })
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		e, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": blocking}, idem.OutboxOptions{}))
+		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
+		<-entered
+		require.NoError(t, e.Close(), "Close returns once the handler it cancelled returned")
+		var rec recorder
+		e = s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.handler(nil)}, idem.OutboxOptions{}))
+		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.delivered()) == 1 })
+		m := rec.delivered()[0]
+		require.Equal(t, 1, m.Attempt, "the cancelled attempt is not counted")
+		require.Equal(t, idem.DownstreamKey("order-1", 0), m.DownstreamKey)
+	})
+
 	t.Run("nothing is lost on restart", func(t *testing.T) {
 		c := newClock()
 		// First without a handler for the topic: the message waits.
