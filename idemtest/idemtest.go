@@ -15,15 +15,25 @@
 //		idemtest.Run(t, idemtest.Harness[*idem.Tx]{...})
 //	}
 //
-// The suite holds each row of DESIGN.md's table of outcomes as a named subtest
-// (for Do and, where the row applies, DoTx), the fingerprint checks on every
-// path, key validation, retention through the clock seam (Options.Now),
-// concurrency (singleflight, InFlightFail, histories checked against a model
-// with porcupine), recovery of interrupted executions
-// and the operator calls that resolve them, restarts, nil versus empty
-// responses, oversized responses, DoTx effects committing with their record,
-// and the outbox. Cases that need a process to die re-execute the test binary
-// (see ChildMain) and kill the child with SIGKILL in the middle of fn.
+// The suite's subtests come in groups, each holding a part of the contract:
+//
+//	outcomes     each row of DESIGN.md's table of outcomes, for Do and, where
+//	             the row applies, DoTx, with waiters on the same key
+//	dotx         fn's writes commit with the done record, once; group commit
+//	keys         the key rules, for calls and operator calls
+//	fingerprint  ErrFingerprintMismatch on the fast path, cold, while the first
+//	             call runs, and on interrupted executions
+//	retention    expiry through the clock seam (Options.Now), and pruning
+//	concurrency  singleflight, InFlightFail's *idem.InProgressError, other keys,
+//	             re-entrance, histories checked against a model (porcupine)
+//	recovery     re-execution with Recovered and the attempt, refusal with
+//	             ErrIncomplete, Resolve, Forget
+//	restart      exact replays, nil versus empty, recovery at Open, ErrClosed
+//	outbox       delivery with downstream keys, backoff, dead letters, order,
+//	             restarts
+//	process      SIGKILL of a child process in fn or in a handler, and a store
+//	             held by a live process (see ChildMain)
+//	logs         keys, responses and payloads never logged
 //
 // Subtests of behaviour that the contract promises but a known defect still
 // breaks are skipped with a reason naming their issue, "pending fix: issue 8
