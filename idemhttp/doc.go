@@ -1,0 +1,118 @@
+// Package idemhttp puts an idem engine in front of an HTTP API: a server
+// middleware that answers the Idempotency-Key header (IETF
+// draft-ietf-httpapi-idempotency-key-header, revision 07, and Stripe's
+// behaviour), and a client transport that gives each logical request one key
+// and retries it. Both are one line:
+//
+//	srv.Handler = idemhttp.Middleware(engine, &idemhttp.Options{Scope: userOf})(mux)
+//	client := &http.Client{Transport: &idemhttp.Transport{}}
+//
+// The middleware works over idem.Doer, so over any backend's engine.
+//
+// # Keys
+//
+// The key is the Idempotency-Key header's value: a Structured Field String
+// (RFC 8941, `"…"`, printable ASCII) as the draft specifies, or, when the
+// value is not a valid sf-string, the raw value (stripe-go sends unquoted
+// keys such as 1796107146426231270_GaGLhw, which are not sf-tokens either).
+// So `"abc"` and abc are the same key. A key is 1 to idem.MaxKeyLen (255)
+// bytes of UTF-8 without control characters, Stripe's limit.
+//
+// Without Options.Scope there is ONE PRINCIPAL: every caller shares one key
+// space, and a caller that sends another caller's key gets 422 (so learns the
+// key exists) or, with the same request, the other caller's stored response.
+// With Scope, the stored key is StoredKey(scope, key), so two principals'
+// equal keys never meet. Put the middleware after authentication: 401 and
+// 403 are never stored.
+//
+// # What defines a request, what is stored
+//
+// The fingerprint is the method, the escaped path, the raw query (order
+// matters) and the raw body, at most Options.MaxBodySize bytes; headers are
+// not part of it. The stored response is the status, the headers listed in
+// Options.Headers (never Set-Cookie, Date or Content-Length) and the body, at
+// most Options.MaxResponseSize bytes. A handler's response is buffered whole
+// and sent when the handler returns (Flush does nothing meanwhile); a
+// response that passes the limit streams to its caller from there on and is
+// not stored. A refusal before the handler began stores nothing (Stripe's
+// rule): 400, 413, 422, 409, 503.
+//
+// Every response to a request with a key carries Idempotency-Retention: the
+// retention window in seconds (86400 for the engine's default of 24 hours):
+// how long after its completion a request is replayed. Past it, the key is
+// new again.
+//
+// # Statuses, and what clients do with them
+//
+// Each refusal is RFC 9457 problem details (application/problem+json) with a
+// type URI of this package (Problem* constants) and a Stripe-shaped "error"
+// member ({"type":"idempotency_error","code":…,"message":…}), so that
+// stripe-go turns it into a *stripe.Error and stops retrying, as it does
+// against Stripe. stripe-go (v82) retries, twice by default and with the same
+// key, connection errors and any error response whose body is not
+// Stripe-shaped, without reading Retry-After; it does not retry a
+// Stripe-shaped error (except a 429 lock_timeout). go-retryablehttp (v0.7.8,
+// default policy) retries connection errors, 429 and 5xx except 501 (POST
+// included), honours Retry-After on 429 and 503, and does not retry 409; it
+// sets no key itself. This package's Transport retries connection errors,
+// 409 (except ProblemIncomplete), 429, 502, 503 and 504 with the same key.
+//
+//	case                                status, headers                    stripe-go                        go-retryablehttp                   Transport
+//	first request                       the handler's; stored              its own rules (see above)        its own rules                      its own rules
+//	replay                              stored status, headers, body,      as for the first answer          as for the first answer            as for the first answer
+//	                                    Idempotent-Replayed: true
+//	no key on POST/PATCH                400 ProblemKeyMissing              never: it always sends a key     returns the 400                    never: it always sends a key
+//	key empty, repeated, too long       400 ProblemKeyInvalid              *stripe.Error, no retry          returns the 400                    returns the 400
+//	same key, other request             422 ProblemKeyMismatch             *stripe.IdempotencyError,        returns the 422                    returns the 422
+//	                                                                       no retry
+//	first request still running,        409 ProblemInProgress,             *stripe.Error idempotency_error  returns the 409 (not retried)      waits Retry-After, retries
+//	  engine under idem.InFlightFail    Retry-After (Options.RetryAfter    code idempotency_key_in_use,
+//	                                    of the engine, rounded up)         no retry: retry with the key
+//	first request still running,        the first request's answer,        as for a replay                  as for a replay                    as for a replay
+//	  idem.InFlightWait (default)       replayed, after waiting
+//	first execution interrupted         409 ProblemIncomplete,             *stripe.Error, no retry          returns the 409                    returns the 409
+//	  (RecoverRefuse), or the awaited   no Retry-After
+//	  first request ended without one
+//	request body over MaxBodySize       413 ProblemBodyTooLarge            *stripe.Error, no retry          returns the 413                    returns the 413
+//	replay of a response over the       500 ProblemResponseNotStored       *stripe.Error, no retry          retries RetryMax times (each gets  returns the 500
+//	  size limit (the first caller                                                                          the same 500), then fails
+//	  got all of it)
+//	the store fails (disk, database,    503 ProblemStoreUnavailable,       *stripe.Error api_error,         retries after Retry-After          retries after Retry-After,
+//	  lock, engine closed): handler     Retry-After (StoreRetryAfter)      no retry                                                            within its deadline
+//	  not run
+//	handler panics                      none: net/http drops the           retries: the engine's recovery   retries likewise                   retries likewise
+//	                                    connection; the key stays started  policy answers (re-execute by
+//	                                                                       default, idem.CallFrom tells
+//	                                                                       Recovered; or 409 Incomplete)
+//	handler calls NotStored, or         the handler's; not stored, key     retries it if the body is not    retries 429 and 5xx                retries 429, 502, 503, 504
+//	  answers 401 or 403                freed                              Stripe-shaped: the handler runs
+//	                                                                       again
+//
+// A 409 in progress is answered only under idem.InFlightFail, which the
+// engine's Options choose; under the default idem.InFlightWait a duplicate
+// waits for the first request and gets its replay, and a waiting duplicate
+// whose client goes away changes nothing.
+//
+// # The handler
+//
+// The handler's context keeps the request's values but does not end when the
+// client goes away: the outcome is recorded, and the client's retry gets it.
+// It ends when the engine closes; an answer written after that reaches its
+// caller but is not stored, and the key stays started. A handler that panics leaves an interrupted
+// execution (the engine's recovery policy decides what the next request with
+// the key gets). If the engine cannot record the handler's outcome (a failed
+// commit), the handler's caller still gets its answer; the key then stays
+// started, as after a crash.
+//
+// # Shutdown order
+//
+// Shut the HTTP server down first, then close the engine:
+//
+//	srv.Shutdown(ctx) // stop taking requests, let running handlers finish and record
+//	engine.Close()    // then close the file
+//
+// Closing the engine first cancels the context of running handlers and
+// leaves their started records to the recovery policy (re-executed at the
+// next request with the key, at-least-once), and answers every request that
+// is still arriving with 503. The example in example/ does it in this order.
+package idemhttp
