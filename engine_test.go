@@ -20,10 +20,12 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
+	idemtest.ChildMain()
 	if crashChild() {
 		return
 	}

@@ -55,7 +55,7 @@
 // default policy) retries connection errors, 429 and 5xx except 501 (POST
 // included), honours Retry-After on 429 and 503, and does not retry 409; it
 // sets no key itself. This package's Transport retries connection errors,
-// 409 with Retry-After, 429, 502, 503 and 504 with the same key.
+// 409 (except ProblemIncomplete), 429, 502, 503 and 504 with the same key.
 //
 //	case                                status, headers                    stripe-go                        go-retryablehttp                   Transport
 //	first request                       the handler's; stored              its own rules (see above)        its own rules                      its own rules

@@ -160,6 +160,12 @@ type Options struct {
 // retry does) and the panic propagates to net/http, which drops the
 // connection.
 //
+// The handler's http.ResponseWriter buffers: Flush does nothing until the
+// response passes Options.MaxResponseSize, and it cannot be hijacked, nor
+// unwrapped by http.ResponseController (whose deadlines then return
+// http.ErrNotSupported), since a response written around it could not be
+// replayed.
+//
 // Concurrent duplicates follow the engine's in-flight policy: under
 // idem.InFlightWait (the default) they wait and get the replay, under
 // idem.InFlightFail they get 409 with Retry-After.
@@ -441,7 +447,9 @@ func fingerprint(r *http.Request, body []byte) []byte {
 // handlerContext is the handler's context: fnCtx's values (the request's and
 // idem.CallFrom's), not ended by the client going away (the outcome must be
 // recorded for its retry), but ended when fnCtx ends for another reason
-// while the request is live: the engine closing.
+// while the request is live: the engine closing. fnCtx ends once, so a
+// handler whose client went away first is not cancelled by a later Close,
+// which then waits for it (as http.Server.Shutdown does).
 func handlerContext(fnCtx, reqCtx context.Context) (context.Context, func()) {
 	ctx, cancel := context.WithCancel(context.WithoutCancel(fnCtx))
 	stop := context.AfterFunc(fnCtx, func() {

@@ -733,3 +733,67 @@ func TestEngineClosedFirst(t *testing.T) {
 		t.Fatalf("re-execution: %d %q, runs %d", resp.StatusCode, body, runs.Load())
 	}
 }
+
+// TestNotStoredWithWaiters: duplicates waiting for a first request whose
+// response is not stored try the key again; one of them runs the handler,
+// the others get its replay.
+func TestNotStoredWithWaiters(t *testing.T) {
+	var runs atomic.Int64
+	started := make(chan struct{})
+	release := make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		if n == 1 {
+			close(started)
+			<-release
+			idemhttp.NotStored(w)
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "run "+strconv.FormatInt(n, 10))
+	})
+	s := newServer(t, openEngine(t, nil), nil, h)
+	type answer struct {
+		status int
+		body   string
+		err    error
+	}
+	send := func(out chan<- answer) {
+		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
+		req.Header.Set(idemhttp.HeaderKey, "w")
+		resp, err := s.Client().Do(req)
+		if err != nil {
+			out <- answer{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		out <- answer{status: resp.StatusCode, body: string(b)}
+	}
+	first := make(chan answer, 1)
+	go send(first)
+	<-started
+	const n = 4
+	others := make(chan answer, n)
+	for range n {
+		go send(others)
+	}
+	// Let the duplicates reach the engine and wait there. Whether they do
+	// changes only which path they take, not what they must get.
+	for s.faults.hits.Load() < n+1 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond)
+	close(release)
+	if a := <-first; a.err != nil || a.status != http.StatusServiceUnavailable {
+		t.Fatalf("first: %+v", a)
+	}
+	for range n {
+		if a := <-others; a.err != nil || a.status != http.StatusOK || a.body != "run 2" {
+			t.Fatalf("duplicate: %+v", a)
+		}
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("runs %d, want 2", runs.Load())
+	}
+}

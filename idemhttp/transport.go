@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -47,8 +48,9 @@ const (
 //     draft revision 07);
 //   - sends the request, and on a timeout, a connection reset, refused or
 //     closed before the response (a net.Error, io.EOF, ECONNRESET,
-//     ECONNREFUSED, EPIPE), 409 with Retry-After (a request with the key is
-//     in progress), 429, 502, 503 or 504, sends it again with the same key,
+//     ECONNREFUSED, EPIPE), 409 (a request with the key is in progress; but
+//     not Middleware's ProblemIncomplete), 429, 502, 503 or 504, sends it
+//     again with the same key,
 //     after an exponential backoff with jitter (cenkalti/backoff/v5,
 //     randomization 0.5) or the response's Retry-After (delay-seconds or an
 //     HTTP date) when it has one;
@@ -262,17 +264,38 @@ func transient(err error) bool {
 	return false
 }
 
-// retryStatus reports whether resp is retried: 409 with Retry-After (a
-// request with the key in progress: Middleware's ProblemInProgress), 429,
-// 502, 503, 504.
+// retryStatus reports whether resp is retried: 409 (a request with the key
+// in progress, as Middleware's ProblemInProgress and Stripe's
+// idempotency_key_in_use), except Middleware's ProblemIncomplete, which
+// waiting does not change; 429, 502, 503, 504.
 func retryStatus(resp *http.Response) bool {
 	switch resp.StatusCode {
 	case http.StatusConflict:
-		return resp.Header.Get("Retry-After") != ""
+		return !isProblem(resp, ProblemIncomplete)
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false
+}
+
+// isProblem reports whether resp is problem details of type typ. It reads
+// at most 4 KiB of the body and puts them back in front of the rest.
+func isProblem(resp *http.Response, typ string) bool {
+	if ct, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";"); strings.TrimSpace(ct) != "application/problem+json" {
+		return false
+	}
+	head, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(head), resp.Body), resp.Body}
+	if err != nil {
+		return false
+	}
+	var p struct {
+		Type string `json:"type"`
+	}
+	return json.Unmarshal(head, &p) == nil && p.Type == typ
 }
 
 // retryAfter parses a Retry-After value (RFC 9110 section 10.2.3):

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -244,4 +245,57 @@ func TestTransportLargeBodyWithoutGetBody(t *testing.T) {
 			t.Fatalf("the 502 came back as %d", resp.StatusCode)
 		}
 	}
+}
+
+func TestTransportConflicts(t *testing.T) {
+	// A first execution interrupted under RecoverRefuse: 409
+	// ProblemIncomplete, which waiting does not change: not retried.
+	var runs atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			panic("interrupted")
+		}
+	})
+	s := newServer(t, openEngine(t, &idem.Options{Recovery: idem.RecoverRefuse}), nil, h)
+	if _, _, err := post(t, noKeepAlive(), s.URL, "k", "x"); err == nil {
+		t.Fatal("the panicking request got an answer")
+	}
+	hits := s.faults.hits.Load()
+	req, _ := http.NewRequestWithContext(idemhttp.WithKey(context.Background(), "k"), http.MethodPost, s.URL, strings.NewReader("x"))
+	resp, err := (&http.Client{Transport: fastTransport()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict || s.faults.hits.Load()-hits != 1 || problemOf(t, resp, body).Type != idemhttp.ProblemIncomplete {
+		t.Fatalf("%d %s after %d requests", resp.StatusCode, body, s.faults.hits.Load()-hits)
+	}
+
+	// Any other 409 (Stripe's idempotency_key_in_use has no Retry-After) is
+	// retried with backoff.
+	var conflicts atomic.Int64
+	plain := httptestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if conflicts.Add(1) <= 2 {
+			http.Error(w, `{"error":{"type":"idempotency_error","code":"idempotency_key_in_use"}}`, http.StatusConflict)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	req, _ = http.NewRequest(http.MethodPost, plain, strings.NewReader("x"))
+	resp, err = (&http.Client{Transport: fastTransport()}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "ok" || conflicts.Load() != 3 {
+		t.Fatalf("%d %q after %d requests", resp.StatusCode, body, conflicts.Load())
+	}
+}
+
+func httptestServer(t *testing.T, h http.Handler) string {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
 }

@@ -1,0 +1,78 @@
+package idem_test
+
+// The conformance suite (idemtest) run on this package's bbolt engine.
+
+import (
+	"path/filepath"
+	"testing"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+// effectsBucket is the user bucket the suite's effect rows go to.
+var effectsBucket = []byte("effects")
+
+// boltHarness opens bbolt engines on files in a test's temporary directory.
+var boltHarness = idemtest.Harness[*idem.Tx]{
+	New: func(t testing.TB) string { return filepath.Join(t.TempDir(), "idem.db") },
+	Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
+		return idem.Open(store, &idem.Options{
+			Retention:       o.Retention,
+			Recovery:        o.Recovery,
+			InFlight:        o.InFlight,
+			RetryAfter:      o.RetryAfter,
+			MaxResponseSize: o.MaxResponseSize,
+			Now:             o.Now,
+			Outbox:          o.Outbox,
+			Logger:          o.Logger,
+			// The suite prunes when it means to (Engine.Prune).
+			PruneInterval: -1,
+		})
+	},
+	PutEffect: func(tx *idem.Tx, key, value string) error {
+		b, err := tx.Bucket(effectsBucket)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(key), []byte(value))
+	},
+	Effects: func(e idemtest.Engine[*idem.Tx]) (map[string]string, error) {
+		m := map[string]string{}
+		err := e.(*idem.Engine).View(func(tx *bbolt.Tx) error {
+			b := tx.Bucket(effectsBucket)
+			if b == nil {
+				return nil
+			}
+			return b.ForEach(func(k, v []byte) error { m[string(k)] = string(v); return nil })
+		})
+		return m, err
+	},
+	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
+	Hook:    hookVia(fault.Set),
+	Check:   testkit.Check,
+}
+
+func TestConformance(t *testing.T) {
+	idemtest.Run(t, boltHarness)
+}
+
+// hookVia adapts a failpoint setter to Harness.Hook, whichever form its hook
+// takes: func(), or func() error (a hook that may fail the point; this one
+// never does).
+func hookVia[H func() | func() error](set func(point string, hook H) (unset func())) func(string, func()) func() {
+	return func(point string, fn func()) func() {
+		var h H
+		switch any(h).(type) {
+		case func():
+			h = any(fn).(H)
+		case func() error:
+			h = any(func() error { fn(); return nil }).(H)
+		}
+		return set(point, h)
+	}
+}

@@ -1,0 +1,257 @@
+package idemtest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// The child protocol: the suite re-executes the test binary with -test.run
+// selecting the test that called Run, and these variables set. The child's
+// Run does the role's part and reports its progress, one line at a time, on
+// file descriptor 3; it exits when its standard input closes (the parent
+// died) and after childLife in any case.
+const (
+	envChild    = "IDEMTEST_CHILD"    // the role: childDo, childDoTx, ...
+	envRun      = "IDEMTEST_RUN"      // the name of the test that called Run
+	envStore    = "IDEMTEST_STORE"    // the store to open (Harness.New's name)
+	envRecovery = "IDEMTEST_RECOVERY" // the recovery policy, as a number
+)
+
+// Roles of a child process.
+const (
+	childDo     = "do"     // Do on crashKey whose fn reports "in-fn" and blocks
+	childDoTx   = "dotx"   // DoTx on crashKey: an effect, a message, "in-fn", blocks
+	childOutbox = "outbox" // enqueues one message whose handler reports "in-handler" and blocks
+)
+
+const (
+	crashKey  = "crash-7f3a"
+	childLife = 2 * time.Minute
+)
+
+var childMainCalled atomic.Bool
+
+// ChildMain prepares the test binary for the suite's child processes; call it
+// first in TestMain, before m.Run:
+//
+//	func TestMain(m *testing.M) {
+//		idemtest.ChildMain()
+//		os.Exit(m.Run())
+//	}
+//
+// In the parent it only records that it was called (the suite's process
+// cases fail without it). In a child started by the suite, it makes the child
+// exit as soon as its parent goes away, so that no child outlives a failed or
+// interrupted test run; the child's part then runs in Run, under m.Run.
+func ChildMain() {
+	childMainCalled.Store(true)
+	if os.Getenv(envChild) == "" {
+		return
+	}
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(7)
+	}()
+}
+
+// runChild is Run in a child process: the role's part, then exit. The
+// parent kills it with SIGKILL before it exits on its own.
+func runChild[T any](t *testing.T, h Harness[T]) {
+	role, store := os.Getenv(envChild), os.Getenv(envStore)
+	report := os.NewFile(3, "idemtest-report")
+	say := func(line string) {
+		if _, err := fmt.Fprintln(report, line); err != nil {
+			os.Exit(8)
+		}
+	}
+	block := func() {
+		time.Sleep(childLife)
+		fmt.Fprintln(os.Stderr, "idemtest child: not killed")
+		os.Exit(9)
+	}
+	fail := func(what string, err error) {
+		fmt.Fprintf(os.Stderr, "idemtest child %s: %s: %v\n", role, what, err)
+		os.Exit(10)
+	}
+	opts := Options{Now: newClock().Now}
+	if p, err := strconv.Atoi(os.Getenv(envRecovery)); err == nil {
+		opts.Recovery = idem.RecoveryPolicy(p)
+	}
+	if role == childOutbox {
+		opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond, Handlers: map[string]idem.Handler{
+			"charge": func(ctx context.Context, m idem.Message) error {
+				say("in-handler " + m.DownstreamKey)
+				block()
+				return nil
+			},
+		}}
+	}
+	e, err := h.Open(t, store, opts)
+	if err != nil {
+		fail("open", err)
+	}
+	say("open")
+	switch role {
+	case childDo:
+		_, err = e.Do(bg, crashKey, fp, func(ctx context.Context) ([]byte, error) {
+			say("in-fn")
+			block()
+			return nil, nil
+		})
+	case childDoTx:
+		_, err = e.DoTx(bg, crashKey, fp, func(ctx context.Context, tx T) ([]byte, error) {
+			if err := h.PutEffect(tx, crashKey, "x"); err != nil {
+				return nil, err
+			}
+			if err := h.Enqueue(tx, "charge", []byte("1200")); err != nil {
+				return nil, err
+			}
+			say("in-fn")
+			block()
+			return nil, nil
+		})
+	case childOutbox:
+		_, err = e.DoTx(bg, crashKey, fp, func(ctx context.Context, tx T) ([]byte, error) {
+			return []byte("ord_1"), h.Enqueue(tx, "charge", []byte("1200"))
+		})
+		if err == nil {
+			say("committed")
+		}
+	default:
+		err = errors.New("unknown role")
+	}
+	if err != nil {
+		fail("call", err)
+	}
+	block()
+}
+
+// child is a child process of the test binary running one role.
+type child struct {
+	t      testing.TB
+	cmd    *exec.Cmd
+	out    *syncBuffer
+	lines  chan string
+	stdin  io.Closer
+	waited bool
+}
+
+// startChild starts a child in role on store, with the recovery policy p.
+func (s *suite[T]) startChild(t testing.TB, role, store string, p idem.RecoveryPolicy) *child {
+	t.Helper()
+	if !childMainCalled.Load() {
+		t.Fatal("idemtest: call idemtest.ChildMain() first in TestMain: the process cases re-execute the test binary")
+	}
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], "-test.run="+childPattern(s.run), "-test.count=1")
+	cmd.Env = append(os.Environ(), envChild+"="+role, envRun+"="+s.run, envStore+"="+store,
+		envRecovery+"="+strconv.Itoa(int(p)))
+	out := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = []*os.File{w}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close() // the child holds the write end now: EOF when it dies
+	c := &child{t: t, cmd: cmd, out: out, lines: make(chan string, 16), stdin: stdin}
+	go func() {
+		defer r.Close()
+		defer close(c.lines)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		if !c.waited {
+			_ = cmd.Process.Kill()
+			c.wait()
+		}
+	})
+	return c
+}
+
+// await reads the child's reports until line; it fails the test if the child
+// ends first.
+func (c *child) await(line string) {
+	c.t.Helper()
+	timeout := time.After(time.Minute) // a bound on a hang, not a timing claim
+	for {
+		select {
+		case got, ok := <-c.lines:
+			if !ok {
+				c.t.Fatalf("the child ended before it reported %q; it said:\n%s", line, c.out.String())
+			}
+			if got == line {
+				return
+			}
+		case <-timeout:
+			c.t.Fatalf("the child did not report %q; it said:\n%s", line, c.out.String())
+		}
+	}
+}
+
+// kill kills the child with SIGKILL and checks that it died of it.
+func (c *child) kill() {
+	c.t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		c.t.Fatalf("kill the child: %v", err)
+	}
+	err := c.wait()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) {
+		c.t.Fatalf("the child: %v; it said:\n%s", err, c.out.String())
+	}
+	if ws, ok := exit.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		c.t.Fatalf("the child must die of SIGKILL; it ended with %v and said:\n%s", err, c.out.String())
+	}
+}
+
+func (c *child) wait() error {
+	c.waited = true
+	_ = c.stdin.Close()
+	err := c.cmd.Wait()
+	for range c.lines { // the reader ends at EOF
+	}
+	return err
+}
+
+// syncBuffer is a bytes.Buffer safe for the child's output copier and the
+// test reading it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
