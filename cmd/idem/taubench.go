@@ -16,9 +16,24 @@ import (
 	"github.com/idemkit/idem/kit/taubench"
 )
 
-// A crash child of the taubench crash schedule is this program re-executed:
-// it plays its part before anything else runs (in tests too).
-func init() { taubench.ChildMain() }
+// newTaubenchChildCmd is the hidden subcommand a crash child of the taubench
+// crash schedule runs: the runner re-executes this program with
+// taubench.ChildCommand and a spec as its arguments. Only that argument makes
+// a crash child, never the environment.
+func newTaubenchChildCmd(*app) *cobra.Command {
+	return &cobra.Command{
+		Use:    taubench.ChildCommand + " SPEC",
+		Short:  "A crash child of idem taubench (internal)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if err := taubench.RunChild(args[0]); err != nil {
+				return err
+			}
+			return errors.New("taubench child: the crash point was not reached")
+		},
+	}
+}
 
 func newTaubenchCmd(a *app) *cobra.Command {
 	var (

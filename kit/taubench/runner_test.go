@@ -9,7 +9,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	ChildMain() // a crash child of TestRunner is this binary re-executed
+	ChildMain(os.Args[1:]) // a crash child of TestRunner is this binary re-executed
 	os.Exit(m.Run())
 }
 
