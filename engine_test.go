@@ -24,10 +24,14 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if crashChild() {
-		return
+	code := testkit.Main(m, crashChildren)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
 	}
-	goleak.VerifyTestMain(m)
+	os.Exit(code)
 }
 
 // The article's three tests.
