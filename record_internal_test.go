@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"unicode/utf8"
 
 	"bytes"
 	"errors"
@@ -137,22 +136,6 @@ func FuzzDecodeRecord(f *testing.F) {
 		// Whatever decodes re-encodes to the same bytes.
 		if again := encodeRecord(nil, r); !bytes.Equal(again, b) {
 			t.Fatalf("re-encoding differs:\n%x\n%x", b, again)
-		}
-	})
-}
-
-func FuzzValidateKey(f *testing.F) {
-	for _, s := range []string{"", "k", "order-7f3a", strings.Repeat("k", 255), strings.Repeat("k", 256), "\xff", "é"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, key string) {
-		err := validateKey(key)
-		valid := key != "" && len(key) <= MaxKeyLen && utf8.ValidString(key)
-		if valid != (err == nil) {
-			t.Fatalf("validateKey(%q) = %v", key, err)
-		}
-		if err != nil && !errors.Is(err, ErrInvalidKey) {
-			t.Fatalf("error does not wrap ErrInvalidKey: %v", err)
 		}
 	})
 }
