@@ -655,7 +655,22 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// WriteTable prints the report as a markdown table.
+// Legend explains WriteTable's columns and schedules, one per line.
+const Legend = `tasks matching    tasks whose every answer the agent read equals the reference and whose
+                  changed records equal the task's
+outputs diverged  answers the agent read that differ from the reference, counted one by one
+extra effects     write executions beyond one per logical call
+state mismatches  tasks whose changed records differ from the task's
+modes             idem: every write call through DoTx, a key per logical call;
+                  baseline: the tools called directly, no dedupe
+schedules         none: every call once; duplicate: every call twice in a row;
+                  lost: every answer dropped and the call retried; concurrent: two
+                  identical calls at once; crash: a child process killed (SIGKILL)
+                  in one write call, then retried; mutated: every write retried
+                  with the same key and changed arguments
+`
+
+// WriteTable prints the report as a markdown table, followed by Legend.
 func WriteTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "τ-bench retail, %d tasks, seed %d\n\n", rep.Tasks, rep.Seed)
 	fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches |")
@@ -669,4 +684,5 @@ func WriteTable(w io.Writer, rep *Report) {
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %s | %d/%d | %d | %d | %d |\n", r.Schedule, r.Mode, r.Matched, r.Tasks, r.Diverged, r.ExtraEffects, r.StateMismatches)
 	}
+	fmt.Fprintf(w, "\n%s", Legend)
 }
