@@ -104,6 +104,20 @@ type Row struct {
 	StateMismatches int `json:"state_mismatches"`
 	// Failures describes the first few mismatches, for debugging.
 	Failures []string `json:"failures,omitempty"`
+	// Crashes are the crash schedule's random choices, one per task that
+	// has a write call, in task order: the seed decides them.
+	Crashes []CrashChoice `json:"crashes,omitempty"`
+}
+
+// CrashChoice is where the crash schedule killed a task's child process: during
+// action Action (an index into the task's actions), at crash point Point
+// ("taubench-before-commit": after the tool ran, before its transaction
+// committed; "taubench-after-commit": after the commit, before the answer
+// reached the agent).
+type CrashChoice struct {
+	Task   int    `json:"task"`
+	Action int    `json:"action"`
+	Point  string `json:"point"`
 }
 
 // Report is the outcome of Run.
@@ -177,6 +191,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				if err != nil {
 					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
 				}
+				if out.crash != nil {
+					row.Crashes = append(row.Crashes, *out.crash)
+				}
 				row.Diverged += out.diverged
 				row.ExtraEffects += out.extra
 				if len(out.state) > 0 {
@@ -232,6 +249,7 @@ type outcome struct {
 	extra    int
 	notes    []string
 	state    []string
+	crash    *CrashChoice // the crash schedule's choice, if it crashed the task
 }
 
 // key is the idempotency key of action i: minted once per logical call.
@@ -358,6 +376,7 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 	}
 	start := 0
 	if crashAt >= 0 {
+		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point}
 		if err := p.crashChild(crashAt, point); err != nil {
 			return out, err
 		}
