@@ -35,7 +35,8 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// The article's three tests.
+// The basic promises: the same key twice gives one side effect and the same
+// answer; the same key with other arguments is refused, in every state.
 
 func TestSameKeyTwiceGivesSameOrderAndOneSideEffect(t *testing.T) {
 	e, _ := testkit.Open(t, nil)

@@ -1,7 +1,8 @@
 package idem_test
 
-// One test per row of DESIGN.md's table of outcomes, named after the row.
-// Process kills (the last row) are in crash_test.go.
+// One test per outcome of a call: the rows of the README's table ("What it
+// promises") as Do's documentation spells them out, each test named after
+// its case. Process kills are in crash_test.go.
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-// Command createorder is the article's create_order, runnable: a client that
+// Command createorder is create_order (ExampleTx_Enqueue), runnable: a client that
 // retries through timeouts, a service that records the order, the intent to
 // charge the card and the idempotency key in one transaction, and a payment
 // gateway reached through the outbox. However often the client retries and
