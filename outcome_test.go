@@ -71,6 +71,9 @@ func waitersIn(t *testing.T, n int, start func()) {
 		start()
 		return
 	}
+	if !fault.Enabled {
+		t.Fatalf("waitersIn counts waiters at a failpoint: begin %s with `if !testkit.Failpoints(t) { return }`", t.Name())
+	}
 	var waiting atomic.Int32
 	all := make(chan struct{})
 	unset := fault.Set("do-wait", func() error {
