@@ -287,7 +287,8 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 // key is the idempotency key: 1 to MaxKeyLen bytes of UTF-8, without
 // leading or trailing white space and without control or format characters
 // (Unicode Cc and Cf, such as NUL or the byte-order mark); else
-// ErrInvalidKey, nothing stored; its documentation gives the rules' sources. fingerprint is the bytes that define "the
+// ErrInvalidKey, nothing stored (ErrInvalidKey gives the rules' sources).
+// fingerprint is the bytes that define "the
 // same request" (canonical arguments, see Fingerprint); the engine stores a
 // 64-bit xxhash of them, and a reused key with a different fingerprint fails
 // with ErrFingerprintMismatch, whatever the record's state.
@@ -781,10 +782,12 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 }
 
 // Get returns key's live record without side effects: no execution, no
-// recovery, no lock. Get, Forget and Resolve take any key an earlier version
-// could store (1 to MaxKeyLen bytes of UTF-8), also one Do now refuses for
-// white space or an invisible character, so such records stay reachable. A key with no record, or an expired one, gives
+// recovery, no lock. A key with no record, or an expired one, gives
 // ErrNotFound; an undecodable one ErrCorrupt.
+//
+// Get, Forget and Resolve take any key an earlier version could store (1 to
+// MaxKeyLen bytes of UTF-8), also one that Do now refuses for white space at
+// an end or an invisible character, so such records stay reachable.
 func (e *Engine) Get(key string) (*Record, error) {
 	if err := validateStoredKey(key); err != nil {
 		return nil, &OpError{Op: "get", Key: key, Err: err}
