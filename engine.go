@@ -288,10 +288,10 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 // leading or trailing white space and without control or format characters
 // (Unicode Cc and Cf, such as NUL or the byte-order mark); else
 // ErrInvalidKey, nothing stored (ErrInvalidKey gives the rules' sources).
-// fingerprint is the bytes that define "the
-// same request" (canonical arguments, see Fingerprint); the engine stores a
-// 64-bit xxhash of them, and a reused key with a different fingerprint fails
-// with ErrFingerprintMismatch, whatever the record's state.
+// fingerprint is the bytes that define "the same request" (canonical
+// arguments, see Fingerprint); the engine stores a 64-bit xxhash of them, and
+// a reused key with a different fingerprint fails with
+// ErrFingerprintMismatch, whatever the record's state.
 //
 // The first call commits a started record (fsync), runs fn with a context
 // that carries CallFrom information and ends on Close, then commits a done
