@@ -58,6 +58,10 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 }
 
 func TestConformance(t *testing.T) {
+	// The suite's hooks are failpoints: it runs in the build with them.
+	if !testkit.Failpoints(t) {
+		return
+	}
 	idemtest.Run(t, boltHarness)
 }
 

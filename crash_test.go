@@ -1,8 +1,9 @@
 package idem_test
 
-// Crash tests: the test binary re-executes itself as a child that opens the
-// file, runs one call and is killed with SIGKILL at a failpoint; the parent
-// reopens the file and retries, as an orchestrator would after a crash.
+// Crash tests: a child process (this package's tests built with the idemfail
+// tag, started by testkit.RunKilled) opens the file, runs one call and is
+// killed with SIGKILL at a failpoint; the parent reopens the file and
+// retries, as an orchestrator would after a crash.
 
 import (
 	"bufio"
@@ -10,23 +11,22 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
-const (
-	envChild  = "IDEM_TEST_CRASH_CHILD"
-	envDB     = "IDEM_TEST_CRASH_DB"
-	envLedger = "IDEM_TEST_CRASH_LEDGER"
-)
+// crashChildren are the child processes of this package's crash tests, by
+// name (testkit.Main runs them).
+var crashChildren = map[string]func(args []string){
+	"do":     doChild,
+	"outbox": obChild,
+}
 
 // ledger is the payment gateway's record of charges: one line per charge,
 // synced before the charge returns, so it survives the kill.
@@ -89,34 +89,23 @@ func createOrder(l ledger) func(ctx context.Context) ([]byte, error) {
 	}
 }
 
-// crashChild runs the child's side of a crash test and reports whether this
-// process is a child (it should then exit without running the tests).
-func crashChild() bool {
-	if os.Getenv(envChild) == "" {
-		return false
-	}
-	e, err := idem.Open(os.Getenv(envDB), nil)
+// doChild is the child of a Do crash test: args are the file and the
+// ledger. It runs create_order once; the failpoint kills it on the way.
+func doChild(args []string) {
+	e, err := idem.Open(args[0], nil)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)
 	}
-	_, err = e.Do(context.Background(), "order-7f3a", []byte(`{"sku":"A1"}`), createOrder(ledger(os.Getenv(envLedger))))
+	_, err = e.Do(context.Background(), "order-7f3a", []byte(`{"sku":"A1"}`), createOrder(ledger(args[1])))
 	fmt.Fprintln(os.Stderr, "child: not killed; Do returned", err)
-	os.Exit(4)
-	return true
 }
 
-// runKilledChild runs the child with the failpoint armed and checks that it
-// died of SIGKILL.
+// runKilledChild runs the Do child with the failpoint point armed to kill
+// and checks that it died of SIGKILL.
 func runKilledChild(t *testing.T, db, ledgerPath, point string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"=1", envDB+"="+db, envLedger+"="+ledgerPath, fault.Env+"="+point)
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	require.True(t, errors.As(err, &exit), "child: %v\n%s", err, out)
-	ws, ok := exit.Sys().(syscall.WaitStatus)
-	require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die of SIGKILL at %s; it said:\n%s", point, out)
+	testkit.RunKilled(t, "do", point+"=kill", []string{db, ledgerPath})
 }
 
 func TestCrashAfterSideEffectIsRecovered(t *testing.T) {
@@ -128,7 +117,7 @@ func TestCrashAfterSideEffectIsRecovered(t *testing.T) {
 		// Killed after the started commit, before fn ran: re-executed.
 		{"do-after-started", 2, false},
 		// Killed after the card was charged, before the done record: the
-		// article's crash between the side effect and the log write.
+		// crash between the side effect and the log write.
 		// Re-executed with Recovered set; fn reconciles and does not charge again.
 		{"do-after-fn", 2, false},
 		// Killed after the done commit, before the caller heard: replayed.

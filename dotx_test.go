@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -349,11 +350,11 @@ func TestDoTxMayReturnBytesReadFromItsTransaction(t *testing.T) {
 				return b.Get([]byte("balance")), nil
 			})
 			if i%2 == 1 {
-				require.Error(t, err)
+				assert.Error(t, err)
 			} else {
-				require.NoError(t, err)
+				assert.NoError(t, err)
 			}
-			require.Equal(t, "100.00", string(res.Response))
+			assert.Equal(t, "100.00", string(res.Response))
 		})
 	}
 	wg.Wait()

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 	"unsafe"
 
 	"github.com/cespare/xxhash/v2"
@@ -288,28 +287,17 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 	return bbolt.Open(path, 0o600, o)
 }
 
-// validateKey checks the key rules: non-empty, at most MaxKeyLen bytes (Stripe's
-// limit), valid UTF-8.
-func validateKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
-	}
-	return nil
-}
-
 // Do runs fn once per idempotency key and records its outcome, so that every
 // later call with the key gets that outcome back instead of running fn again.
 //
-// key is the idempotency key: 1 to MaxKeyLen bytes of UTF-8 (else
-// ErrInvalidKey, nothing stored). fingerprint is the bytes that define "the
-// same request" (canonical arguments, see Fingerprint); the engine stores a
-// 64-bit xxhash of them, and a reused key with a different fingerprint fails
-// with ErrFingerprintMismatch, whatever the record's state.
+// key is the idempotency key: 1 to MaxKeyLen bytes of UTF-8, without
+// leading or trailing white space and without control or format characters
+// (Unicode Cc and Cf, such as NUL or the byte-order mark); else
+// ErrInvalidKey, nothing stored (ErrInvalidKey gives the rules' sources).
+// fingerprint is the bytes that define "the same request" (canonical
+// arguments, see Fingerprint); the engine stores a 64-bit xxhash of them, and
+// a reused key with a different fingerprint fails with
+// ErrFingerprintMismatch, whatever the record's state.
 //
 // The first call commits a started record (fsync), runs fn with a context
 // that carries CallFrom information and ends on Close, then commits a done
@@ -807,8 +795,12 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 // Get returns key's live record without side effects: no execution, no
 // recovery, no lock. A key with no record, or an expired one, gives
 // ErrNotFound; an undecodable one ErrCorrupt.
+//
+// Get, Forget and Resolve take any key an earlier version could store (1 to
+// MaxKeyLen bytes of UTF-8), also one that Do now refuses for white space at
+// an end or an invisible character, so such records stay reachable.
 func (e *Engine) Get(key string) (*Record, error) {
-	if err := validateKey(key); err != nil {
+	if err := validateStoredKey(key); err != nil {
 		return nil, &OpError{Op: "get", Key: key, Err: err}
 	}
 	if err := e.enterOp(); err != nil {
@@ -868,7 +860,7 @@ func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error
 // operate runs an operator write on key while holding the key, so it never
 // races a running call.
 func (e *Engine) operate(op, key string, fn func(tx *bbolt.Tx) error) error {
-	if err := validateKey(key); err != nil {
+	if err := validateStoredKey(key); err != nil {
 		return &OpError{Op: op, Key: key, Err: err}
 	}
 	if err := e.enterOp(); err != nil {

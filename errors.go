@@ -8,8 +8,20 @@ import (
 
 // Input errors: nothing was stored, so the call can be corrected and retried.
 var (
-	// ErrInvalidKey is returned for an idempotency key that is empty, longer than
-	// MaxKeyLen bytes, or not valid UTF-8.
+	// ErrInvalidKey is returned for an idempotency key that breaks the key
+	// rules; nothing is stored. A key Do and DoTx accept is 1 to MaxKeyLen
+	// bytes (Stripe's 255) of valid UTF-8, with no leading or trailing white
+	// space and no character of Unicode category Cc or Cf (controls such as
+	// NUL, tab and newline; format characters such as the byte-order mark and
+	// zero-width spaces). White space at the ends is refused, not trimmed:
+	// Stripe's SDKs trim keys, so " k " and "k" would be one key there and
+	// two here, and trimming would merge keys already stored apart. Cc and Cf
+	// characters print as nothing, so keys that look alike would differ; the
+	// IETF Idempotency-Key draft's value is a structured-field string,
+	// printable ASCII only (the engine also takes other printable
+	// characters). Inner white space is allowed. Get, Forget and Resolve
+	// check only the length and UTF-8, so that records stored under keys an
+	// earlier version accepted stay reachable.
 	ErrInvalidKey = errors.New("idem: invalid idempotency key")
 
 	// ErrFingerprintMismatch is returned when a key is reused with a different

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkit/idem"
 )
 
-// The article's create_order: the order, the intent to charge the card and
+// create_order: the order, the intent to charge the card and
 // the idempotency key commit in one transaction; the dispatcher then charges
 // the card, at least once, passing the message's downstream key on, so a
 // gateway that dedupes by key charges once however often the client retries.

@@ -113,18 +113,39 @@ func ExampleDoJSON() {
 // After a crash, fn learns that it recovers an interrupted execution and
 // reconciles with the downstream system before acting again.
 func ExampleCallFrom() {
-	fn := func(ctx context.Context) ([]byte, error) {
+	charged := map[string]bool{} // the payment gateway's ledger, by idempotency key
+	createOrder := func(ctx context.Context) ([]byte, error) {
 		call, _ := idem.CallFrom(ctx)
-		if call.Recovered {
-			// Ask the gateway about call.Key before charging again.
+		if call.Recovered && charged[call.Key] {
+			// An earlier attempt was interrupted after its effect: the
+			// gateway has the charge, so reconcile instead of charging again.
+			return fmt.Appendf(nil, "attempt %d: found attempt %d's charge", call.Attempt, call.Attempt-1), nil
 		}
-		return fmt.Appendf(nil, "attempt %d", call.Attempt), nil
+		charged[call.Key] = true
+		return fmt.Appendf(nil, "attempt %d: charged", call.Attempt), nil
 	}
 	dir, _ := os.MkdirTemp("", "idem-example")
 	defer os.RemoveAll(dir)
 	e, _ := idem.Open(filepath.Join(dir, "idem.db"), nil)
 	defer e.Close()
-	res, _ := e.Do(context.Background(), "k", nil, fn)
+
+	// The first call charges the card, then its caller gives up before the
+	// outcome is recorded (as a crash would cut it): an interrupted execution.
+	ctx, cancel := context.WithCancel(context.Background())
+	_, err := e.Do(ctx, "order-7f3a", nil, func(ctx context.Context) ([]byte, error) {
+		if _, err := createOrder(ctx); err != nil {
+			return nil, err
+		}
+		cancel()
+		return nil, ctx.Err()
+	})
+	fmt.Println("first call interrupted:", errors.Is(err, context.Canceled))
+	// The retry recovers it: Recovered is set, and fn reconciles.
+	res, _ := e.Do(context.Background(), "order-7f3a", nil, createOrder)
 	fmt.Println(string(res.Response))
-	// Output: attempt 1
+	fmt.Println("charges:", len(charged))
+	// Output:
+	// first call interrupted: true
+	// attempt 2: found attempt 1's charge
+	// charges: 1
 }

@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"unicode/utf8"
 )
 
 // MaxNamespaceLen is the longest namespace KeyOf accepts, in bytes, so that
@@ -33,16 +32,21 @@ const MaxNamespaceLen = 64
 //     pseudonymisation, not anonymisation. The namespace is stored in clear:
 //     it must not hold personal data.
 //
-// KeyOf panics if parts is empty or the namespace is empty, longer than
-// MaxNamespaceLen bytes, or not valid UTF-8: the namespace is meant to be a
-// constant of the program, like a regexp given to MustCompile.
+// KeyOf panics if parts is empty or the namespace is longer than
+// MaxNamespaceLen bytes or breaks the key rules (see ErrInvalidKey: empty,
+// not valid UTF-8, white space at either end, a control or format
+// character): the namespace is meant to be a constant of the program, like a
+// regexp given to MustCompile.
 func KeyOf(parts ...string) string {
 	if len(parts) == 0 {
 		panic("idem: KeyOf needs a namespace")
 	}
 	ns := parts[0]
-	if ns == "" || len(ns) > MaxNamespaceLen || !utf8.ValidString(ns) {
-		panic(fmt.Sprintf("idem: KeyOf namespace must be 1 to %d bytes of UTF-8, got %d bytes", MaxNamespaceLen, len(ns)))
+	if len(ns) > MaxNamespaceLen {
+		panic(fmt.Sprintf("idem: KeyOf namespace must be at most %d bytes, got %d", MaxNamespaceLen, len(ns)))
+	}
+	if err := validateKey(ns); err != nil {
+		panic(fmt.Sprintf("idem: KeyOf namespace: %v", err))
 	}
 	h := sha256.New()
 	var n [binary.MaxVarintLen64]byte

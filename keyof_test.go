@@ -57,6 +57,9 @@ func TestKeyOfPanicsOnABadNamespace(t *testing.T) {
 		"empty namespace":     {"", "a"},
 		"namespace too long":  {strings.Repeat("n", idem.MaxNamespaceLen+1), "a"},
 		"namespace not UTF-8": {"\xff", "a"},
+		"leading white space": {" create_order", "a"},
+		"a control character": {"create\x00order", "a"},
+		"a byte-order mark":   {"\ufeffcreate_order", "a"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			require.Panics(t, func() { idem.KeyOf(parts...) })

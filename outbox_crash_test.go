@@ -1,19 +1,16 @@
 package idem_test
 
-// Crash tests of the article's create_order through DoTx and the outbox: the
-// test binary re-executes itself as a child (TestOutboxCrashChild) that opens
-// the file, runs the call with a running dispatcher and is killed with
-// SIGKILL at a failpoint; the parent reopens the file and retries the call, as
-// a client would after a timeout.
+// Crash tests of create_order (example_outbox_test.go's worked example)
+// through DoTx and the outbox: a child process (obChild, started by
+// testkit.RunKilled) opens the file, runs the call with a running dispatcher
+// and is killed with SIGKILL at a failpoint; the parent reopens the file and
+// retries the call, as a client would after a timeout.
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -24,20 +21,14 @@ import (
 	"github.com/idemkit/idem/internal/testkit"
 )
 
-const (
-	obEnvChild   = "IDEM_TEST_OUTBOX_CHILD"
-	obEnvDB      = "IDEM_TEST_OUTBOX_DB"
-	obEnvGateway = "IDEM_TEST_OUTBOX_GATEWAY"
-
-	// obPointInFn is a failpoint inside create_order's fn, after its writes
-	// and its Enqueue, before it returns.
-	obPointInFn = "test-create-order-in-fn"
-)
+// obPointInFn is a failpoint inside create_order's fn, after its writes and
+// its Enqueue, before it returns.
+const obPointInFn = "test-create-order-in-fn"
 
 // obCrashKey is the call's idempotency key, built from its domain parts.
 var obCrashKey = idem.KeyOf("create_order", "customer-8812", "sku-A1", "2025-01-02")
 
-// obCreateOrder is the article's create_order: the order, the intent to
+// obCreateOrder is create_order: the order, the intent to
 // charge the card and the idempotency key, in one transaction.
 func obCreateOrder(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 	orders, err := tx.Bucket([]byte("orders"))
@@ -69,13 +60,11 @@ func obCrashOptions(g ledger) *idem.Options {
 	}}
 }
 
-// TestOutboxCrashChild is the child's side; it runs only under
-// TestOutboxCrash.
-func TestOutboxCrashChild(t *testing.T) {
-	if os.Getenv(obEnvChild) == "" {
-		t.Skip("the child process of TestOutboxCrash")
-	}
-	e, err := idem.Open(os.Getenv(obEnvDB), obCrashOptions(ledger(os.Getenv(obEnvGateway))))
+// obChild is the child of TestOutboxCrash: args are the file and the
+// gateway's ledger. It runs create_order, then waits for the dispatcher; a
+// failpoint kills it on the way.
+func obChild(args []string) {
+	e, err := idem.Open(args[0], obCrashOptions(ledger(args[1])))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		os.Exit(3)
@@ -84,8 +73,6 @@ func TestOutboxCrashChild(t *testing.T) {
 	fmt.Fprintf(os.Stderr, "child: DoTx returned %q, %v; waiting for the dispatcher\n", res.Response, err)
 	// The dispatcher charges the card; at its failpoint the process dies.
 	time.Sleep(30 * time.Second)
-	fmt.Fprintln(os.Stderr, "child: not killed")
-	os.Exit(4)
 }
 
 func TestOutboxCrash(t *testing.T) {
@@ -103,13 +90,7 @@ func TestOutboxCrash(t *testing.T) {
 			db := filepath.Join(dir, "idem.db")
 			gateway := ledger(filepath.Join(dir, "gateway.log"))
 
-			cmd := exec.Command(os.Args[0], "-test.run=^TestOutboxCrashChild$", "-test.count=1")
-			cmd.Env = append(os.Environ(), obEnvChild+"=1", obEnvDB+"="+db, obEnvGateway+"="+string(gateway), fault.Env+"="+tc.point)
-			out, err := cmd.CombinedOutput()
-			var exit *exec.ExitError
-			require.True(t, errors.As(err, &exit), "child: %v\n%s", err, out)
-			ws, ok := exit.Sys().(syscall.WaitStatus)
-			require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "the child must die of SIGKILL at %s; it said:\n%s", tc.point, out)
+			testkit.RunKilled(t, "outbox", tc.point+"=kill", []string{db, string(gateway)})
 			childCharges := len(mustLines(t, gateway))
 			if tc.point == "outbox-after-handler" {
 				require.Equal(t, 1, childCharges, "the child charged the card before it died")

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -62,6 +63,12 @@ type obMsg struct {
 // obCall runs a DoTx with key that enqueues msgs.
 func obCall(t testing.TB, e *idem.Engine, key string, msgs ...obMsg) {
 	t.Helper()
+	require.NoError(t, obEnqueue(e, key, msgs...))
+}
+
+// obEnqueue is obCall for a goroutine other than the test's: it returns the
+// error instead of stopping the test.
+func obEnqueue(e *idem.Engine, key string, msgs ...obMsg) error {
 	_, err := e.DoTx(context.Background(), key, []byte(key), func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		for _, m := range msgs {
 			var payload []byte
@@ -74,7 +81,7 @@ func obCall(t testing.TB, e *idem.Engine, key string, msgs ...obMsg) {
 		}
 		return nil, nil
 	})
-	require.NoError(t, err)
+	return err
 }
 
 // obRecorder records every delivery attempt, successful or not.
@@ -502,9 +509,9 @@ func TestOutboxConcurrentEnqueueAllDelivered(t *testing.T) {
 			for c := range calls {
 				key := fmt.Sprintf("g%02d-c%02d", g, c)
 				shared := fmt.Sprintf("g%02d", g) // one ordering key across this goroutine's calls
-				obCall(t, e, key,
+				assert.NoError(t, obEnqueue(e, key,
 					obMsg{"a", "", key + "/0"}, obMsg{"b", "", key + "/1"},
-					obMsg{"a", shared, key + "/2"}, obMsg{"b", shared, key + "/3"})
+					obMsg{"a", shared, key + "/2"}, obMsg{"b", shared, key + "/3"}))
 			}
 		})
 	}

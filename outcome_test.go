@@ -1,7 +1,8 @@
 package idem_test
 
-// One test per row of DESIGN.md's table of outcomes, named after the row.
-// Process kills (the last row) are in crash_test.go.
+// One test per outcome of a call: the rows of the README's table ("What it
+// promises") as Do's documentation spells them out, each test named after
+// its case. Process kills are in crash_test.go.
 
 import (
 	"context"
@@ -61,19 +62,25 @@ func leaderWithWaiters(t *testing.T, e *idem.Engine, key string, n int, fn func(
 	return release, leader, waiters
 }
 
-// waitersIn runs start and returns once n calls are waiting on a key.
+// waitersIn runs start and returns once n calls are waiting on a key. For
+// n > 0 it counts them at the do-wait failpoint: the test must run in a
+// build with failpoints (testkit.Failpoints).
 func waitersIn(t *testing.T, n int, start func()) {
 	t.Helper()
 	if n == 0 {
 		start()
 		return
 	}
+	if !fault.Enabled {
+		t.Fatalf("waitersIn counts waiters at a failpoint: begin %s with `if !testkit.Failpoints(t) { return }`", t.Name())
+	}
 	var waiting atomic.Int32
 	all := make(chan struct{})
-	unset := fault.Set("do-wait", func() {
+	unset := fault.Set("do-wait", func() error {
 		if waiting.Add(1) == int32(n) {
 			close(all)
 		}
+		return nil
 	})
 	defer unset()
 	start()
@@ -95,6 +102,9 @@ func record(t *testing.T, e *idem.Engine, key string) *idem.Record {
 }
 
 func TestOutcome_FnReturnsResponse(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 3, func(context.Context) ([]byte, error) {
 		return []byte("order-1"), nil
@@ -118,6 +128,9 @@ func TestOutcome_FnReturnsResponse(t *testing.T) {
 var errDeclined = errors.New("card declined")
 
 func TestOutcome_FnReturnsPermanentError(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, path := testkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		return nil, idem.WithCode(fmt.Errorf("charge: %w", errDeclined), "card_declined")
@@ -159,6 +172,9 @@ func TestOutcome_FnReturnsPermanentError(t *testing.T) {
 }
 
 func TestOutcome_FnReturnsResponseAndError(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) {
 		return []byte("partial"), errors.New("half done")
@@ -175,6 +191,9 @@ func TestOutcome_FnReturnsResponseAndError(t *testing.T) {
 }
 
 func TestOutcome_FnReturnsRetryable(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	errBusy := errors.New("gateway busy")
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
@@ -193,6 +212,9 @@ func TestOutcome_FnReturnsRetryable(t *testing.T) {
 }
 
 func TestOutcome_FnReturnsContextError(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		return nil, fmt.Errorf("upstream: %w", context.DeadlineExceeded)
@@ -218,6 +240,9 @@ func TestOutcome_FnReturnsContextError(t *testing.T) {
 }
 
 func TestOutcome_FnPanics(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		panic("boom")
@@ -231,6 +256,9 @@ func TestOutcome_FnPanics(t *testing.T) {
 }
 
 func TestOutcome_ResponseLargerThanLimit(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, path := testkit.Open(t, &idem.Options{MaxResponseSize: 8})
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) {
 		return []byte("123456789"), nil
@@ -264,11 +292,14 @@ func TestOutcome_CallerContextCancelledBeforeStartedCommit(t *testing.T) {
 }
 
 func TestOutcome_CallerContextCancelledAfterStartedCommitBeforeFnStarts(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	ctx, cancel := context.WithCancel(bg)
 	var once sync.Once
 	waiter := make(chan run, 1)
-	unset := fault.Set("do-after-started", func() {
+	unset := fault.Set("do-after-started", func() error {
 		once.Do(func() {
 			// A duplicate arrives and waits, then the leader's caller gives up.
 			waitersIn(t, 1, func() {
@@ -279,6 +310,7 @@ func TestOutcome_CallerContextCancelledAfterStartedCommitBeforeFnStarts(t *testi
 			})
 			cancel()
 		})
+		return nil
 	})
 	defer unset()
 	_, err := e.Do(ctx, "k", []byte("fp"), mustNotRun(t))
@@ -303,6 +335,9 @@ func TestOutcome_CallerContextCancelledAfterFnReturned(t *testing.T) {
 }
 
 func TestOutcome_WaiterContextCancelledWhileWaiting(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
 	e, _ := testkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 1, okFn("v"))
 	ctx, cancel := context.WithCancel(bg)

@@ -116,24 +116,50 @@ func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
 	require.NoError(t, e.Close()) // goleak in TestMain checks that it stopped
 }
 
+// TestConcurrentPrunesTakeTurns: prunes that overlap take turns (prune holds
+// pruneMu), so each expired record is pruned once: the counts of four
+// prunes started together add up to the records that expired, round after
+// round. Without the turns they add up to four times as many.
 func TestConcurrentPrunesTakeTurns(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: time.Millisecond, Retention: time.Minute, NoSync: true})
-	for round := range 20 {
-		for i := range 20 {
+	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Minute, NoSync: true})
+	const rounds, perRound, prunes = 20, 20, 4
+	for round := range rounds {
+		for i := range perRound {
 			_, err := e.Do(bg, fmt.Sprintf("r%d-%d", round, i), nil, okFn("v"))
 			require.NoError(t, err)
 		}
 		clock.Advance(3 * time.Minute)
+		type pruned struct {
+			n   int
+			err error
+		}
+		results := make(chan pruned, prunes)
+		start := make(chan struct{})
 		var wg sync.WaitGroup
-		for range 4 {
+		for range prunes {
 			wg.Go(func() {
-				_, err := e.Prune(bg)
-				require.NoError(t, err, "overlapping prunes (and the background pruner) must not fail")
+				<-start
+				n, err := e.Prune(bg)
+				results <- pruned{n, err}
 			})
 		}
+		close(start)
 		wg.Wait()
+		close(results)
+		sum := 0
+		for r := range results {
+			require.NoError(t, r.err, "overlapping prunes must not fail")
+			sum += r.n
+		}
+		// Had two prunes counted or deleted the same slot, the counts would
+		// add up to more than the records that expired, or one would fail.
+		require.Equal(t, perRound, sum, "round %d: each expired record is pruned by exactly one prune", round)
 	}
+	s, err := e.Stats()
+	require.NoError(t, err)
+	require.EqualValues(t, rounds*perRound, s.Pruned)
+	require.Zero(t, s.Done+s.Started+s.ExpiredPending)
 }
 
 // Slots carry their own span: a file made under one retention window reads

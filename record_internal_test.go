@@ -2,7 +2,6 @@ package idem
 
 import (
 	"context"
-	"unicode/utf8"
 
 	"bytes"
 	"errors"
@@ -141,22 +140,6 @@ func FuzzDecodeRecord(f *testing.F) {
 	})
 }
 
-func FuzzValidateKey(f *testing.F) {
-	for _, s := range []string{"", "k", "order-7f3a", strings.Repeat("k", 255), strings.Repeat("k", 256), "\xff", "é"} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, key string) {
-		err := validateKey(key)
-		valid := key != "" && len(key) <= MaxKeyLen && utf8.ValidString(key)
-		if valid != (err == nil) {
-			t.Fatalf("validateKey(%q) = %v", key, err)
-		}
-		if err != nil && !errors.Is(err, ErrInvalidKey) {
-			t.Fatalf("error does not wrap ErrInvalidKey: %v", err)
-		}
-	})
-}
-
 // A damaged header must not pass for another fingerprint: the fast path
 // checks the checksum before it compares.
 func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
@@ -189,15 +172,35 @@ func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
 
 // A value stored under a slot's name (by a DoTx fn that reached the engine's
 // bucket through bbolt) is skipped, not dereferenced.
+// TestStrayValueUnderASlotNameIsSkipped: a value (not a bucket) under a slot
+// bucket's name, long expired, is neither counted nor pruned nor fatal; the
+// records around it are counted and pruned as usual.
 func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
-	e, err := Open(t.TempDir()+"/idem.db", &Options{PruneInterval: -1})
+	now := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	e, err := Open(t.TempDir()+"/idem.db", &Options{PruneInterval: -1, Retention: time.Minute, Now: func() time.Time { return now }})
 	require.NoError(t, err)
 	defer e.Close()
+	_, err = e.Do(t.Context(), "k", nil, func(context.Context) ([]byte, error) { return []byte("v"), nil })
+	require.NoError(t, err)
+	stray := layout.Slot{Start: 1, End: 2}.Name() // 1970: expired long ago
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		return rootBucket(tx).Put(layout.Slot{Start: 1, End: 2}.Name(), []byte("not a bucket"))
+		return rootBucket(tx).Put(stray, []byte("not a bucket"))
 	}))
-	_, err = e.Stats()
+
+	s, err := e.Stats()
 	require.NoError(t, err)
-	_, err = e.Prune(t.Context())
+	require.Equal(t, 1, s.Done)
+	require.Zero(t, s.Started+s.ExpiredPending+s.Corrupt, "the stray value is not a record")
+	n, err := e.Prune(t.Context())
 	require.NoError(t, err)
+	require.Zero(t, n, "nothing expired: the stray value is not pruned")
+
+	now = now.Add(time.Hour)
+	n, err = e.Prune(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "k's slot is pruned; the stray value is not counted")
+	require.NoError(t, e.db.View(func(tx *bbolt.Tx) error {
+		require.Equal(t, "not a bucket", string(rootBucket(tx).Get(stray)), "the stray value is left alone")
+		return nil
+	}))
 }

@@ -25,7 +25,7 @@ const PostgresEnv = "IDEM_BENCH_PG"
 // few enough not to thrash two cores with backends.
 const postgresPoolSize = 64
 
-// Postgres is the article's pattern in PostgreSQL through a pgx pool: the
+// Postgres is the common SQL dedupe pattern in PostgreSQL through a pgx pool: the
 // same statements as SQLite (a SELECT first, INSERT … ON CONFLICT to claim,
 // UPDATE to done), with the server's defaults: fsync and synchronous_commit
 // on. Each instance works in a schema of its own, dropped on Close.
@@ -127,7 +127,7 @@ func (p *Postgres) lost(ctx context.Context, key string, fp []byte) ([]byte, boo
 	return resp, err == nil, err
 }
 
-// Do implements benchkit.Deduper with the article's pattern.
+// Do implements benchkit.Deduper with the SQL pattern: find, claim, run, record.
 func (p *Postgres) Do(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) ([]byte, bool, error) {
 	if resp, found, err := p.find(ctx, key, fp); found || err != nil {
 		return resp, err == nil, err

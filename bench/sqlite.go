@@ -32,7 +32,7 @@ const (
 // cores, and each connection has its own page cache: a few per core suffice.
 var sqliteReaders = max(4, 2*runtime.GOMAXPROCS(0))
 
-// SQLite is the article's pattern in SQLite (modernc.org/sqlite, WAL):
+// SQLite is the common SQL dedupe pattern in SQLite (modernc.org/sqlite, WAL):
 //
 //	SELECT fp, state, response … WHERE key = ?        -- replay: a read
 //	INSERT … 'started' ON CONFLICT(key) DO …           -- claim the key
@@ -179,7 +179,7 @@ func answer(err error, storedFP, fp []byte, done bool, resp []byte) ([]byte, boo
 	return resp, true, nil
 }
 
-// Do implements benchkit.Deduper with the article's pattern.
+// Do implements benchkit.Deduper with the SQL pattern: find, claim, run, record.
 func (s *SQLite) Do(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) ([]byte, bool, error) {
 	if resp, found, err := s.find(ctx, key, fp); found || err != nil {
 		return resp, err == nil, err

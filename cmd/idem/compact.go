@@ -74,13 +74,22 @@ func (a *app) compact(src, dst string, txMaxSize int64) (err error) {
 	if a.json {
 		return a.printJSON(out)
 	}
-	change := "no smaller"
-	if out.DstSize < out.SrcSize && out.SrcSize > 0 {
-		change = fmt.Sprintf("%.0f%% smaller", 100*float64(out.SrcSize-out.DstSize)/float64(out.SrcSize))
-	}
 	_, err = fmt.Fprintf(a.stdout, "compacted %s (%s) into %s (%s): %s\n",
-		src, fmtBytes(out.SrcSize), dst, fmtBytes(out.DstSize), change)
+		src, fmtBytes(out.SrcSize), dst, fmtBytes(out.DstSize), shrink(out.SrcSize, out.DstSize))
 	return err
+}
+
+// shrink says how much smaller dst is than src, in whole percent rounded
+// down, so that a file that kept any bytes is never "100% smaller".
+func shrink(src, dst int64) string {
+	if dst >= src || src <= 0 {
+		return "no smaller"
+	}
+	pct := 100 * (src - dst) / src
+	if pct == 0 {
+		return "less than 1% smaller"
+	}
+	return fmt.Sprintf("%d%% smaller", pct)
 }
 
 func fileSize(path string) (int64, error) {

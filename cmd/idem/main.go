@@ -29,8 +29,10 @@
 // Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
 // document on stdout instead of a table, and --retention and --recovery, which
 // must match the program's Options, since they decide which records have
-// expired. Errors go to stderr, one line. Exit status: 0 on success, 1 on an
-// error or a problem found by check, 2 on a usage error.
+// expired. Errors go to stderr, one line; with --json, a command that fails
+// before printing its document prints {"error": {"message", "kind",
+// "exit_status"}} on stdout as well. Exit status: 0 on success, 1 on an error
+// or a problem found by check, 2 on a usage error.
 //
 // Keys, responses and payloads are user data: only ls, get, check (for corrupt
 // records) and the outbox commands print keys, only get prints a response, and
@@ -55,6 +57,7 @@ import (
 	"unicode"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
@@ -80,6 +83,7 @@ var subcommands = []func(*app) *cobra.Command{
 	newBenchCmd,
 	newOutboxCmd,
 	newTaubenchCmd,
+	newTaubenchChildCmd,
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
@@ -116,6 +120,9 @@ type app struct {
 	// deadLetterRetention is OutboxOptions.DeadLetterRetention, for the
 	// commands that have the flag.
 	deadLetterRetention time.Duration
+	// printed is set once printJSON has written a document: --json prints
+	// one, so an error after it goes to stderr only.
+	printed bool
 }
 
 // run executes the command line args and returns the exit status.
@@ -138,19 +145,85 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 	if err == nil {
 		return 0
 	}
-	var ex *exitError
+	var (
+		ex   *exitError
+		line string
+	)
 	switch {
 	case errors.As(err, &ex):
-		if ex.msg != "" {
-			fmt.Fprintln(stderr, ex.msg)
+		code, line = ex.code, ex.msg
+		if line != "" {
+			fmt.Fprintln(stderr, line)
 		}
-		return ex.code
 	case errors.As(err, new(*usageError)), strings.HasPrefix(err.Error(), "unknown command "):
-		fmt.Fprintf(stderr, "idem: %v\nRun 'idem --help' for usage.\n", err)
-		return 2
+		code, line = 2, "idem: "+err.Error()
+		fmt.Fprintf(stderr, "%s\nRun 'idem --help' for usage.\n", line)
+	default:
+		code, line = 1, errorLine(err)
+		fmt.Fprintln(stderr, line)
 	}
-	fmt.Fprintln(stderr, errorLine(err))
-	return 1
+	if line != "" && !a.printed && (a.json || jsonRequested(args)) {
+		// --json promises one JSON document on stdout, failures included.
+		_ = a.printJSON(errorDocJSON{Error: errorDoc{Message: line, Kind: errorKind(err, code), ExitStatus: code}})
+	}
+	return code
+}
+
+// errorDocJSON is what --json prints on stdout when a command fails before
+// printing its document: {"error": {"message", "kind", "exit_status"}}. The
+// same line also goes to stderr.
+type errorDocJSON struct {
+	Error errorDoc `json:"error"`
+}
+
+type errorDoc struct {
+	// Message is the one line printed on stderr.
+	Message string `json:"message"`
+	// Kind is a stable word for scripts: usage, in_use, no_file, not_found,
+	// invalid_key, in_progress, state, corrupt, format, or error.
+	Kind string `json:"kind"`
+	// ExitStatus is the process's exit status: 1, or 2 for a usage error.
+	ExitStatus int `json:"exit_status"`
+}
+
+// errorKind names the case of err for errorDoc.Kind.
+func errorKind(err error, code int) string {
+	var ex *exitError
+	switch {
+	case code == 2:
+		return "usage"
+	case errors.As(err, &ex) && ex.inUse:
+		return "in_use"
+	case errors.Is(err, errNoFile):
+		return "no_file"
+	case errors.Is(err, idem.ErrNotFound):
+		return "not_found"
+	case errors.Is(err, idem.ErrInvalidKey):
+		return "invalid_key"
+	case errors.Is(err, idem.ErrInProgress):
+		return "in_progress"
+	case errors.Is(err, idem.ErrState):
+		return "state"
+	case errors.Is(err, idem.ErrCorrupt):
+		return "corrupt"
+	case errors.Is(err, idem.ErrFormat):
+		return "format"
+	}
+	return "error"
+}
+
+// jsonRequested reports whether args ask for --json, for errors that stop
+// the command line before its flags are parsed.
+func jsonRequested(args []string) bool {
+	for _, arg := range args {
+		if arg == "--" {
+			return false
+		}
+		if arg == "--json" || arg == "--json=true" {
+			return true
+		}
+	}
+	return false
 }
 
 func (a *app) rootCmd() *cobra.Command {
@@ -176,7 +249,7 @@ Options: they decide which records have expired.`,
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.db, "db", "idem.db", "path of the idem file; $IDEM_DB, if set, replaces the default")
-	f.BoolVar(&a.json, "json", false, "print one JSON document instead of a table")
+	f.BoolVar(&a.json, "json", false, `print one JSON document instead of a table (on failure {"error": {...}})`)
 	f.DurationVar(&a.retention, "retention", idem.DefaultRetention, "retention window of the program (Options.Retention)")
 	f.StringVar(&a.recovery, "recovery", "reexecute", "recovery policy of the program (Options.Recovery): reexecute or refuse")
 
@@ -192,6 +265,9 @@ Options: they decide which records have expired.`,
 
 // resolveGlobals applies $IDEM_DB and validates the global flags.
 func (a *app) resolveGlobals(cmd *cobra.Command) error {
+	if err := missingValue(cmd); err != nil {
+		return err
+	}
 	a.readOnly = readOnlyCommands[cmd.CommandPath()]
 	if !cmd.Flags().Changed("db") {
 		if p := a.getenv("IDEM_DB"); p != "" {
@@ -205,6 +281,31 @@ func (a *app) resolveGlobals(cmd *cobra.Command) error {
 		return &usageError{err}
 	}
 	return a.resolveRemote(cmd)
+}
+
+// missingValue refuses a flag whose value is the name of another flag:
+// "ls --state --db x" takes "--db" as the state (pflag gives a flag that
+// wants a value the next argument, whatever it is), which means the value
+// was left out.
+func missingValue(cmd *cobra.Command) error {
+	var err error
+	cmd.Flags().Visit(func(f *pflag.Flag) {
+		if err != nil || f.Value.Type() == "bool" {
+			return
+		}
+		v := f.Value.String()
+		name, isLong := strings.CutPrefix(v, "--")
+		if !isLong {
+			name, _ = strings.CutPrefix(v, "-")
+		}
+		if name, _, _ = strings.Cut(name, "="); v == name || name == "" {
+			return
+		}
+		if cmd.Flags().Lookup(name) != nil || (!isLong && len(name) == 1 && cmd.Flags().ShorthandLookup(name) != nil) {
+			err = &usageError{fmt.Errorf("--%s needs a value; it was followed by the flag %s", f.Name, v)}
+		}
+	})
+	return err
 }
 
 func (a *app) recoveryPolicy() (idem.RecoveryPolicy, error) {
@@ -275,11 +376,14 @@ func openReadOnly(path string) (*bbolt.DB, error) {
 	return db, nil
 }
 
+// errNoFile is the cause when the file a command works on does not exist.
+var errNoFile = errors.New("no such file")
+
 func mustExist(path string) error {
 	fi, err := os.Stat(path)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return fmt.Errorf("idem: %s: no such file", path)
+			return fmt.Errorf("idem: %s: %w", path, errNoFile)
 		}
 		return fmt.Errorf("idem: %w", err)
 	}
@@ -293,7 +397,7 @@ func mustExist(path string) error {
 // operator needs, anything else as it is.
 func openError(path string, err error) error {
 	if errors.Is(err, bolterrors.ErrTimeout) {
-		return &exitError{code: 1, msg: inUseMessage(path)}
+		return &exitError{code: 1, msg: inUseMessage(path), inUse: true}
 	}
 	var op *idem.OpError
 	if errors.As(err, &op) && op.Op == "open" {
@@ -324,8 +428,9 @@ func inUseMessage(path string) string {
 
 // exitError ends the run with code, printing msg (if any) to stderr as is.
 type exitError struct {
-	code int
-	msg  string
+	code  int
+	msg   string
+	inUse bool // the file is held by another program
 }
 
 func (e *exitError) Error() string { return e.msg }
@@ -338,6 +443,9 @@ func (e *usageError) Unwrap() error { return e.err }
 
 func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
+		if err := missingValue(cmd); err != nil {
+			return err // before the arguments: a missing value shifts them
+		}
 		if err := check(cmd, args); err != nil {
 			return &usageError{fmt.Errorf("%s: %w (usage: %s)", cmd.Name(), err, cmd.UseLine())}
 		}
@@ -371,6 +479,7 @@ func closeEngine(e interface{ Close() error }, err *error) {
 
 // printJSON writes v as one indented JSON document.
 func (a *app) printJSON(v any) error {
+	a.printed = true
 	enc := json.NewEncoder(a.stdout)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")

@@ -538,7 +538,8 @@ func TestFileInUseByAnotherProgram(t *testing.T) {
 
 // requireInUse holds path with an engine and checks that every command of
 // commands (name → args), in human and JSON form, ends in the one-line
-// in-use message and exit status 1, printing nothing else.
+// in-use message on stderr and exit status 1, printing nothing else but,
+// with --json, the error object on stdout.
 func requireInUse(t *testing.T, path string, commands map[string][]string) {
 	t.Helper()
 	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1})
@@ -557,7 +558,12 @@ func requireInUse(t *testing.T, path string, commands map[string][]string) {
 				r := idemCmd(t, nil, "", a...)
 				require.Equal(t, 1, r.code)
 				require.Equal(t, want, r.stderr)
-				require.Empty(t, r.stdout)
+				if format == "human" {
+					require.Empty(t, r.stdout)
+					return
+				}
+				doc := decode[errorDocJSON](t, r.stdout)
+				require.Equal(t, errorDoc{Message: strings.TrimSuffix(want, "\n"), Kind: "in_use", ExitStatus: 1}, doc.Error)
 			})
 		}
 	}

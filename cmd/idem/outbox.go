@@ -179,6 +179,9 @@ type outboxLsJSON struct {
 	// Corrupt are the sequence numbers of the messages (pending, or dead
 	// with --dead) that fail to decode: not listed, whatever the filter.
 	Corrupt []uint64 `json:"corrupt"`
+	// Others counts the messages of the kind not listed (the dead letters,
+	// or with --dead the pending messages) that pass the topic filter.
+	Others int `json:"others"`
 }
 
 func (a *app) checkDeadLetterRetention() error {
@@ -205,6 +208,9 @@ func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
 	err = e.Messages(func(m *idem.Message, merr error) error {
 		switch {
 		case m.Dead != dead:
+			if merr == nil && (topic == "" || m.Topic == topic) {
+				out.Others++
+			}
 		case merr != nil && errors.Is(merr, idem.ErrCorrupt):
 			out.Corrupt = append(out.Corrupt, m.Seq)
 		case merr != nil:
@@ -249,6 +255,7 @@ func (a *app) printMessages(out *outboxLsJSON, topic string) error {
 			what += " of topic " + quoteKey(topic)
 		}
 		fmt.Fprintf(a.stdout, "no %s\n", what)
+		a.printOthers(out)
 		return nil
 	}
 	w := a.table()
@@ -272,7 +279,17 @@ func (a *app) printMessages(out *outboxLsJSON, topic string) error {
 	if len(out.Messages) < out.Matched {
 		fmt.Fprintf(a.stdout, "(%d of %d %s; raise --limit for more)\n", len(out.Messages), out.Matched, what)
 	}
+	a.printOthers(out)
 	return nil
+}
+
+// printOthers says, under a list of pending messages, that dead letters
+// exist and how to list them: an outbox with no pending message but dead
+// letters is not empty.
+func (a *app) printOthers(out *outboxLsJSON) {
+	if !out.Dead && out.Others > 0 {
+		fmt.Fprintf(a.stdout, "(and %s; idem outbox ls --dead lists them)\n", plural(out.Others, "dead letter", "dead letters"))
+	}
 }
 
 // fmtLastErr renders a last error on one line of a table: control

@@ -3,8 +3,11 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,9 +19,24 @@ import (
 	"github.com/idemkit/idem/kit/taubench"
 )
 
-// A crash child of the taubench crash schedule is this program re-executed:
-// it plays its part before anything else runs (in tests too).
-func init() { taubench.ChildMain() }
+// newTaubenchChildCmd is the hidden subcommand a crash child of the taubench
+// crash schedule runs: the runner re-executes this program with
+// taubench.ChildCommand and a spec as its arguments. Only that argument makes
+// a crash child, never the environment.
+func newTaubenchChildCmd(*app) *cobra.Command {
+	return &cobra.Command{
+		Use:    taubench.ChildCommand + " SPEC",
+		Short:  "A crash child of idem taubench (internal)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(_ *cobra.Command, args []string) error {
+			if err := taubench.RunChild(args[0]); err != nil {
+				return err
+			}
+			return errors.New("taubench child: the crash point was not reached")
+		},
+	}
+}
 
 func newTaubenchCmd(a *app) *cobra.Command {
 	var (
@@ -55,16 +73,21 @@ state mismatches (tasks whose records differ). A retried write often leaves
 the same records while answering differently, so a row can show extra effects
 and diverged answers with no state mismatch.
 
-The data is read from ../shared/taubench/retail beside the repository (or
---data DIR); it is not part of this repository. --db does not apply: every
-task runs on a fresh copy in a temporary directory. The exit status is 1 if
-any idem row falls short of every task.`,
+The data (τ-bench's retail domain: orders.json, users.json, products.json
+and tasks_test.jsonl) is not part of this repository. It is looked for, in
+order, in:
+  --data DIR            if given, only there
+  $IDEM_TAUBENCH_DATA   if set, only there
+  ../shared/taubench/retail beside the idem checkout that holds the working
+                        directory (or beside the working directory)
+  ../shared/taubench/retail beside the idem checkout this program was built
+                        from (go install ./cmd/idem from a checkout)
+--db does not apply: every task runs on a fresh copy in a temporary
+directory. Progress goes to stderr: a bar on a terminal, else a line per
+finished row. The exit status is 1 if any idem row falls short of every task.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if data == "" {
-				data = taubench.DefaultDataDir(repoRoot())
-			}
-			dir, err := taubench.FindDataDir(data)
+			dir, err := findData(data, a.getenv, workDir(), builtFrom())
 			if err != nil {
 				return err
 			}
@@ -100,7 +123,7 @@ any idem row falls short of every task.`,
 			if baseline {
 				modes = 2
 			}
-			progress, finish := func(int, int) {}, func() {}
+			progress, finish := rowProgress(a.stderr, schedules, baseline, len(tasks)), func() {}
 			if f, ok := a.stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
 				bar := progressbar.NewOptions(len(schedules)*modes*len(tasks),
 					progressbar.OptionSetWriter(a.stderr),
@@ -143,7 +166,7 @@ any idem row falls short of every task.`,
 		},
 	}
 	f := c.Flags()
-	f.StringVar(&data, "data", "", "directory of τ-bench's retail data (default ../shared/taubench/retail beside the repository)")
+	f.StringVar(&data, "data", "", "directory of τ-bench's retail data (default: $IDEM_TAUBENCH_DATA, else ../shared/taubench/retail beside the checkout; see above)")
 	f.StringVar(&tasksFile, "tasks", "", "task file of the same format (default DATA/tasks_test.jsonl)")
 	f.Uint64Var(&seed, "seed", 0, "seed of the random choices (default: from the clock, printed)")
 	f.IntVar(&limit, "limit", 0, "play only the first N tasks")
@@ -154,22 +177,105 @@ any idem row falls short of every task.`,
 	return c
 }
 
-// repoRoot is the nearest directory from the working directory up whose
-// go.mod is this module's: the repository root when run from inside it.
-// Elsewhere it is the working directory.
-func repoRoot() string {
-	wd, err := os.Getwd()
-	if err != nil {
-		return "."
+// envTaubenchData names the directory of the τ-bench data when --data is
+// not given.
+const envTaubenchData = "IDEM_TAUBENCH_DATA"
+
+// findData returns the directory of the τ-bench retail data: flag if given,
+// else $IDEM_TAUBENCH_DATA if set (each then the only place looked at), else
+// the first of ../shared/taubench/retail beside the checkout holding wd (or
+// beside wd) and beside the checkout the program was built from (built; ""
+// if unknown) that holds the data. The error names every place looked at.
+func findData(flag string, getenv func(string) string, wd, built string) (string, error) {
+	if flag != "" {
+		return taubench.FindDataDir(flag)
 	}
-	for dir := wd; ; dir = filepath.Dir(dir) {
-		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil &&
+	if dir := getenv(envTaubenchData); dir != "" {
+		dir, err := taubench.FindDataDir(dir)
+		if err != nil {
+			return "", fmt.Errorf("$%s: %w", envTaubenchData, err)
+		}
+		return dir, nil
+	}
+	var tried []string
+	for _, root := range []string{checkoutRoot(wd), checkoutRoot(built)} {
+		if root == "" {
+			continue
+		}
+		candidate := taubench.DefaultDataDir(root)
+		if slices.Contains(tried, candidate) {
+			continue
+		}
+		if dir, err := taubench.FindDataDir(candidate); err == nil {
+			return dir, nil
+		}
+		tried = append(tried, candidate)
+	}
+	return "", fmt.Errorf("τ-bench retail data not found (looked in %s): get τ-bench from "+
+		"https://github.com/sierra-research/tau-bench (the retail domain: %s, %s, %s and %s) and "+
+		"point to it with --data DIR or $%s, or put it at ../shared/taubench/retail beside the idem checkout",
+		strings.Join(tried, ", "), taubench.OrdersFile, taubench.UsersFile, taubench.ProductsFile, taubench.TasksFile, envTaubenchData)
+}
+
+// checkoutRoot is the nearest directory from dir up whose go.mod is the
+// engine's module: the root of an idem checkout holding dir. Outside one it
+// is dir itself; "" stays "".
+func checkoutRoot(dir string) string {
+	if dir == "" {
+		return ""
+	}
+	for d := dir; ; d = filepath.Dir(d) {
+		if b, err := os.ReadFile(filepath.Join(d, "go.mod")); err == nil &&
 			strings.HasPrefix(string(b), "module github.com/idemkit/idem\n") {
+			return d
+		}
+		if filepath.Dir(d) == d {
 			return dir
 		}
-		if filepath.Dir(dir) == dir {
-			return wd
+	}
+}
+
+// workDir is the working directory, "" if it cannot be read.
+func workDir() string {
+	wd, err := os.Getwd()
+	if err != nil {
+		return ""
+	}
+	return wd
+}
+
+// builtFrom is the directory of this file when the program was compiled, if
+// the build recorded it (a build without -trimpath does) and it still
+// exists: the checkout of a `go install ./cmd/idem`. "" otherwise.
+func builtFrom() string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok || !filepath.IsAbs(file) {
+		return ""
+	}
+	dir := filepath.Dir(file)
+	if _, err := os.Stat(dir); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// rowProgress returns a Config.Progress that prints a line to w each time a
+// row of the report (a schedule in a mode, over every task) is done: the
+// progress of a run whose stderr is not a terminal.
+func rowProgress(w io.Writer, schedules []taubench.Schedule, baseline bool, tasks int) func(done, total int) {
+	modes := []taubench.Mode{taubench.Idem}
+	if baseline {
+		modes = []taubench.Mode{taubench.Baseline, taubench.Idem}
+	}
+	rows := len(schedules) * len(modes)
+	fmt.Fprintf(w, "τ-bench: %s × %s × %s\n", plural(tasks, "task", "tasks"),
+		plural(len(schedules), "schedule", "schedules"), plural(len(modes), "mode", "modes"))
+	return func(done, _ int) {
+		if tasks == 0 || done%tasks != 0 {
+			return
 		}
+		row := done/tasks - 1
+		fmt.Fprintf(w, "τ-bench: %d/%d rows done (%s, %s)\n", row+1, rows, schedules[row/len(modes)], modes[row%len(modes)])
 	}
 }
 

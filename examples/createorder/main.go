@@ -1,7 +1,7 @@
-// Command createorder is the article's create_order, runnable: a client that
-// retries through timeouts, a service that records the order, the intent to
-// charge the card and the idempotency key in one transaction, and a payment
-// gateway reached through the outbox. However often the client retries and
+// Command createorder is create_order (ExampleTx_Enqueue), runnable: a
+// client that retries through timeouts, a service that records the order, the
+// intent to charge the card and the idempotency key in one transaction, and a
+// payment gateway reached through the outbox. However often the client retries and
 // however often the gateway's answer is lost, the customer has one order and
 // is charged once.
 //

@@ -1,6 +1,9 @@
 // Package testkit opens engines on temporary files for tests and checks the
 // file's consistency (bbolt's Tx.Check) after every test, the way bbolt's
-// internal/btesting does.
+// internal/btesting does. It also starts the repository's child processes
+// (child.go): crash tests run a child built with the idemfail tag and kill it
+// at a failpoint (Main, RunChild, RunKilled), and tests that arm failpoints in
+// their own process run in such a build (Failpoints).
 package testkit
 
 import (

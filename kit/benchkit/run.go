@@ -3,9 +3,10 @@ package benchkit
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Load says how long a throughput workload runs.
@@ -107,44 +108,38 @@ func runOps(ctx context.Context, callers int, load Load, op Op, around func() fu
 // runPhase runs operations numbered from next up to end (exclusive), or until
 // limit has passed, and returns their merged latencies.
 func runPhase(ctx context.Context, callers int, next *atomic.Int64, end int64, limit time.Duration, op Op) (*Histogram, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The first failed operation cancels the others' context and is the
+	// phase's error (errgroup.WithContext).
+	g, gctx := errgroup.WithContext(ctx)
 	var (
-		hs       = make([]Histogram, callers)
-		stop     atomic.Bool
-		wg       sync.WaitGroup
-		errOnce  sync.Once
-		firstErr error
+		hs   = make([]Histogram, callers)
+		stop atomic.Bool
 	)
 	start := time.Now()
-	for g := range callers {
-		wg.Add(1)
-		go func(h *Histogram) {
-			defer wg.Done()
-			for !stop.Load() && ctx.Err() == nil {
+	for c := range callers {
+		h := &hs[c]
+		g.Go(func() error {
+			for !stop.Load() && gctx.Err() == nil {
 				i := next.Add(1) - 1
 				if i >= end {
-					return
+					return nil
 				}
 				t0 := time.Now()
-				err := op(ctx, int(i))
+				err := op(gctx, int(i))
 				t1 := time.Now()
 				if err != nil {
-					errOnce.Do(func() { firstErr = fmt.Errorf("operation %d: %w", i, err) })
-					stop.Store(true)
-					cancel()
-					return
+					return fmt.Errorf("operation %d: %w", i, err)
 				}
 				h.Record(t1.Sub(t0))
 				if limit > 0 && t1.Sub(start) > limit {
 					stop.Store(true)
 				}
 			}
-		}(&hs[g])
+			return nil
+		})
 	}
-	wg.Wait()
-	if firstErr != nil {
-		return nil, firstErr
+	if err := g.Wait(); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err // the caller's ctx ended

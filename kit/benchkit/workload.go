@@ -6,9 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 )
 
 // Workload is one measurement: what is stored first (Fixture), and what is
@@ -424,49 +425,45 @@ type span struct {
 }
 
 func runPrune(ctx context.Context, f *Fixture, p Pruner, writers int, idle time.Duration) (*Result, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	// The writers' group: the first failed write cancels gctx (which ends
+	// the idle waits and the prune below) and is the run's error.
+	g, gctx := errgroup.WithContext(ctx)
 	var (
-		stop     atomic.Bool
-		wg       sync.WaitGroup
-		spans    = make([][]span, writers)
-		errOnce  sync.Once
-		writeErr error
+		stop  atomic.Bool
+		spans = make([][]span, writers)
 	)
 	for w := range writers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			for !stop.Load() {
 				k := f.FreshKey()
 				t0 := time.Now()
-				err := checkFirst(f.D.Do(ctx, Key(k), Fingerprint(k), respond))
+				err := checkFirst(f.D.Do(gctx, Key(k), Fingerprint(k), respond))
 				if err != nil {
-					errOnce.Do(func() { writeErr = fmt.Errorf("writer: %w", err) })
-					return
+					return fmt.Errorf("writer: %w", err)
 				}
 				spans[w] = append(spans[w], span{t0, time.Since(t0)})
 			}
-		}()
+			return nil
+		})
 	}
 	timer := time.NewTimer(idle)
 	select {
-	case <-ctx.Done():
+	case <-gctx.Done():
 	case <-timer.C:
 	}
 	pStart := time.Now()
-	n, pruneErr := p.Prune(ctx)
+	n, pruneErr := p.Prune(gctx)
 	pEnd := time.Now()
 	if rest := idle - pEnd.Sub(pStart); rest > 0 {
 		timer.Reset(rest)
 		select {
-		case <-ctx.Done():
+		case <-gctx.Done():
 		case <-timer.C:
 		}
 	}
 	wEnd := time.Now()
 	stop.Store(true)
-	wg.Wait()
+	writeErr := g.Wait()
 	if err := errors.Join(pruneErr, writeErr, ctx.Err()); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,7 +19,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/fault"
 )
 
 // Schedule is a fault schedule: how the agent's calls reach the tools.
@@ -78,8 +78,10 @@ type Config struct {
 	// WorkDir holds the per-run database files; empty means a temporary
 	// directory, removed afterwards.
 	WorkDir string
-	// Executable is the program a crash child runs (it must call ChildMain
-	// first thing); empty means os.Executable().
+	// Executable is the program a crash child runs: it is started with two
+	// arguments, ChildCommand and a spec, and must then call RunChild with
+	// the spec (cmd/idem has a hidden subcommand for it; a test binary calls
+	// ChildMain from TestMain). Empty means os.Executable().
 	Executable string
 	// Progress, if not nil, is called after each task run.
 	Progress func(done, total int)
@@ -102,6 +104,20 @@ type Row struct {
 	StateMismatches int `json:"state_mismatches"`
 	// Failures describes the first few mismatches, for debugging.
 	Failures []string `json:"failures,omitempty"`
+	// Crashes are the crash schedule's random choices, one per task that
+	// has a write call, in task order: the seed decides them.
+	Crashes []CrashChoice `json:"crashes,omitempty"`
+}
+
+// CrashChoice is where the crash schedule killed a task's child process: during
+// action Action (an index into the task's actions), at crash point Point
+// ("taubench-before-commit": after the tool ran, before its transaction
+// committed; "taubench-after-commit": after the commit, before the answer
+// reached the agent).
+type CrashChoice struct {
+	Task   int    `json:"task"`
+	Action int    `json:"action"`
+	Point  string `json:"point"`
 }
 
 // Report is the outcome of Run.
@@ -175,6 +191,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				if err != nil {
 					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
 				}
+				if out.crash != nil {
+					row.Crashes = append(row.Crashes, *out.crash)
+				}
 				row.Diverged += out.diverged
 				row.ExtraEffects += out.extra
 				if len(out.state) > 0 {
@@ -207,8 +226,22 @@ type play struct {
 	e  *idem.Engine // Idem mode
 	db *bbolt.DB    // Baseline mode
 
+	// killAt is the crash point at which a crash child kills itself
+	// (point); empty outside a crash child.
+	killAt string
+
 	mu      sync.Mutex
 	effects map[int]int // successful write executions per action index
+}
+
+// point is a crash point of the runner's own (the engine's failpoints exist
+// only in test builds): a crash child whose killAt names it dies there of
+// SIGKILL; anywhere else it does nothing.
+func (p *play) point(name string) {
+	if p.killAt != "" && p.killAt == name {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // the signal is on its way
+	}
 }
 
 type outcome struct {
@@ -216,6 +249,7 @@ type outcome struct {
 	extra    int
 	notes    []string
 	state    []string
+	crash    *CrashChoice // the crash schedule's choice, if it crashed the task
 }
 
 // key is the idempotency key of action i: minted once per logical call.
@@ -278,7 +312,7 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 			err = p.db.Update(func(tx *bbolt.Tx) error {
 				out, err = run(BoltTx{tx})
 				if err == nil {
-					fault.Point("taubench-before-commit")
+					p.point("taubench-before-commit")
 				}
 				return err
 			})
@@ -289,7 +323,7 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 			})
 		}
 		if err == nil && tool.Write {
-			fault.Point("taubench-after-commit")
+			p.point("taubench-after-commit")
 		}
 		return answer{output: out}, err
 	}
@@ -311,7 +345,7 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 		if err != nil {
 			return nil, err
 		}
-		fault.Point("taubench-before-commit")
+		p.point("taubench-before-commit")
 		return []byte(out), nil
 	})
 	if errors.Is(err, idem.ErrFingerprintMismatch) {
@@ -320,7 +354,7 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 	if err != nil {
 		return answer{}, err
 	}
-	fault.Point("taubench-after-commit")
+	p.point("taubench-after-commit")
 	return answer{output: string(res.Response)}, nil
 }
 
@@ -342,6 +376,7 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 	}
 	start := 0
 	if crashAt >= 0 {
+		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point}
 		if err := p.crashChild(crashAt, point); err != nil {
 			return out, err
 		}
@@ -494,7 +529,11 @@ func (p *play) snapshot() (snapshot, error) {
 
 // Crash children.
 
-const envChild = "IDEM_TAUBENCH_CHILD"
+// ChildCommand is the first argument of a crash child: the runner starts
+// Config.Executable with ChildCommand and a spec (a JSON document) as its
+// only arguments. An argument, not an environment variable, so that no
+// setting of a user's environment turns a program into a crash child.
+const ChildCommand = "taubench-crash-child"
 
 // childSpec tells a crash child what to run.
 type childSpec struct {
@@ -519,9 +558,7 @@ func (p *play) crashChild(crashAt int, point string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(p.cfg.Executable)
-	cmd.Env = append(os.Environ(), envChild+"="+string(spec))
-	outb, err := cmd.CombinedOutput()
+	outb, err := exec.Command(p.cfg.Executable, ChildCommand, string(spec)).CombinedOutput()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
 		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
@@ -531,26 +568,31 @@ func (p *play) crashChild(crashAt int, point string) error {
 	return fmt.Errorf("crash child did not die of SIGKILL at %s (%v): %s", point, err, outb)
 }
 
-// ChildMain runs a crash child if this process is one (the environment says
-// so) and never returns then; otherwise it returns at once. Programs that run
-// the crash schedule call it first thing in main (and tests in TestMain).
-func ChildMain() {
-	raw := os.Getenv(envChild)
-	if raw == "" {
+// ChildMain runs a crash child if args (a program's arguments after its
+// name) are ChildCommand and a spec, and never returns then: the child dies
+// at its crash point, or exits with status 3 on an error and 4 if the point
+// was not reached. Otherwise it returns at once. Test binaries that run the
+// crash schedule call it first thing in TestMain with os.Args[1:].
+func ChildMain(args []string) {
+	if len(args) != 2 || args[0] != ChildCommand {
 		return
 	}
-	if err := runChild(raw); err != nil {
+	if err := RunChild(args[1]); err != nil {
 		fmt.Fprintln(os.Stderr, "taubench child:", err)
 		os.Exit(3)
 	}
-	fmt.Fprintln(os.Stderr, "taubench child: the failpoint was not reached")
+	fmt.Fprintln(os.Stderr, "taubench child: the crash point was not reached")
 	os.Exit(4)
 }
 
-func runChild(raw string) error {
+// RunChild plays a crash child's part: raw, the runner's JSON spec, names
+// the file, the task, and the action and crash point at which the child
+// kills itself with SIGKILL. It returns only on an error, or with nil if the
+// point was not reached.
+func RunChild(raw string) error {
 	var spec childSpec
 	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
-		return err
+		return fmt.Errorf("crash child spec: %w", err)
 	}
 	tasks, err := LoadTasks(spec.TasksFile)
 	if err != nil {
@@ -567,6 +609,12 @@ func runChild(raw string) error {
 	}
 	p := &play{cfg: &Config{Seed: spec.Seed}, task: *task, sched: spec.Schedule, mode: spec.Mode,
 		path: spec.DB, effects: map[int]int{}}
+	if !slices.Contains(crashPoints, spec.Point) {
+		return fmt.Errorf("no crash point %q", spec.Point)
+	}
+	if spec.CrashAt < 0 || spec.CrashAt >= len(task.Actions) {
+		return fmt.Errorf("task %d has no action %d", spec.Task, spec.CrashAt)
+	}
 	if err := p.open(); err != nil {
 		return err
 	}
@@ -576,7 +624,7 @@ func runChild(raw string) error {
 			return err
 		}
 	}
-	fault.Set(spec.Point, fault.Kill)
+	p.killAt = spec.Point
 	_, err = p.call(ctx, spec.CrashAt, task.Actions[spec.CrashAt].Kwargs)
 	return err
 }
@@ -626,7 +674,22 @@ func copyFile(src, dst string) error {
 	return out.Close()
 }
 
-// WriteTable prints the report as a markdown table.
+// Legend explains WriteTable's columns and schedules, one per line.
+const Legend = `tasks matching    tasks whose every answer the agent read equals the reference and whose
+                  changed records equal the task's
+outputs diverged  answers the agent read that differ from the reference, counted one by one
+extra effects     write executions beyond one per logical call
+state mismatches  tasks whose changed records differ from the task's
+modes             idem: every write call through DoTx, a key per logical call;
+                  baseline: the tools called directly, no dedupe
+schedules         none: every call once; duplicate: every call twice in a row;
+                  lost: every answer dropped and the call retried; concurrent: two
+                  identical calls at once; crash: a child process killed (SIGKILL)
+                  in one write call, then retried; mutated: every write retried
+                  with the same key and changed arguments
+`
+
+// WriteTable prints the report as a markdown table, followed by Legend.
 func WriteTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "τ-bench retail, %d tasks, seed %d\n\n", rep.Tasks, rep.Seed)
 	fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches |")
@@ -640,4 +703,5 @@ func WriteTable(w io.Writer, rep *Report) {
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %s | %d/%d | %d | %d | %d |\n", r.Schedule, r.Mode, r.Matched, r.Tasks, r.Diverged, r.ExtraEffects, r.StateMismatches)
 	}
+	fmt.Fprintf(w, "\n%s", Legend)
 }

@@ -9,7 +9,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	ChildMain() // a crash child of TestRunner is this binary re-executed
+	ChildMain(os.Args[1:]) // a crash child of TestRunner is this binary re-executed
 	os.Exit(m.Run())
 }
 
@@ -49,19 +49,35 @@ func TestRunner(t *testing.T) {
 	require.True(t, rep.OK())
 }
 
-// TestRunnerSeedRepeats checks that a seed repeats its random choices.
+// TestRunnerSeedRepeats: a seed repeats its random choices (where the crash
+// schedule kills each task, the keys), so two runs with one seed give the
+// same report, choices included; another seed makes other choices.
 func TestRunnerSeedRepeats(t *testing.T) {
 	dir := testDataDir(t)
 	tasksFile := filepath.Join(dir, TasksFile)
 	tasks, err := LoadTasks(tasksFile)
 	require.NoError(t, err)
-	run := func() *Report {
+	run := func(seed uint64) *Report {
 		rep, err := Run(t.Context(), Config{
 			DataDir: dir, Tasks: tasks[:6], TasksFile: tasksFile, Schedules: []Schedule{Crash},
-			Baseline: true, Seed: 42, WorkDir: t.TempDir(),
+			Baseline: true, Seed: seed, WorkDir: t.TempDir(),
 		})
 		require.NoError(t, err)
 		return rep
 	}
-	require.Equal(t, run(), run())
+	first := run(42)
+	require.Len(t, first.Rows, 2)
+	crashes := first.Rows[0].Crashes
+	require.NotEmpty(t, crashes, "the crash schedule crashed some task")
+	require.Equal(t, crashes, first.Rows[1].Crashes, "both modes crash the same places")
+	for _, c := range crashes {
+		require.Contains(t, crashPoints, c.Point)
+	}
+	require.Equal(t, first, run(42), "one seed, one report, choices included")
+	other := run(43)
+	require.NotEqual(t, crashes, other.Rows[0].Crashes, "the seed decides the choices")
+	p := &play{cfg: &Config{Seed: 42}, task: tasks[0]}
+	q := &play{cfg: &Config{Seed: 43}, task: tasks[0]}
+	require.Equal(t, p.key(0), p.key(0))
+	require.NotEqual(t, p.key(0), q.key(0), "the seed decides the keys")
 }

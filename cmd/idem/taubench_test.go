@@ -1,0 +1,136 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/kit/taubench"
+)
+
+// TestMain runs this test binary as a crash child of the taubench crash
+// schedule when the runner starts it so (the CLI's hidden subcommand, as the
+// installed program runs it), else the tests.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == taubench.ChildCommand {
+		os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// taubenchData returns the τ-bench retail data beside the checkout. Without
+// it the test is skipped, except under CI=true, where it fails.
+func taubenchData(t *testing.T) string {
+	t.Helper()
+	dir, err := taubench.FindDataDir(filepath.Join("..", "..", "..", "shared", "taubench", "retail"))
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	return dir
+}
+
+// TestTaubench plays two tasks under every schedule, crash included (its
+// children are this binary through the hidden subcommand), and checks the
+// table, its legend and the progress lines.
+func TestTaubench(t *testing.T) {
+	data := taubenchData(t)
+	r := idemCmd(t, nil, "", "taubench", "--data", data, "--limit", "2", "--seed", "3")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	for _, s := range taubench.Schedules {
+		require.Contains(t, r.stdout, "| "+string(s)+" | idem | 2/2 | 0 | 0 | 0 |")
+	}
+	require.Contains(t, r.stdout, "| crash | baseline |")
+	require.Contains(t, r.stdout, taubench.Legend, "the table has its legend")
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.Equal(t, "τ-bench: 2 tasks × 6 schedules × 2 modes", lines[0])
+	require.Len(t, lines, 1+12, "a progress line per row:\n%s", r.stderr)
+	require.Equal(t, "τ-bench: 12/12 rows done (mutated, idem)", lines[12])
+	require.Contains(t, r.stdout, "repeat with: idem taubench --data="+data+" --limit=2 --seed=3")
+
+	r = idemCmd(t, nil, "", "--json", "taubench", "--data", data, "--limit", "1", "--seed", "3", "--baseline=false")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	rep := decode[taubench.Report](t, r.stdout)
+	require.Len(t, rep.Rows, len(taubench.Schedules))
+	require.True(t, rep.OK())
+}
+
+// TestTaubenchChildIsOnlyAnArgument: the crash child is the hidden
+// subcommand; help does not list it, and it refuses a bad spec.
+func TestTaubenchChildIsOnlyAnArgument(t *testing.T) {
+	r := idemCmd(t, nil, "", "--help")
+	require.Equal(t, 0, r.code)
+	require.NotContains(t, r.stdout, taubench.ChildCommand)
+	r = idemCmd(t, nil, "", taubench.ChildCommand, "{not json")
+	require.Equal(t, 1, r.code)
+	require.Contains(t, r.stderr, "crash child spec")
+}
+
+// TestFindData: --data, then $IDEM_TAUBENCH_DATA, each the only place
+// looked at when given; then beside the checkout of the working directory,
+// then beside the checkout the program was built from; an error naming every
+// place otherwise.
+func TestFindData(t *testing.T) {
+	// A fake checkout: root/go.mod of the engine's module, root/sub (the
+	// working directory), and root/../shared/taubench/retail.
+	mkData := func(dir string) string {
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		for _, f := range []string{taubench.OrdersFile, taubench.UsersFile, taubench.ProductsFile, taubench.TasksFile} {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("{}"), 0o600))
+		}
+		return dir
+	}
+	mkCheckout := func(parent string) (root string) {
+		root = filepath.Join(parent, "idem")
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "cmd", "idem"), 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(root, "go.mod"), []byte("module github.com/idemkit/idem\n\ngo 1.26\n"), 0o600))
+		return root
+	}
+	noEnv := func(string) string { return "" }
+
+	withData := t.TempDir()
+	root := mkCheckout(withData)
+	shared := mkData(filepath.Join(withData, "shared", "taubench", "retail"))
+	bare := t.TempDir()
+	bareRoot := mkCheckout(bare)
+	elsewhere := mkData(filepath.Join(t.TempDir(), "retail"))
+
+	got, err := findData("", noEnv, filepath.Join(root, "cmd", "idem"), "")
+	require.NoError(t, err)
+	require.Equal(t, shared, got, "beside the checkout of the working directory")
+
+	got, err = findData("", noEnv, t.TempDir(), filepath.Join(root, "cmd", "idem"))
+	require.NoError(t, err)
+	require.Equal(t, shared, got, "beside the checkout the program was built from, run elsewhere")
+
+	work := filepath.Join(withData, "work")
+	require.NoError(t, os.Mkdir(work, 0o755))
+	got, err = findData("", noEnv, work, "")
+	require.NoError(t, err)
+	require.Equal(t, shared, got, "outside a checkout: beside the working directory")
+
+	got, err = findData(elsewhere, noEnv, root, "")
+	require.NoError(t, err)
+	require.Equal(t, elsewhere, got, "--data first")
+
+	env := func(k string) string { return map[string]string{envTaubenchData: elsewhere}[k] }
+	got, err = findData("", env, root, "")
+	require.NoError(t, err)
+	require.Equal(t, elsewhere, got, "$IDEM_TAUBENCH_DATA before the checkout")
+
+	_, err = findData(filepath.Join(bare, "nope"), noEnv, root, "")
+	require.ErrorContains(t, err, filepath.Join(bare, "nope"), "a --data without the data is an error, with no fallback")
+	_, err = findData("", func(string) string { return filepath.Join(bare, "nope") }, root, "")
+	require.ErrorContains(t, err, "$IDEM_TAUBENCH_DATA")
+
+	_, err = findData("", noEnv, filepath.Join(bareRoot, "cmd"), bareRoot)
+	require.ErrorContains(t, err, "looked in "+filepath.Join(bareRoot, "..", "shared", "taubench", "retail"))
+	require.ErrorContains(t, err, "--data DIR or $IDEM_TAUBENCH_DATA")
+	require.ErrorContains(t, err, "github.com/sierra-research/tau-bench")
+}
