@@ -120,7 +120,11 @@ type Options struct {
 	// duplicate execution. For tests and benchmarks.
 	NoSync bool
 
-	// Now is the clock, for expiry and record times. Nil means time.Now.
+	// Now is the clock, for expiry and record times. Nil means time.Now. The
+	// engine strips the monotonic reading of every time it reads
+	// (t.Round(0)): records in the file carry wall-clock times only, so
+	// records in memory do too, and both compare alike across a step of the
+	// wall clock.
 	Now func() time.Time
 
 	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
@@ -208,6 +212,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	clock := o.Now
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -246,7 +251,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		st:       store{width: o.Retention},
 		locks:    newKeyLocks(),
 		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
-		now:      o.Now,
+		now:      func() time.Time { return clock().Round(0) },
 		log:      o.Logger,
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
