@@ -505,9 +505,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	}
 
 	e.n.executions.Add(1)
-	fnCtx, stop := e.fnContext(ctx, c, false)
-	resp, ferr := fn(fnCtx)
-	stop()
+	resp, ferr := e.runFn(ctx, c, fn)
 	fault.Point("do-after-fn")
 
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
@@ -530,6 +528,15 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	fault.Point("do-after-done")
 	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
+}
+
+// runFn runs Do's fn in its context, and releases that context (its
+// registration on the engine's) on every path: a panic or runtime.Goexit in fn
+// included.
+func (e *Engine) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) ([]byte, error) {
+	fnCtx, stop := e.fnContext(ctx, c, false)
+	defer stop()
+	return fn(fnCtx)
 }
 
 // doneRecord builds the done record for fn's outcome, failing closed on a
