@@ -320,11 +320,15 @@ func validateKey(key string) error {
 //
 // Outcomes of fn: a response and no error, or a permanent error (returned as
 // *Error wrapping fn's error), are recorded. An error made with Retryable
-// deletes the started record and frees the key. An error that is
-// context.Canceled or DeadlineExceeded, a panic (re-raised in the caller with
-// its value and stack), or a failed commit leave the started record: an
-// interrupted execution that the RecoveryPolicy handles on the next call;
-// waiters then get ErrIncomplete. A response over MaxResponseSize fails closed
+// deletes the started record and frees the key. An error returned once fn's
+// own context has ended (the caller's ctx or Close), a panic (re-raised in the
+// caller with its value and stack), or a failed commit leave the started
+// record: an interrupted execution that the RecoveryPolicy handles on the next
+// call; waiters then get ErrIncomplete. Only the end of fn's own context is an
+// interruption: a context error fn returns while its context is live (its own
+// call to a gateway timed out, say WithCode(downstreamCtx.Err(),
+// "downstream_timeout")) is a permanent error like any other, stored with its
+// code. A response over MaxResponseSize fails closed
 // with ErrResponseTooLarge. Once fn has returned, its outcome is recorded even
 // if ctx ends. After Close, Do returns ErrClosed.
 //
@@ -505,7 +509,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	}
 
 	e.n.executions.Add(1)
-	resp, ferr := e.runFn(ctx, c, fn)
+	resp, ferr, ended := e.runFn(ctx, c, fn)
 	fault.Point("do-after-fn")
 
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
@@ -516,7 +520,10 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 			return res, errors.Join(ferr, e.writeErr("do", c.key, err))
 		}
 		return res, ferr
-	case errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
+	case ferr != nil && ended:
+		// fn's own context ended (the caller's ctx or Close): its error is an
+		// interruption, not an outcome. A context error fn made itself (a
+		// downstream timeout) while its context was live is an outcome.
 		c.incomplete = true
 		return res, ferr
 	}
@@ -532,11 +539,13 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 
 // runFn runs Do's fn in its context, and releases that context (its
 // registration on the engine's) on every path: a panic or runtime.Goexit in fn
-// included.
-func (e *Engine) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) ([]byte, error) {
+// included. ended reports whether fn's own context had ended (the caller's
+// ctx or Close) when fn returned, read before the stop that cancels it.
+func (e *Engine) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (resp []byte, ferr error, ended bool) {
 	fnCtx, stop := e.fnContext(ctx, c, false)
 	defer stop()
-	return fn(fnCtx)
+	resp, ferr = fn(fnCtx)
+	return resp, ferr, fnCtx.Err() != nil
 }
 
 // doneRecord builds the done record for fn's outcome, failing closed on a

@@ -34,8 +34,8 @@ var (
 	ErrInProgress = errors.New("idem: request in progress")
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
-	// that no live call owns (after a crash, a panic, a context error in fn or a
-	// failed commit) under RecoverRefuse, and to waiters whose leader's fn
+	// that no live call owns (after a crash, a panic, an error fn returned once
+	// its own context had ended, or a failed commit) under RecoverRefuse, and to waiters whose leader's fn
 	// ended without an outcome. Resolve the key with Engine.Resolve or Forget.
 	ErrIncomplete = errors.New("idem: execution incomplete")
 

@@ -51,8 +51,11 @@ var errRolledBack = errors.New("idem: fn's writes rolled back")
 //
 // If fn returns an error or panics, nothing it wrote commits. A permanent
 // error is then recorded without fn's writes (in a transaction of its own) and
-// replayed as in Do; Retryable(err) and context errors store nothing, so the
-// key is free; a panic is re-raised in the caller as a *PanicError carrying
+// replayed as in Do; Retryable(err), and any error returned once fn's own
+// context has ended (the caller's ctx or Close), store nothing, so the key is
+// free. Only the end of fn's own context counts: a context error fn returns
+// while its context is live (a downstream timeout) is a permanent error,
+// recorded with its code; a panic is re-raised in the caller as a *PanicError carrying
 // the value and the stack. A response over MaxResponseSize is recorded as
 // ErrResponseTooLarge, also without fn's writes.
 //
@@ -81,14 +84,16 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 	defer stop()
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	var (
-		resp []byte
-		ferr error
-		done *Record
+		resp  []byte
+		ferr  error
+		ended bool // fn's own context had ended when it returned
+		done  *Record
 	)
 	e.n.executions.Add(1)
 	err := e.pipe.Do(func(btx *bbolt.Tx) error {
 		tx := &Tx{tx: btx, e: e, key: c.key}
 		resp, ferr = fn(fnCtx, tx)
+		ended = fnCtx.Err() != nil // before stop, which cancels fnCtx
 		tx.tx = nil
 		// fn may return bytes read from tx (b.Get): they point into the
 		// file's memory and are invalid once the transaction ends.
@@ -116,7 +121,10 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 	case err != errRolledBack:
 		c.again = true
 		return res, e.writeErr("dotx", c.key, err)
-	case errors.Is(ferr, ErrRetryable), errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
+	case errors.Is(ferr, ErrRetryable), ended:
+		// ended: fn's own context ended (the caller's ctx or Close), so its
+		// error is an interruption, not an outcome; a context error fn made
+		// itself while its context was live is a permanent error.
 		// Nothing of fn's committed: the key is free (an interrupted
 		// execution being recovered is released too).
 		c.again = !errors.Is(ferr, ErrRetryable)
