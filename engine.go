@@ -324,13 +324,21 @@ func validateKey(key string) error {
 // own context has ended (the caller's ctx or Close), a panic (re-raised in the
 // caller with its value and stack), or a failed commit leave the started
 // record: an interrupted execution that the RecoveryPolicy handles on the next
-// call; waiters then get ErrIncomplete. Only the end of fn's own context is an
-// interruption: a context error fn returns while its context is live (its own
-// call to a gateway timed out, say WithCode(downstreamCtx.Err(),
-// "downstream_timeout")) is a permanent error like any other, stored with its
-// code. A response over MaxResponseSize fails closed
-// with ErrResponseTooLarge. Once fn has returned, its outcome is recorded even
-// if ctx ends. After Close, Do returns ErrClosed.
+// call; waiters then get ErrIncomplete. A response over MaxResponseSize fails
+// closed with ErrResponseTooLarge. Once fn has returned, its outcome is
+// recorded even if ctx ends. After Close, Do returns ErrClosed.
+//
+// Only the end of fn's own context is an interruption: a context error fn
+// returns while its context is live (its own call to a gateway timed out, say
+// WithCode(downstreamCtx.Err(), "downstream_timeout")) is a permanent error
+// like any other, stored with its code.
+//
+// Nothing erases the evidence of an unknown outcome. When a call that
+// recovers an interrupted execution ends without an outcome (Retryable, the
+// end of its context, a panic, a failed commit), the key keeps a started
+// record carrying that call's attempt and start time, so the next call
+// recovers again (CallFrom's Recovered is set) with the attempt after it.
+// Attempt numbers never repeat.
 //
 // fn may call Do with other keys, passing its ctx (a call with its own key
 // returns ErrReentrant). Cycles across keys (A's fn calls B, B's fn calls A)
@@ -442,10 +450,10 @@ func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight,
 	returned := false
 	defer func() {
 		switch {
-		case !returned || c.incomplete:
-			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
 		case c.again:
 			f.again = true
+		case !returned || c.incomplete:
+			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
 		default:
 			f.res, f.err = res, err
 		}
@@ -514,6 +522,11 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
 	switch {
+	case errors.Is(ferr, ErrRetryable) && c.prev != nil:
+		// fn's promise covers this attempt only: the earlier attempt's effect
+		// is still unknown, so this attempt's started record stays, and the
+		// next call recovers with the attempt after it.
+		return res, ferr
 	case errors.Is(ferr, ErrRetryable):
 		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.del(tx, started) }); err != nil {
 			c.incomplete = true
@@ -528,7 +541,10 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 		return res, ferr
 	}
 	done := e.doneRecord(started, resp, ferr)
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, started) }); err != nil {
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error {
+		fault.Point("do-done-commit")
+		return e.st.put(tx, done, started)
+	}); err != nil {
 		c.incomplete = true
 		return res, e.writeErr("do", c.key, err)
 	}

@@ -35,12 +35,14 @@ var (
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
 	// that no live call owns (after a crash, a panic, an error fn returned once
-	// its own context had ended, or a failed commit) under RecoverRefuse, and to waiters whose leader's fn
-	// ended without an outcome. Resolve the key with Engine.Resolve or Forget.
+	// its own context had ended, or a failed commit) under RecoverRefuse, and to
+	// waiters whose leader left such a record behind. Resolve the key with
+	// Engine.Resolve or Forget.
 	ErrIncomplete = errors.New("idem: execution incomplete")
 
 	// ErrRetryable is wrapped by errors made with Retryable: fn promised that its
-	// effect did not happen, the started record was deleted and the key is free.
+	// effect did not happen, the started record was deleted and the key is free
+	// (unless the call recovered an interrupted execution: see Retryable).
 	ErrRetryable = errors.New("idem: retryable")
 
 	// ErrResponseTooLarge is returned when fn's response exceeds
@@ -150,7 +152,10 @@ const CodeResponseTooLarge = "idem_response_too_large"
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and
 // ErrRetryable. Waiting duplicates get the same error and may retry at once.
-// Retryable(nil) is nil.
+// The promise covers this attempt only: when the call recovers an interrupted
+// execution, whose effect is still unknown, the key keeps a started record
+// with this attempt's number, and the next call recovers again (DESIGN.md,
+// "what frees a key"). Retryable(nil) is nil.
 func Retryable(err error) error {
 	if err == nil {
 		return nil
