@@ -340,9 +340,16 @@ func validateKey(key string) error {
 // recovers again (CallFrom's Recovered is set) with the attempt after it.
 // Attempt numbers never repeat.
 //
-// fn may call Do with other keys, passing its ctx (a call with its own key
-// returns ErrReentrant). Cycles across keys (A's fn calls B, B's fn calls A)
-// wait until ctx ends, and fn must not call Close: both wait for themselves.
+// fn may call Do with other keys, passing its ctx. A call with fn's own key
+// returns ErrReentrant instead of waiting for itself: one made with fn's
+// context (from any goroutine), and one made from the goroutine that runs fn
+// whatever context it passes (context.Background() included), also through
+// other keys' fns that run on that goroutine. What cannot be detected: fn
+// starts another goroutine that calls fn's own key with a context not derived
+// from fn's, and waits for it; or two calls on two goroutines form a cycle
+// (A's fn calls B while B's fn calls A). Such calls wait until one of their
+// contexts ends (never, for context.Background()). fn must not call Close,
+// which waits for fn.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
 	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
@@ -351,6 +358,7 @@ func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func
 
 // leading is the state of the call that leads a key.
 type leading struct {
+	flight    *flight
 	key       string
 	fp        uint64
 	attempt   int
@@ -399,6 +407,9 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	for {
 		f, leader := e.locks.acquire(key, fp, now)
 		if !leader {
+			if err := e.selfWait(f); err != nil {
+				return Result{}, &OpError{Op: op, Key: key, Err: err}
+			}
 			if f.fp != fp {
 				if f.executing.Load() {
 					return Result{}, e.conflict(op, key, errors.New("the call in progress has another fingerprint"))
@@ -446,7 +457,7 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 // the waiters, also when exec panics or calls runtime.Goexit.
 func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, loadErr error,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
-	c := &leading{key: key, fp: fp, attempt: 1}
+	c := &leading{key: key, fp: fp, attempt: 1, flight: f}
 	returned := false
 	defer func() {
 		switch {
@@ -499,7 +510,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, f *flight, r
 func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
 	if e.pipe.Holding() {
 		c.again = true
-		return Result{}, &OpError{Op: "do", Key: c.key, Err: ErrReentrant}
+		return Result{}, &OpError{Op: "do", Key: c.key, Err: errInsideDoTx}
 	}
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, started, c.prev) }); err != nil {
@@ -517,6 +528,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	}
 
 	e.n.executions.Add(1)
+	c.flight.runner.Store(commit.GoroutineID()) // fn runs here: see selfWait
 	resp, ferr, ended := e.runFn(ctx, c, fn)
 	fault.Point("do-after-fn")
 
@@ -722,7 +734,7 @@ func (e *Engine) writeErr(op, key string, err error) error {
 // fails with ErrReentrant instead of waiting for itself.
 func (e *Engine) enterOp() error {
 	if e.pipe.Holding() {
-		return ErrReentrant
+		return errInsideDoTx
 	}
 	return e.enter()
 }
@@ -790,10 +802,30 @@ func (e *Engine) reentrant(ctx context.Context, key string) error {
 		return nil
 	}
 	if c.inTx {
-		return ErrReentrant
+		return errInsideDoTx
 	}
 	if c.Key == key {
-		return fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+		return errOwnKey
+	}
+	return nil
+}
+
+// The two re-entrances, each with its own text.
+var (
+	errInsideDoTx = fmt.Errorf("%w: called from inside a DoTx fn, which holds the file's single writer", ErrReentrant)
+	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+)
+
+// selfWait refuses a wait that would never end: on the flight of the fn that
+// runs on this goroutine (a call with fn's own key, whatever its context), or
+// from inside a DoTx fn, whose writer every leader needs. It is checked only
+// before a wait, never on the replay path.
+func (e *Engine) selfWait(f *flight) error {
+	if e.pipe.Holding() {
+		return errInsideDoTx
+	}
+	if r := f.runner.Load(); r != 0 && r == commit.GoroutineID() {
+		return errOwnKey
 	}
 	return nil
 }

@@ -87,9 +87,11 @@ var (
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = errors.New("idem: engine closed")
 
-	// ErrReentrant is returned when the engine is called from inside a DoTx fn,
-	// which holds the single writer: waiting would deadlock.
-	ErrReentrant = errors.New("idem: engine called from inside DoTx")
+	// ErrReentrant is returned for a call that would wait for itself: any call
+	// of the engine from inside a DoTx fn (which holds the file's single
+	// writer), and a call with fn's own key from fn (passing fn's context,
+	// or any context from the goroutine running fn). The error says which.
+	ErrReentrant = errors.New("idem: re-entrant call")
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.

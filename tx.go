@@ -86,7 +86,7 @@ func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn fu
 func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Context, *Tx) ([]byte, error)) (Result, error) {
 	if e.pipe.Holding() {
 		c.again = true
-		return Result{}, &OpError{Op: "dotx", Key: c.key, Err: ErrReentrant}
+		return Result{}, &OpError{Op: "dotx", Key: c.key, Err: errInsideDoTx}
 	}
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	// stands is this call's record in the file while fn runs: none for a

@@ -162,7 +162,7 @@ func (p *Pipeline) release() {
 // the current commit: a Do from there would wait for itself.
 func (p *Pipeline) Holding() bool {
 	w := p.writer.Load()
-	return w != 0 && w == goid()
+	return w != 0 && w == GoroutineID()
 }
 
 // runAndRelease runs batch and releases the writer, also when a function
@@ -224,7 +224,7 @@ func (p *Pipeline) run(batch []*request) {
 	if len(batch) == 0 {
 		return
 	}
-	p.writer.Store(goid())
+	p.writer.Store(GoroutineID())
 	var (
 		tx      *bbolt.Tx
 		pending = batch
@@ -308,10 +308,11 @@ func commit(tx *bbolt.Tx) (err error) {
 	return tx.Commit()
 }
 
-// goid is the id of the calling goroutine, read from its stack header
-// ("goroutine 123 [running]:"). It costs about a microsecond: it is read once
-// per commit and by re-entrance checks, never per replay.
-func goid() uint64 {
+// GoroutineID is the id of the calling goroutine, read from its stack header
+// ("goroutine 123 [running]:"); never 0. It costs about a microsecond: it is
+// read once per commit, once per execution of a Do fn, and by re-entrance
+// checks, never per replay.
+func GoroutineID() uint64 {
 	var buf [32]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	b = bytes.TrimPrefix(b, []byte("goroutine "))
