@@ -70,6 +70,9 @@ var errRolledBack = errors.New("idem: fn's writes rolled back")
 // Concurrent DoTx calls share one write transaction (group commit), and bbolt
 // has no savepoints: when one fn fails or panics, the whole transaction rolls
 // back and the others run again without it. So fn MAY RUN MORE THAN ONCE,
+// though never more than 3 times per call, whatever fails around it (a fn
+// that ran twice in transactions rolled back for others runs its third time
+// in a transaction of its own; DESIGN.md, "DoTx and group commit"), and it
 // must touch nothing but tx (no I/O, no shared memory, no goroutines), and
 // should be short: it holds the file's single writer while it runs, and every
 // other call's commit waits for it. Calling the engine from inside fn returns
