@@ -2,14 +2,16 @@ package idem_test
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -107,68 +109,90 @@ func TestReentrantErrorsSayWhy(t *testing.T) {
 	require.Equal(t, 1, strings.Count(inTx.Error(), "DoTx"), "said once: %v", inTx)
 }
 
-// After a DoTx fn panics on a new key nothing is stored and the key is free:
-// its waiters lead again rather than being told to resolve the key. Only when
-// the panicking call recovered an interrupted execution does a record stay
-// that calls for ErrIncomplete.
-func TestWaitersAfterADoTxPanic(t *testing.T) {
-	for _, recovering := range []bool{false, true} {
-		name := map[bool]string{false: "new key", true: "recovering an interrupted execution"}[recovering]
-		t.Run(name, func(t *testing.T) {
-			e, _ := testkit.Open(t, nil)
-			if recovering {
-				_, err := interrupt(e, "k", []byte("fp"))
-				require.ErrorIs(t, err, context.Canceled)
-			}
-			entered, release := make(chan struct{}), make(chan struct{})
-			leader := make(chan any, 1)
-			go func() {
-				defer func() { leader <- recover() }()
-				_, _ = e.DoTx(bg, "k", []byte("fp"), func(context.Context, *idem.Tx) ([]byte, error) {
-					close(entered)
-					<-release
-					panic("boom")
-				})
-			}()
-			<-entered
-			const n = 3
-			type answer struct {
-				res idem.Result
-				err error
-				ran bool
-			}
-			answers := make(chan answer, n)
-			waitersIn(t, n, func() {
-				for range n {
-					go func() {
-						var a answer
-						a.res, a.err = e.DoTx(bg, "k", []byte("fp"), func(context.Context, *idem.Tx) ([]byte, error) {
-							a.ran = true
-							return []byte("from a waiter"), nil
-						})
-						answers <- a
-					}()
+// After a DoTx fn panics, or its commit fails, on a new key nothing is
+// stored and the key is free: its waiters lead again rather than being told
+// to resolve the key. Only when the call recovered an interrupted execution
+// does a record stay that calls for ErrIncomplete.
+func TestWaitersAfterADoTxEndsWithoutAnOutcome(t *testing.T) {
+	ends := map[string]func(release <-chan struct{}) (fn func(context.Context, *idem.Tx) ([]byte, error), unset func()){
+		"panic": func(release <-chan struct{}) (func(context.Context, *idem.Tx) ([]byte, error), func()) {
+			return func(context.Context, *idem.Tx) ([]byte, error) { <-release; panic("boom") }, func() {}
+		},
+		"failed commit": func(release <-chan struct{}) (func(context.Context, *idem.Tx) ([]byte, error), func()) {
+			var once atomic.Bool
+			unset := fault.Set("dotx-before-commit", func() {
+				if once.CompareAndSwap(false, true) {
+					panic("disk failed") // fails the leader's commit only
 				}
 			})
-			close(release)
-			require.NotNil(t, <-leader, "the leader's caller gets the panic")
-			ran := 0
-			for range n {
-				a := <-answers
+			return func(context.Context, *idem.Tx) ([]byte, error) { <-release; return []byte("lost"), nil }, unset
+		},
+	}
+	for endName, end := range ends {
+		for _, recovering := range []bool{false, true} {
+			name := endName + map[bool]string{false: " on a new key", true: " recovering an interrupted execution"}[recovering]
+			t.Run(name, func(t *testing.T) {
+				e, _ := testkit.Open(t, nil)
 				if recovering {
-					require.ErrorIs(t, a.err, idem.ErrIncomplete)
-					continue
+					_, err := interrupt(e, "k", []byte("fp"))
+					require.ErrorIs(t, err, context.Canceled)
 				}
-				require.NoError(t, a.err)
-				require.False(t, errors.Is(a.err, idem.ErrIncomplete))
-				require.Equal(t, "from a waiter", string(a.res.Response))
-				if a.ran {
-					ran++
+				entered, release := make(chan struct{}), make(chan struct{})
+				fn, unset := end(release)
+				defer unset()
+				leader := make(chan error, 1)
+				go func() {
+					var err error
+					defer func() {
+						if v := recover(); v != nil {
+							err = fmt.Errorf("panicked: %v", v)
+						}
+						leader <- err
+					}()
+					_, err = e.DoTx(bg, "k", []byte("fp"), func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
+						close(entered)
+						return fn(ctx, tx)
+					})
+				}()
+				<-entered
+				const n = 3
+				type answer struct {
+					res idem.Result
+					err error
+					ran bool
 				}
-			}
-			if !recovering {
-				require.Equal(t, 1, ran, "one waiter led again, the others replayed its answer")
-			}
-		})
+				answers := make(chan answer, n)
+				waitersIn(t, n, func() {
+					for range n {
+						go func() {
+							var a answer
+							a.res, a.err = e.DoTx(bg, "k", []byte("fp"), func(context.Context, *idem.Tx) ([]byte, error) {
+								a.ran = true
+								return []byte("from a waiter"), nil
+							})
+							answers <- a
+						}()
+					}
+				})
+				close(release)
+				require.Error(t, <-leader, "the leader's caller gets the panic or the failed commit")
+				ran := 0
+				for range n {
+					a := <-answers
+					if recovering {
+						require.ErrorIs(t, a.err, idem.ErrIncomplete)
+						continue
+					}
+					require.NoError(t, a.err)
+					require.Equal(t, "from a waiter", string(a.res.Response))
+					if a.ran {
+						ran++
+					}
+				}
+				if !recovering {
+					require.Equal(t, 1, ran, "one waiter led again, the others replayed its answer")
+				}
+			})
+		}
 	}
 }
