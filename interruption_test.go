@@ -112,3 +112,32 @@ func TestEndOfFnsContextIsAnInterruption(t *testing.T) {
 		}
 	}
 }
+
+// A response is an outcome even when fn's context ended before fn returned
+// it: recorded, oversized ones included (fail closed with ErrResponseTooLarge).
+func TestResponseAfterFnsContextEndedIsAnOutcome(t *testing.T) {
+	for _, d := range doers {
+		for _, size := range []int{2, 64} {
+			name := map[int]string{2: " fits", 64: " too large"}[size]
+			t.Run(d.name+name, func(t *testing.T) {
+				e, _ := testkit.Open(t, &idem.Options{MaxResponseSize: 8})
+				ctx, cancel := context.WithCancel(bg)
+				defer cancel()
+				_, err := d.call(e, ctx, "k", func(context.Context) ([]byte, error) {
+					cancel()
+					return make([]byte, size), nil
+				})
+				r := record(t, e, "k")
+				require.NotNil(t, r, "recorded")
+				require.Equal(t, idem.StateDone, r.State)
+				if size > 8 {
+					require.ErrorIs(t, err, idem.ErrResponseTooLarge)
+					require.Equal(t, idem.CodeResponseTooLarge, r.Err.Code)
+				} else {
+					require.NoError(t, err)
+					require.Len(t, r.Response, size)
+				}
+			})
+		}
+	}
+}

@@ -171,7 +171,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		// started record, since fn's promise covers this attempt only.
 		// Waiters get the same error and may retry at once.
 		return res, ferr
-	case ended:
+	case ferr != nil && ended:
 		// fn's own context ended (the caller's ctx or Close): its error is an
 		// interruption, not an outcome; a context error fn made itself
 		// while its context was live is a permanent error.
