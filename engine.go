@@ -446,16 +446,16 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		// The record read above is still current if no call has released
 		// a key since (every write of a record happens under its key);
 		// otherwise the leader reads it again.
-		if e.locks.generation() != gen {
-			rec, err = e.load(key)
-		}
-		return e.lead(ctx, op, key, fp, f, rec, err, exec)
+		return e.lead(ctx, op, key, fp, f, rec, e.locks.generation() != gen, exec)
 	}
 }
 
 // lead runs the state machine for the leader and publishes its outcome to
-// the waiters, also when exec panics or calls runtime.Goexit.
-func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, loadErr error,
+// the waiters, also when exec panics or calls runtime.Goexit. rec is the
+// key's record as read before the key was taken; stale asks to read it again.
+// Everything after acquire runs here, under the deferred release, so no path
+// leaves the flight registered.
+func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, stale bool,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
 	c := &leading{key: key, fp: fp, attempt: 1, flight: f}
 	returned := false
@@ -470,6 +470,10 @@ func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight,
 		}
 		e.locks.release(key, f)
 	}()
+	var loadErr error
+	if stale {
+		rec, loadErr = e.load(key)
+	}
 	res, err = e.decide(ctx, op, c, f, rec, loadErr, exec)
 	returned = true
 	return res, err
