@@ -35,9 +35,9 @@ func returns(t *testing.T, call func() error) error {
 // itself: whatever context it passes, it returns ErrReentrant.
 func TestCallWithItsOwnKeyFromFnIsReentrant(t *testing.T) {
 	fresh := map[string]func(ctx context.Context) context.Context{
-		"fn's context":             func(ctx context.Context) context.Context { return ctx },
-		"context.Background()":     func(context.Context) context.Context { return context.Background() },
-		"a context without values": func(ctx context.Context) context.Context { return context.WithoutCancel(context.Background()) },
+		"fn's context":                    func(ctx context.Context) context.Context { return ctx },
+		"context.Background()":            func(context.Context) context.Context { return context.Background() },
+		"a detached copy of fn's context": context.WithoutCancel,
 	}
 	for _, policy := range []idem.InFlightPolicy{idem.InFlightWait, idem.InFlightFail} {
 		for ctxName, ctxOf := range fresh {
