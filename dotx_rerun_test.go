@@ -31,7 +31,7 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 			e, _ := testkit.Open(t, &idem.Options{NoSync: true})
 			errFail := errors.New("fn failed")
 			maxRuns, rolledBack := 0, false
-			for round := 0; round < 5 && !rolledBack; round++ {
+			for round := 0; round < 10 && !rolledBack; round++ {
 				// instrumentation only: a DoTx fn must not share memory
 				var failures atomic.Int64
 				runs := make([]atomic.Int64, callers)
@@ -96,7 +96,7 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 				rolledBack = total > callers
 				t.Logf("round %d: %d fn runs for %d calls, %d failures", round, total, callers, failures.Load())
 			}
-			require.True(t, rolledBack, "no shared commit was rolled back and re-run in 5 rounds")
+			require.True(t, rolledBack, "no shared commit was rolled back and re-run in 10 rounds")
 		})
 	}
 }
