@@ -94,7 +94,7 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 					require.LessOrEqual(t, r, 3, "call %d's fn ran %d times", i, r)
 				}
 				rolledBack = total > callers
-				t.Logf("round %d: %d fn runs for %d calls, %d failures", round, total, callers, failures.Load())
+				t.Logf("round %d: %d fn runs for %d calls, %d failures, at most %d runs of one fn", round, total, callers, failures.Load(), maxRuns)
 			}
 			require.True(t, rolledBack, "no shared commit was rolled back and re-run in 10 rounds")
 		})
