@@ -131,6 +131,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 	e.n.executions.Add(1)
 	lost() // until the pipeline answers: fn may call runtime.Goexit
 	err := e.pipe.Do(func(btx *bbolt.Tx) error {
+		done = nil // fn may run again: only the last run's outcome counts
 		tx := &Tx{tx: btx, e: e, key: c.key}
 		resp, ferr, fnPanic = callTx(fnCtx, tx, fn)
 		ended = fnCtx.Err() != nil // before stop, which cancels fnCtx
