@@ -14,7 +14,8 @@ const DefaultReplayCacheBytes = 16 << 20
 const (
 	cacheShards = 32
 	// entryOverhead approximates an entry's bytes beside its key, response
-	// and error text: the Record, the map slot, the queue slot.
+	// and error text: the Record, the map slot, and two queue slots (its own
+	// and at most one stale slot per entry, see cacheShard.stale).
 	entryOverhead = 160
 )
 
@@ -30,12 +31,24 @@ type replayCache struct {
 }
 
 type cacheShard struct {
-	mu       sync.Mutex
-	m        map[string]*Record
-	fifo     []string // keys in insertion order, oldest at head
-	head     int
+	mu   sync.Mutex
+	m    map[string]*Record
+	fifo []queued // entries in insertion order, oldest at head
+	head int
+	// stale counts the queue slots from head on whose entry is gone (evicted,
+	// forgotten, or put again since): compacting once they outnumber the
+	// entries keeps the queue within two slots an entry, whatever the
+	// sequence of puts and forgets.
+	stale    int
 	bytes    int
 	maxBytes int
+}
+
+// queued is a queue slot: the entry it was made for, so that a slot of a key
+// put again since is recognised as stale and evicts nothing.
+type queued struct {
+	key string
+	rec *Record
 }
 
 func newReplayCache(maxBytes int) *replayCache {
@@ -74,52 +87,80 @@ func (c *replayCache) get(key string) *Record {
 	return r
 }
 
-// put remembers r, a committed done record, evicting the shard's oldest
-// entries until it fits.
+// put remembers r, a committed done record, in place of any older entry of
+// its key, evicting the shard's oldest entries until it fits. A record larger
+// than an eighth of the shard is not cached (the older entry goes all the same).
 func (c *replayCache) put(r *Record) {
 	if c == nil {
 		return
 	}
 	s := c.shard(r.Key)
 	size := entrySize(r)
-	if size > s.maxBytes/8 {
-		return
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.m[r.Key]; ok {
-		s.bytes -= entrySize(old)
-		delete(s.m, r.Key) // its queue slot is skipped when it comes up
+	s.drop(r.Key) // an older entry of the key must not answer for the new record
+	if size > s.maxBytes/8 {
+		s.compact()
+		return
 	}
 	for s.bytes+size > s.maxBytes && s.head < len(s.fifo) {
-		k := s.fifo[s.head]
-		s.fifo[s.head] = ""
+		q := s.fifo[s.head]
+		s.fifo[s.head] = queued{}
 		s.head++
-		if old, ok := s.m[k]; ok {
-			s.bytes -= entrySize(old)
-			delete(s.m, k)
+		if s.m[q.key] == q.rec {
+			s.bytes -= entrySize(q.rec)
+			delete(s.m, q.key)
+		} else {
+			s.stale--
 		}
 	}
-	if s.head > len(s.fifo)/2 { // compact the queue
-		s.fifo = append(s.fifo[:0], s.fifo[s.head:]...)
-		s.head = 0
-	}
-	s.fifo = append(s.fifo, r.Key)
+	s.fifo = append(s.fifo, queued{r.Key, r})
 	s.m[r.Key] = r
 	s.bytes += size
+	s.compact()
 }
 
-// forget drops key (its queue slot is skipped when it comes up).
+// drop removes key's entry, if any; its queue slot becomes stale.
+func (s *cacheShard) drop(key string) {
+	if old, ok := s.m[key]; ok {
+		s.bytes -= entrySize(old)
+		delete(s.m, key)
+		s.stale++
+	}
+}
+
+// compact rewrites the queue without its stale slots once they outnumber
+// the entries (amortised: each rewrite removes more slots than it keeps), and
+// drops the consumed head once it is half the queue.
+func (s *cacheShard) compact() {
+	if s.stale > len(s.m) {
+		live := s.fifo[:0]
+		for _, q := range s.fifo[s.head:] {
+			if s.m[q.key] == q.rec {
+				live = append(live, q)
+			}
+		}
+		clear(s.fifo[len(live):])
+		s.fifo, s.head, s.stale = live, 0, 0
+		return
+	}
+	if s.head > len(s.fifo)/2 {
+		n := copy(s.fifo, s.fifo[s.head:])
+		clear(s.fifo[n:])
+		s.fifo, s.head = s.fifo[:n], 0
+	}
+}
+
+// forget drops key (its queue slot is skipped when it comes up, or
+// compacted away).
 func (c *replayCache) forget(key string) {
 	if c == nil {
 		return
 	}
 	s := c.shard(key)
 	s.mu.Lock()
-	if old, ok := s.m[key]; ok {
-		s.bytes -= entrySize(old)
-		delete(s.m, key)
-	}
+	s.drop(key)
+	s.compact()
 	s.mu.Unlock()
 }
 
