@@ -18,6 +18,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/fault"
 )
@@ -271,15 +272,16 @@ func Open(path string, opts *Options) (*Engine, error) {
 	return e, nil
 }
 
-// openBolt is bbolt.Open, with the panics bbolt raises on a damaged file
-// (its freelist or meta pages) turned into an error wrapping ErrCorrupt.
-func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
-		}
-	}()
-	return bbolt.Open(path, 0o600, o)
+// openBolt is bbolt.Open through internal/boltfile: a file whose meta pages
+// contradict it (truncated below its last page, which bbolt would map and
+// fault on) is refused before bbolt maps it, and a panic of bbolt's on a
+// damaged page releases the file; both are errors wrapping ErrCorrupt.
+func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
+	db, err := boltfile.Open(path, 0o600, o)
+	if errors.Is(err, boltfile.ErrDamaged) {
+		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
+	}
+	return db, err
 }
 
 // validateKey checks the key rules: non-empty, at most MaxKeyLen bytes (Stripe's
