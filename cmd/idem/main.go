@@ -52,6 +52,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -216,6 +217,9 @@ func (a *app) openEngine() (*idem.Engine, error) {
 		if err := mustExist(a.db); err != nil {
 			return nil, err
 		}
+		if err := checkFile(a.db); err != nil {
+			return nil, err
+		}
 	} else if err := preflight(a.db); err != nil {
 		return nil, err
 	}
@@ -252,17 +256,44 @@ func preflight(path string) error {
 }
 
 // openReadOnly opens path with bbolt read-only (a shared lock), failing on a
-// missing file or one that a program holds.
+// missing file, a damaged one (checkFile), or one that a program holds.
 func openReadOnly(path string) (*bbolt.DB, error) {
 	if err := mustExist(path); err != nil {
 		return nil, err
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	if err := checkFile(path); err != nil {
+		return nil, err
+	}
+	db, err := boltfile.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: lockTimeout})
 	if err != nil {
 		return nil, openError(path, err)
 	}
 	return db, nil
 }
+
+// checkFile reads the file's meta pages before bbolt maps it: on a file
+// truncated below its last page in use, bbolt's reads fault (SIGBUS) and kill
+// the tool. Damage is an error wrapping idem.ErrCorrupt; a file that is not a
+// bbolt file at all is left to openError.
+func checkFile(path string) error {
+	err := boltfile.CheckFile(path)
+	if errors.Is(err, boltfile.ErrDamaged) {
+		return &damagedError{path: path, err: err}
+	}
+	return nil
+}
+
+// damagedError is a file with page-level damage that bbolt must not open.
+type damagedError struct {
+	path string
+	err  error // wraps boltfile.ErrDamaged
+}
+
+func (e *damagedError) Error() string {
+	return fmt.Sprintf("idem: %s: %v; restore it from a backup", e.path, e.err)
+}
+
+func (e *damagedError) Unwrap() []error { return []error{idem.ErrCorrupt, e.err} }
 
 func mustExist(path string) error {
 	fi, err := os.Stat(path)
