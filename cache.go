@@ -168,7 +168,7 @@ func (c *replayCache) forget(key string) {
 // entry past the retention window at now.
 func (e *Engine) cached(key string, now time.Time) (*Record, bool) {
 	r := e.cache.get(key)
-	if r == nil || !now.Before(r.CompletedAt.Add(e.opts.Retention)) {
+	if r == nil || !e.live(r, now) {
 		return nil, false
 	}
 	return r, true

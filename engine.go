@@ -64,7 +64,9 @@ const (
 	RecoverReexecute RecoveryPolicy = iota
 	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
 	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
-	// expire.
+	// expire: each started record is written marked kept until resolved
+	// (Record.KeptUntilResolved), so a later Open with RecoverReexecute, or
+	// `idem prune`, keeps it too (and recovers it on the next call).
 	RecoverRefuse
 )
 
@@ -73,7 +75,10 @@ const (
 type Options struct {
 	// Retention is the retention window, wall-clock: a record expires this long
 	// after it completed (an orphaned started record, after it started). Zero
-	// means DefaultRetention. It is a floor: space may be reclaimed later.
+	// means DefaultRetention. It is a floor: space may be reclaimed later. It
+	// is recorded with every record written (Record.Retention): a record
+	// written under a longer window by an earlier Open keeps that window, and
+	// one written under a shorter window lives this one.
 	Retention time.Duration
 
 	// PruneInterval is the period of the background pruner. Zero means
@@ -244,7 +249,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	e := &Engine{
 		db:       db,
 		opts:     o,
-		st:       store{width: o.Retention},
+		st:       store{width: o.Retention, refuse: o.Recovery == RecoverRefuse},
 		locks:    newKeyLocks(),
 		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
 		now:      o.Now,
@@ -656,20 +661,18 @@ func (e *Engine) loadFor(key string, fp uint64, check bool, now time.Time) (rec 
 	return rec, false, nil
 }
 
-// horizon is the oldest time a live record can be slotted at: slots that
-// ended before it hold only expired records, unless interrupted executions
-// are kept until resolved.
-func (e *Engine) horizon(now time.Time) time.Time {
-	if e.opts.Recovery == RecoverRefuse {
-		return time.Time{}
-	}
-	return now.Add(-e.opts.Retention)
-}
+// horizon is the oldest time a live record can be slotted at: none. A record
+// kept until resolved may sit in any slot, however old, and a record keeps
+// the window it was written under, so lookups probe every slot; the pruner
+// drops those that hold only expired records.
+func (e *Engine) horizon(time.Time) time.Time { return time.Time{} }
 
-// live reports whether r is inside the retention window at now. Under
-// RecoverRefuse an interrupted execution stays until it is resolved.
+// live reports whether r is live at now: a started record kept until
+// resolved (written under RecoverRefuse, or of a format-1 file), or any
+// started record while this engine refuses, always; any other record inside
+// the longer of the window it was written under and this engine's.
 func (e *Engine) live(r *Record, now time.Time) bool {
-	if r.State == StateStarted && e.opts.Recovery == RecoverRefuse {
+	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
 	}
 	return now.Before(r.ExpiresAt(e.opts.Retention))
