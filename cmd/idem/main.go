@@ -20,10 +20,12 @@
 // open the file read-only, with a shared lock, and never change it.
 //
 // Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
-// document on stdout instead of a table, and --retention and --recovery, which
-// must match the program's Options, since they decide which records have
-// expired. Errors go to stderr, one line. Exit status: 0 on success, 1 on an
-// error or a problem found by check, 2 on a usage error.
+// document on stdout instead of a table, and --retention and --recovery. Each
+// record carries the retention window and the recovery policy it was written
+// under, so the commands judge which records have expired from the file, as
+// the program does; --retention and --recovery refuse can only lengthen that.
+// Errors go to stderr, one line. Exit status: 0 on success, 1 on an error or a
+// problem found by check, 2 on a usage error.
 //
 // Keys, responses and payloads are user data: only ls, get, check (for corrupt
 // records) and the outbox commands print keys, only get prints a response, and
@@ -152,8 +154,9 @@ func (a *app) rootCmd() *cobra.Command {
 outcome of every idempotency key.
 
 It works on a file that no program holds: stop the program first, or inspect it
-through the program. --retention and --recovery must match the program's
-Options: they decide which records have expired.`,
+through the program. Each record carries the retention window and recovery
+policy it was written under: which records have expired is read from the file.
+--retention and --recovery refuse can only lengthen that, never shorten it.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -167,8 +170,8 @@ Options: they decide which records have expired.`,
 	f := root.PersistentFlags()
 	f.StringVar(&a.db, "db", "idem.db", "path of the idem file; $IDEM_DB, if set, replaces the default")
 	f.BoolVar(&a.json, "json", false, "print one JSON document instead of a table")
-	f.DurationVar(&a.retention, "retention", idem.DefaultRetention, "retention window of the program (Options.Retention)")
-	f.StringVar(&a.recovery, "recovery", "reexecute", "recovery policy of the program (Options.Recovery): reexecute or refuse")
+	f.DurationVar(&a.retention, "retention", 0, "keep records at least this long (0: each record's own window, recorded in the file; a shorter value changes nothing)")
+	f.StringVar(&a.recovery, "recovery", "reexecute", "refuse: treat every interrupted execution as kept until resolved; reexecute: each record's own policy, recorded in the file")
 
 	for _, sub := range subcommands {
 		c := sub(a)
@@ -188,8 +191,8 @@ func (a *app) resolveGlobals(cmd *cobra.Command) error {
 			a.db = p
 		}
 	}
-	if a.retention <= 0 {
-		return &usageError{fmt.Errorf("--retention must be positive, not %v", a.retention)}
+	if a.retention < 0 {
+		return &usageError{fmt.Errorf("--retention must not be negative, not %v", a.retention)}
 	}
 	if _, err := a.recoveryPolicy(); err != nil {
 		return &usageError{err}
@@ -225,7 +228,9 @@ func (a *app) openEngine() (*idem.Engine, error) {
 	}
 	recovery, _ := a.recoveryPolicy()
 	e, err := idem.Open(a.db, &idem.Options{
-		Retention:     a.retention,
+		// The engine keeps a record the longer of its own window and
+		// Retention: the shortest window leaves each record's own.
+		Retention:     max(a.retention, time.Nanosecond),
 		Recovery:      recovery,
 		LockTimeout:   lockTimeout,
 		PruneInterval: -1,
@@ -402,13 +407,22 @@ func (a *app) table() *tabwriter.Writer {
 	return tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 }
 
-// expiresAt is when r leaves the retention window under the tool's flags;
-// zero means never (an interrupted execution under RecoverRefuse).
+// expiresAt is when r leaves the retention window: its own window, or
+// --retention if longer; zero means never (an interrupted execution kept until
+// resolved, or any under --recovery refuse).
 func (a *app) expiresAt(r *idem.Record) time.Time {
 	if r.State == idem.StateStarted && a.recovery == "refuse" {
 		return time.Time{}
 	}
 	return r.ExpiresAt(a.retention)
+}
+
+// retentionNote says which retention window the counts follow.
+func (a *app) retentionNote() string {
+	if a.retention == 0 {
+		return "each record's own retention window"
+	}
+	return fmt.Sprintf("retention at least %v", a.retention)
 }
 
 // recordJSON is a record in JSON output, without its response.
