@@ -304,3 +304,45 @@ func formatVersion(t *testing.T, path string) uint32 {
 	}))
 	return v
 }
+
+// A dead letter lives at least the dead-letter retention in force when it
+// died, whatever a later Open passes: the same rule as for records.
+func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
+	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
+	fail := map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}
+	e, path := testkit.Open(t, &idem.Options{Now: clock.Now, NoSync: true, PruneInterval: -1,
+		Outbox: idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1, DeadLetterRetention: 30 * day, Handlers: fail}})
+	_, err := e.DoTx(bg, "a", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) { return nil, tx.Enqueue("t", []byte("1")) })
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		st, err := e.Stats()
+		return err == nil && st.Outbox.Dead == 1
+	}, 10*time.Second, time.Millisecond, "the message dies after its one attempt")
+	var st idem.Stats
+
+	e = reopen(t, e, path, &idem.Options{Now: clock.Now, NoSync: true, PruneInterval: -1,
+		Outbox: idem.OutboxOptions{DeadLetterRetention: time.Hour}})
+	clock.Advance(2 * day)
+	_, err = e.Prune(bg)
+	require.NoError(t, err)
+	st, err = e.Stats()
+	require.NoError(t, err)
+	require.Equal(t, 1, st.Outbox.Dead, "kept for the 30 days it died under")
+	var dead []*idem.Message
+	require.NoError(t, e.Messages(func(m *idem.Message, err error) error {
+		require.NoError(t, err)
+		if m.Dead {
+			dead = append(dead, m)
+		}
+		return nil
+	}))
+	require.Len(t, dead, 1)
+	require.Equal(t, 30*day, dead[0].DeadLetterRetention)
+
+	clock.Advance(28 * day)
+	_, err = e.Prune(bg)
+	require.NoError(t, err)
+	st, err = e.Stats()
+	require.NoError(t, err)
+	require.Zero(t, st.Outbox.Dead, "expired at the end of its own window")
+}

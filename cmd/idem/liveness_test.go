@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
@@ -110,4 +111,30 @@ func TestLivenessFlagsOnlyLengthen(t *testing.T) {
 	require.Equal(t, 0, idemDB(t, path, "forget", "week").code)
 	r := idemDB(t, path, "--json", "ls", "--state", "done")
 	require.JSONEq(t, `{"records": [], "matched": 0, "corrupt": 0}`, r.stdout, "no match is an empty list")
+}
+
+// Dead letters follow the same rule: each carries the dead-letter retention
+// it died under, and the outbox commands and prune judge by it.
+func TestOutboxCommandsJudgeDeadLettersFromTheFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	died := time.Now().Add(-10 * 24 * time.Hour) // past the default 7 days, inside 30
+	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1, Now: func() time.Time { return died },
+		Outbox: idem.OutboxOptions{MaxAttempts: 1, DeadLetterRetention: 30 * 24 * time.Hour,
+			Handlers: map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}}})
+	require.NoError(t, err)
+	enqueue(t, e, "order-1", func(tx *idem.Tx) error { return tx.Enqueue("t", []byte("p")) })
+	dispatchUntil(t, e, func(s idem.OutboxStats) bool { return s.Dead == 1 })
+	require.NoError(t, e.Close())
+
+	l := decode[outboxLsJSON](t, idemDB(t, path, "--json", "outbox", "ls", "--dead").stdout)
+	require.Equal(t, 1, l.Matched, "outbox ls --dead lists the dead letter of 30 days' retention")
+	require.WithinDuration(t, died.Add(30*24*time.Hour), *l.Messages[0].ExpiresAt, time.Second)
+	s := decode[statsJSON](t, idemDB(t, path, "--json", "stats").stdout)
+	require.Equal(t, 1, s.Outbox.Dead)
+	require.Equal(t, 0, idemDB(t, path, "prune").code)
+	l = decode[outboxLsJSON](t, idemDB(t, path, "--json", "outbox", "--dead-letter-retention", "1h", "ls", "--dead").stdout)
+	require.Equal(t, 1, l.Matched, "prune kept it, and a short flag expires nothing early")
+	r := idemDB(t, path, "outbox", "retry", "1")
+	require.Equal(t, 0, r.code, r.stderr)
 }

@@ -106,8 +106,8 @@ type app struct {
 
 	// readOnly is set for the commands in readOnlyCommands.
 	readOnly bool
-	// deadLetterRetention is OutboxOptions.DeadLetterRetention, for the
-	// commands that have the flag.
+	// deadLetterRetention is --dead-letter-retention, for the commands that
+	// have the flag: 0 for each dead letter's own.
 	deadLetterRetention time.Duration
 }
 
@@ -123,8 +123,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			code = 1
 		}
 	}()
-	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr,
-		deadLetterRetention: idem.DefaultDeadLetterRetention}
+	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
@@ -235,7 +234,8 @@ func (a *app) openEngine() (*idem.Engine, error) {
 		LockTimeout:   lockTimeout,
 		PruneInterval: -1,
 		ReadOnly:      a.readOnly,
-		Outbox:        idem.OutboxOptions{DeadLetterRetention: a.deadLetterRetention},
+		// The same for dead letters: each one's own retention, or longer.
+		Outbox: idem.OutboxOptions{DeadLetterRetention: max(a.deadLetterRetention, time.Nanosecond)},
 	})
 	if err != nil {
 		return nil, openError(a.db, err)

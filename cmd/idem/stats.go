@@ -19,14 +19,14 @@ policy, recorded in the file (--retention and --recovery refuse only lengthen).
 
 It counts the outbox messages too: pending (not delivered yet; retrying are
 those that failed at least once), dead letters inside their retention
-(--dead-letter-retention, which must match the program's), and corrupt ones
+(each one's own, recorded in the file; --dead-letter-retention only lengthens
+it), and corrupt ones
 (see idem outbox ls). Whether a pending message's topic has a handler is
 known to the program only: the tool registers none.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error { return a.stats() },
 	}
-	c.Flags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", idem.DefaultDeadLetterRetention,
-		"dead-letter retention of the program (OutboxOptions.DeadLetterRetention)")
+	c.Flags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", 0, deadLetterRetentionUsage)
 	return c
 }
 
