@@ -65,8 +65,14 @@ func TestCommandsJudgeLivenessFromTheFile(t *testing.T) {
 	}
 	require.Equal(t, []string{"stuck", "stuck-2", "week"}, keys)
 
+	for _, rec := range l.Records {
+		require.Equal(t, "168h0m0s", rec.Retention, "%s: the window it was written under", rec.Key)
+		require.Equal(t, rec.State == "started", rec.KeptUntilResolved, rec.Key)
+	}
 	r := idemDB(t, path, "get", "week")
 	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "retention    168h0m0s\n")
+	require.Contains(t, idemDB(t, path, "get", "stuck").stdout, "retention    168h0m0s, kept until resolved\n")
 	r = idemDB(t, path, "get", "gone")
 	require.Equal(t, 1, r.code, "expired by its own window")
 

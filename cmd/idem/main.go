@@ -434,6 +434,11 @@ type recordJSON struct {
 	StartedAt   time.Time  `json:"started_at"`
 	CompletedAt *time.Time `json:"completed_at"` // null while started
 	ExpiresAt   *time.Time `json:"expires_at"`   // null: never
+	// Retention is the retention window the record was written under, as Go
+	// prints a duration; KeptUntilResolved marks an interrupted execution
+	// written under the refuse policy (it never expires).
+	Retention         string `json:"retention"`
+	KeptUntilResolved bool   `json:"kept_until_resolved"`
 	// ResponseSize is the response's length in bytes; null when the response
 	// is nil (no response), which differs from an empty one.
 	ResponseSize *int       `json:"response_size"`
@@ -447,13 +452,15 @@ type errorJSON struct {
 
 func (a *app) recordJSON(r *idem.Record) recordJSON {
 	out := recordJSON{
-		Key:         r.Key,
-		State:       r.State.String(),
-		Attempt:     r.Attempt,
-		Fingerprint: fmt.Sprintf("%016x", r.Fingerprint),
-		StartedAt:   r.StartedAt.UTC(),
-		CompletedAt: timePtr(r.CompletedAt),
-		ExpiresAt:   timePtr(a.expiresAt(r)),
+		Key:               r.Key,
+		State:             r.State.String(),
+		Attempt:           r.Attempt,
+		Fingerprint:       fmt.Sprintf("%016x", r.Fingerprint),
+		StartedAt:         r.StartedAt.UTC(),
+		CompletedAt:       timePtr(r.CompletedAt),
+		ExpiresAt:         timePtr(a.expiresAt(r)),
+		Retention:         r.Retention.String(),
+		KeptUntilResolved: r.KeptUntilResolved,
 	}
 	if r.Response != nil {
 		n := len(r.Response)

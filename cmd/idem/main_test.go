@@ -185,6 +185,7 @@ func TestHumanOutput(t *testing.T) {
 				"started      "+started+"\n"+
 				"completed    "+started+"\n"+
 				"expires      "+expires+"\n"+
+				"retention    24h0m0s\n"+
 				"error        -\n"+
 				"response     15 B\n"+
 				orderResp+"\n", out)
