@@ -242,8 +242,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		}
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
-	if err := initFile(db, o.ReadOnly); err != nil {
-		_ = db.Close()
+	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
 	e := &Engine{
@@ -257,8 +256,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
-	if err := db.View(e.st.loadSlots); err != nil {
-		_ = db.Close()
+	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -287,6 +285,22 @@ func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
 		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
 	}
 	return db, err
+}
+
+// firstRead runs one of Open's first transactions on db, which read pages
+// bbolt.Open did not: a panic of bbolt's on a damaged page there is an error
+// wrapping ErrCorrupt, as in openBolt, and on any failure db is closed (the
+// transaction rolled back first), so the file is released.
+func firstRead(db *bbolt.DB, read func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+		}
+		if err != nil {
+			_ = db.Close()
+		}
+	}()
+	return read()
 }
 
 // validateKey checks the key rules: non-empty, at most MaxKeyLen bytes (Stripe's

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -39,13 +40,19 @@ func damagedFile(t *testing.T) (string, []byte) {
 // root bucket, the freelist page, the high water mark, the txid): the page
 // size, the freelist's page and the bytes of the pages in use.
 func boltMeta(b []byte) (pageSize, freelist, inUse uint64) {
+	pageSize, _, freelist, inUse = boltMetaRoot(b)
+	return pageSize, freelist, inUse
+}
+
+// boltMetaRoot is boltMeta with the page of the root bucket's tree.
+func boltMetaRoot(b []byte) (pageSize, root, freelist, inUse uint64) {
 	le := binary.LittleEndian
 	pageSize = uint64(le.Uint32(b[16+8:]))
 	m := b[16:]
 	if m1 := b[pageSize+16:]; le.Uint64(m1[48:]) > le.Uint64(m[48:]) {
 		m = m1
 	}
-	return pageSize, le.Uint64(m[32:]), le.Uint64(m[40:]) * pageSize
+	return pageSize, le.Uint64(m[16:]), le.Uint64(m[32:]), le.Uint64(m[40:]) * pageSize
 }
 
 // fdCount counts this process's open file descriptors.
@@ -76,13 +83,21 @@ func TestFailedOpenReleasesTheFile(t *testing.T) {
 			binary.LittleEndian.PutUint16(b[fl*ps+8:], 0x01) // a branch page's flag
 			return b
 		}},
+		{"root page of another id", func(good []byte) []byte {
+			// bbolt opens the file; the engine's first transaction reads
+			// the root page, and bbolt panics on its check of the page.
+			b := append([]byte(nil), good...)
+			ps, root, _, _ := boltMetaRoot(b)
+			binary.LittleEndian.PutUint64(b[root*ps:], 0xdead)
+			return b
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			path, good := damagedFile(t)
 			require.NoError(t, os.WriteFile(path, tc.damage(good), 0o600))
 			before := fdCount(t)
 			for range 50 {
-				_, err := idem.Open(path, &idem.Options{PruneInterval: -1, LockTimeout: 50 * 1e6})
+				_, err := idem.Open(path, &idem.Options{PruneInterval: -1, LockTimeout: 50 * time.Millisecond})
 				require.ErrorIs(t, err, idem.ErrCorrupt)
 				require.NotContains(t, err.Error(), "in use", "the failed Open before this one left the lock behind")
 			}
