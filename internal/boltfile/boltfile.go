@@ -48,6 +48,8 @@ const (
 	// minPageSize and maxPageSize bound the page sizes bbolt tries when it
 	// looks for page 1.
 	minPageSize, maxPageSize = 1 << 10, 1 << 16
+	// headerSize is a page header's.
+	headerSize = 16
 )
 
 // meta is a decoded meta page.
@@ -147,6 +149,44 @@ func CheckMeta(f io.ReaderAt, size int64) error {
 		if m.root < 2 || m.root >= m.pgid || (m.freelist != noFreelist && (m.freelist < 2 || m.freelist >= m.pgid)) {
 			return fmt.Errorf("%w: meta page %d points past its %d pages (root %d, freelist %d)", ErrDamaged, i, m.pgid, m.root, m.freelist)
 		}
+	}
+	// bbolt.Open reads the freelist of the meta page it uses (the valid one
+	// of the higher txid) through the map: its length must stay in its pages.
+	m := m0
+	if !m.valid() || (m1.valid() && m1.txid > m0.txid) {
+		m = m1
+	}
+	if m.freelist != noFreelist {
+		return checkFreelist(f, m, pageSize)
+	}
+	return nil
+}
+
+// freelistPageFlag is bbolt's common.FreelistPageFlag.
+const freelistPageFlag = 0x10
+
+// checkFreelist checks that the freelist page of m, read the way bbolt reads
+// it (a count in the page header, or, at 0xFFFF, in the first element), ends
+// inside its overflow pages, and those inside the pages in use. A page of
+// another type is left to bbolt, which refuses it with a panic (that Open
+// recovers), not a fault.
+func checkFreelist(f io.ReaderAt, m meta, pageSize int64) error {
+	var h [headerSize + 8]byte
+	if _, err := f.ReadAt(h[:], int64(m.freelist)*pageSize); err != nil {
+		return fmt.Errorf("%w: freelist page %d: %v", ErrDamaged, m.freelist, err)
+	}
+	ne := binary.NativeEndian
+	if ne.Uint16(h[8:]) != freelistPageFlag {
+		return nil
+	}
+	count, overflow := uint64(ne.Uint16(h[10:])), uint64(ne.Uint32(h[12:]))
+	size := headerSize + 8*count
+	if count == 0xFFFF {
+		count = ne.Uint64(h[headerSize:])
+		size = headerSize + 8 + 8*count
+	}
+	if m.freelist+overflow >= m.pgid || count > uint64(m.pgid) || size > (overflow+1)*uint64(pageSize) {
+		return fmt.Errorf("%w: freelist page %d: %d free pages in %d overflow pages, of %d pages in use", ErrDamaged, m.freelist, count, overflow, m.pgid)
 	}
 	return nil
 }

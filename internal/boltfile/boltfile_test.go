@@ -2,6 +2,7 @@ package boltfile
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"path/filepath"
@@ -39,6 +40,12 @@ func healthy(t testing.TB) []byte {
 
 func TestCheckMeta(t *testing.T) {
 	good := healthy(t)
+	ps, fl := pageSizeAndFreelist(good)
+	longFreelist := append([]byte(nil), good...)
+	binary.NativeEndian.PutUint16(longFreelist[fl*ps+10:], 0xFFFF) // the count is in the first element
+	binary.NativeEndian.PutUint64(longFreelist[fl*ps+16:], 1<<40)  // a count far past the page
+	shortFreelist := append([]byte(nil), good...)
+	binary.NativeEndian.PutUint32(shortFreelist[fl*ps+12:], 1<<20) // overflow pages past the end
 	torn := append([]byte(nil), good...)
 	torn[16+20] ^= 0xff // page 0's checksum fails: bbolt falls back to page 1
 	for _, tc := range []struct {
@@ -50,6 +57,8 @@ func TestCheckMeta(t *testing.T) {
 		{"empty: bbolt initialises it", nil, nil},
 		{"page 0 torn", torn, nil},
 		{"truncated to 8 KiB", good[:8<<10], ErrDamaged},
+		{"freelist count past its page", longFreelist, ErrDamaged},
+		{"freelist overflow past the pages in use", shortFreelist, ErrDamaged},
 		{"truncated inside page 1", good[:4096+40], ErrDamaged},
 		{"truncated inside page 0", good[:50], bolterrors.ErrInvalid},
 		{"not a bbolt file", bytes.Repeat([]byte("x"), 20000), bolterrors.ErrInvalid},
@@ -61,6 +70,18 @@ func TestCheckMeta(t *testing.T) {
 			}
 		})
 	}
+}
+
+// pageSizeAndFreelist reads the page size and the freelist page of the meta
+// page of the higher txid.
+func pageSizeAndFreelist(b []byte) (ps, freelist uint64) {
+	ne := binary.NativeEndian
+	ps = uint64(ne.Uint32(b[16+8:]))
+	m := b[16:]
+	if m1 := b[ps+16:]; ne.Uint64(m1[48:]) > ne.Uint64(m[48:]) {
+		m = m1
+	}
+	return ps, ne.Uint64(m[32:])
 }
 
 // CheckMeta reads untrusted bytes: it must never panic, and what it passes
