@@ -242,7 +242,7 @@ func (s *store) lookup(tx *bbolt.Tx, key string, horizon time.Time) (*Record, er
 // under RecoverRefuse. A started record that supersedes a started one (a
 // recovering attempt) inherits its window and mark: the evidence of the
 // first unknown outcome lasts as long as it would have. The record sits in a
-// slot as wide as its window.
+// slot as wide as its window, so the slot expires by its end plus its width.
 func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 	key := []byte(r.Key)
 	w := *r
@@ -252,7 +252,16 @@ func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 		w.Retention = max(w.Retention, replaces.Retention)
 		w.KeptUntilResolved = w.KeptUntilResolved || replaces.KeptUntilResolved
 	}
-	sl := layout.SlotAt(slotTime(r), w.Retention)
+	// The slot of r's time, or of the record it replaces if that is later:
+	// a record put back (an interrupted execution restored after the call
+	// that recovered it failed before fn ran) goes to a recent slot, never
+	// to an old one that the pruner may be dropping as empty meanwhile. A
+	// later slot only delays reclaiming the record, never its expiry.
+	at := slotTime(r)
+	if replaces != nil && slotTime(replaces).After(at) {
+		at = slotTime(replaces)
+	}
+	sl := layout.SlotAt(at, w.Retention)
 	if replaces != nil {
 		if _, old, ok := s.find(tx, key, time.Time{}); ok && old != sl {
 			if err := s.delFrom(tx, old, key); err != nil {

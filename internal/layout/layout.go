@@ -9,10 +9,11 @@
 //	            big endian each, sign bit flipped, so slots sort by start):
 //	            key → record. A slot is as wide as the retention window of
 //	            the records in it (each record also carries its window). Done
-//	            records by completion time, started records by start time, so
-//	            that every record in a slot expires by the slot's end plus its
-//	            width, and the pruner drops the slot whole, unless it holds a
-//	            record kept until resolved. A key has one version, in one
+//	            records by completion time, started records by start time (or
+//	            a later slot: a record put back goes to the slot of the one it
+//	            replaces), so that every record in a slot expires by the slot's
+//	            end plus its width, and the pruner drops the slot whole, unless
+//	            it holds a record kept until resolved. A key has one version, in one
 //	            slot. Slots sit directly under Root: one bucket level less to
 //	            open on every lookup and to rewrite on every commit.
 //	  outbox/   sequence (u64 big endian) → message
