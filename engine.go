@@ -190,7 +190,13 @@ type counters struct {
 // Open opens or creates the idem file at path. One Engine holds a file at a
 // time: another Open of the same file, in this process or another, fails after
 // opts.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
-// of another format version fails with ErrFormat and is left as it is.
+// of format version 1 (the first) is read as it is and, unless opts.ReadOnly,
+// migrated to version 2 in Open's first transaction (its records keep their
+// windows; its interrupted executions are kept until resolved, since version 1
+// did not record the policy); a file of a newer version fails with ErrFormat
+// and is left as it is. A damaged file (truncated below its last page in use,
+// or a page bbolt panics on) fails with an error wrapping ErrCorrupt and is
+// released: a later Open of the repaired file succeeds.
 func Open(path string, opts *Options) (*Engine, error) {
 	var o Options
 	if opts != nil {
