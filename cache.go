@@ -13,10 +13,18 @@ const DefaultReplayCacheBytes = 16 << 20
 
 const (
 	cacheShards = 32
-	// entryOverhead approximates an entry's bytes beside its key, response
-	// and error text: the Record, the map slot, and two queue slots (its own
-	// and at most one stale slot per entry, see cacheShard.stale).
-	entryOverhead = 160
+	// entryOverhead bounds an entry's heap bytes beside its key, response
+	// and error: the Record (144 bytes, its allocation's size class), its
+	// map slot (24 bytes, up to 57 with the map's load factor and growth),
+	// and its queue slots (24 bytes each, at most two an entry in an array
+	// of at most 2.5 slots an entry, see compact): about 260 bytes, and up
+	// to 310 measured under churn (a map of deleted keys keeps some of its
+	// growth), rounded up with room to spare.
+	// TestReplayCacheHeapStaysWithinBudget measures it.
+	entryOverhead = 352
+	// errorOverhead is a stored error's bytes beside its code and message:
+	// the Error (64 bytes, its allocation's size class).
+	errorOverhead = 64
 )
 
 // replayCache holds the done records completed most recently, so that the
@@ -31,18 +39,19 @@ type replayCache struct {
 }
 
 type cacheShard struct {
-	mu   sync.Mutex
-	m    map[string]*Record
-	fifo []queued // entries in insertion order, oldest at head
-	head int
-	// stale counts the queue slots from head on whose entry is gone (evicted,
-	// forgotten, or put again since): compacting once they outnumber the
-	// entries keeps the queue within two slots an entry, whatever the
-	// sequence of puts and forgets.
-	stale    int
+	mu sync.Mutex
+	m  map[string]*Record
+	// fifo holds the entries in insertion order, oldest at head, and stale
+	// slots of entries gone since (forgotten, or put again), which evict
+	// nothing; compact bounds it to two slots an entry.
+	fifo     []queued
+	head     int
 	bytes    int
 	maxBytes int
 }
+
+// queueSlack is the queue slots a shard may hold beside two an entry.
+const queueSlack = 16
 
 // queued is a queue slot: the entry it was made for, so that a slot of a key
 // put again since is recognised as stale and evicts nothing.
@@ -65,7 +74,7 @@ func newReplayCache(maxBytes int) *replayCache {
 func entrySize(r *Record) int {
 	n := entryOverhead + len(r.Key) + len(r.Response)
 	if r.Err != nil {
-		n += len(r.Err.Code) + len(r.Err.Message)
+		n += errorOverhead + len(r.Err.Code) + len(r.Err.Message)
 	}
 	return n
 }
@@ -110,8 +119,6 @@ func (c *replayCache) put(r *Record) {
 		if s.m[q.key] == q.rec {
 			s.bytes -= entrySize(q.rec)
 			delete(s.m, q.key)
-		} else {
-			s.stale--
 		}
 	}
 	s.fifo = append(s.fifo, queued{r.Key, r})
@@ -125,30 +132,26 @@ func (s *cacheShard) drop(key string) {
 	if old, ok := s.m[key]; ok {
 		s.bytes -= entrySize(old)
 		delete(s.m, key)
-		s.stale++
 	}
 }
 
-// compact rewrites the queue without its stale slots once they outnumber
-// the entries (amortised: each rewrite removes more slots than it keeps), and
-// drops the consumed head once it is half the queue.
+// compact rewrites the queue, without its consumed head and its stale
+// slots, into an array a quarter larger than the entries, once it is longer
+// than twice the entries (plus queueSlack): so it never is, whatever the
+// sequence of puts and forgets, and its array never holds much more (append
+// grows it to about 2.5 slots an entry at most before the next rewrite). Each
+// rewrite follows at least as many puts as it keeps slots: amortised O(1).
 func (s *cacheShard) compact() {
-	if s.stale > len(s.m) {
-		live := s.fifo[:0]
-		for _, q := range s.fifo[s.head:] {
-			if s.m[q.key] == q.rec {
-				live = append(live, q)
-			}
-		}
-		clear(s.fifo[len(live):])
-		s.fifo, s.head, s.stale = live, 0, 0
+	if len(s.fifo) <= 2*len(s.m)+queueSlack {
 		return
 	}
-	if s.head > len(s.fifo)/2 {
-		n := copy(s.fifo, s.fifo[s.head:])
-		clear(s.fifo[n:])
-		s.fifo, s.head = s.fifo[:n], 0
+	live := make([]queued, 0, len(s.m)+len(s.m)/4+queueSlack)
+	for _, q := range s.fifo[s.head:] {
+		if s.m[q.key] == q.rec {
+			live = append(live, q)
+		}
 	}
+	s.fifo, s.head = live, 0
 }
 
 // forget drops key (its queue slot is skipped when it comes up, or

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -72,7 +73,7 @@ func TestReplayCacheQueueStaysBoundedUnderReputs(t *testing.T) {
 			}
 			for i := range c.shards {
 				s := &c.shards[i]
-				require.LessOrEqual(t, s.queueLen(), 2*len(s.m)+1,
+				require.LessOrEqual(t, s.queueLen(), 2*len(s.m)+queueSlack,
 					"shard %d: %d queue slots for %d entries", i, s.queueLen(), len(s.m))
 				require.LessOrEqual(t, s.bytes, s.maxBytes)
 			}
@@ -100,4 +101,51 @@ func TestReplayCacheEvictsByEntryAge(t *testing.T) {
 	}
 	require.Nil(t, c.get(same[0]), "the oldest entry is evicted first")
 	require.NotNil(t, c.get("a"), "a was put again after same[0]: it stays")
+}
+
+// The budget is of memory, not of an estimate: after any sequence of puts and
+// forgets, the heap the cache holds (its records, map and queue; the keys and
+// responses too, which the test allocates for each put, as remember copies
+// them) stays within ReplayCacheBytes. Tiny entries are the hard case: the
+// per-entry overhead is all there is.
+func TestReplayCacheHeapStaysWithinBudget(t *testing.T) {
+	const budget = 4 << 20
+	for _, tc := range []struct {
+		name string
+		step func(c *replayCache, i int)
+	}{
+		{"new tiny keys", func(c *replayCache, i int) {
+			c.put(&Record{Key: fmt.Sprintf("k%07d", i), State: StateDone, Response: []byte{}})
+		}},
+		{"put and forget", func(c *replayCache, i int) {
+			k := fmt.Sprintf("k%07d", i%50_000)
+			c.put(&Record{Key: k, State: StateDone, Response: []byte{}})
+			if i%3 == 0 {
+				c.forget(k)
+			}
+		}},
+		{"re-puts of a few keys among many", func(c *replayCache, i int) {
+			k := fmt.Sprintf("k%07d", i)
+			if i%2 == 0 {
+				k = fmt.Sprintf("hot%d", i%10)
+			}
+			c.put(&Record{Key: k, State: StateDone, Response: []byte("r"), Err: &Error{Code: "c", Message: "m"}})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ms runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&ms)
+			before := ms.HeapAlloc
+			c := newReplayCache(budget)
+			for i := range 300_000 {
+				tc.step(c, i)
+			}
+			runtime.GC()
+			runtime.ReadMemStats(&ms)
+			held := int64(ms.HeapAlloc) - int64(before)
+			require.LessOrEqual(t, held, int64(budget), "the cache holds %d bytes for a budget of %d", held, budget)
+			runtime.KeepAlive(c)
+		})
+	}
 }

@@ -110,7 +110,8 @@ type Options struct {
 
 	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
 	// completed records that answers replays without a read transaction
-	// (keys, responses and error texts, plus about 160 bytes an entry). Zero
+	// (keys, responses and error texts, plus 352 bytes an entry for the
+	// record, its index and its queue slots, and 64 for a stored error). Zero
 	// means DefaultReplayCacheBytes; negative disables the cache.
 	ReplayCacheBytes int
 
