@@ -17,6 +17,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/fault"
 )
@@ -62,7 +63,9 @@ const (
 	RecoverReexecute RecoveryPolicy = iota
 	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
 	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
-	// expire.
+	// expire: each started record is written marked kept until resolved
+	// (Record.KeptUntilResolved), so a later Open with RecoverReexecute, or
+	// `idem prune`, keeps it too (and recovers it on the next call).
 	RecoverRefuse
 )
 
@@ -71,7 +74,10 @@ const (
 type Options struct {
 	// Retention is the retention window, wall-clock: a record expires this long
 	// after it completed (an orphaned started record, after it started). Zero
-	// means DefaultRetention. It is a floor: space may be reclaimed later.
+	// means DefaultRetention. It is a floor: space may be reclaimed later. It
+	// is recorded with every record written (Record.Retention): a record
+	// written under a longer window by an earlier Open keeps that window, and
+	// one written under a shorter window lives this one.
 	Retention time.Duration
 
 	// PruneInterval is the period of the background pruner. Zero means
@@ -103,7 +109,8 @@ type Options struct {
 
 	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
 	// completed records that answers replays without a read transaction
-	// (keys, responses and error texts, plus about 160 bytes an entry). Zero
+	// (keys, responses and error texts, plus 352 bytes an entry for the
+	// record, its index and its queue slots, and 64 for a stored error). Zero
 	// means DefaultReplayCacheBytes; negative disables the cache.
 	ReplayCacheBytes int
 
@@ -192,7 +199,13 @@ type counters struct {
 // Open opens or creates the idem file at path. One Engine holds a file at a
 // time: another Open of the same file, in this process or another, fails after
 // opts.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
-// of another format version fails with ErrFormat and is left as it is.
+// of format version 1 (the first) is read as it is and, unless opts.ReadOnly,
+// migrated to version 2 in Open's first transaction (its records keep their
+// windows; its interrupted executions are kept until resolved, since version 1
+// did not record the policy); a file of a newer version fails with ErrFormat
+// and is left as it is. A damaged file (truncated below its last page in use,
+// or a page bbolt panics on) fails with an error wrapping ErrCorrupt and is
+// released: a later Open of the repaired file succeeds.
 func Open(path string, opts *Options) (*Engine, error) {
 	var o Options
 	if opts != nil {
@@ -245,14 +258,13 @@ func Open(path string, opts *Options) (*Engine, error) {
 		}
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
-	if err := initFile(db, o.ReadOnly); err != nil {
-		_ = db.Close()
+	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
 	e := &Engine{
 		db:       db,
 		opts:     o,
-		st:       store{width: o.Retention},
+		st:       store{width: o.Retention, refuse: o.Recovery == RecoverRefuse},
 		locks:    newKeyLocks(),
 		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
 		now:      func() time.Time { return clock().Round(0) },
@@ -260,8 +272,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
-	if err := db.View(e.st.loadSlots); err != nil {
-		_ = db.Close()
+	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
@@ -281,15 +292,32 @@ func Open(path string, opts *Options) (*Engine, error) {
 	return e, nil
 }
 
-// openBolt is bbolt.Open, with the panics bbolt raises on a damaged file
-// (its freelist or meta pages) turned into an error wrapping ErrCorrupt.
-func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
+// openBolt is bbolt.Open through internal/boltfile: a file whose meta pages
+// contradict it (truncated below its last page, which bbolt would map and
+// fault on) is refused before bbolt maps it, and a panic of bbolt's on a
+// damaged page releases the file; both are errors wrapping ErrCorrupt.
+func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
+	db, err := boltfile.Open(path, 0o600, o)
+	if errors.Is(err, boltfile.ErrDamaged) {
+		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
+	}
+	return db, err
+}
+
+// firstRead runs one of Open's first transactions on db, which read pages
+// bbolt.Open did not: a panic of bbolt's on a damaged page there is an error
+// wrapping ErrCorrupt, as in openBolt, and on any failure db is closed (the
+// transaction rolled back first), so the file is released.
+func firstRead(db *bbolt.DB, read func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
+			err = fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+		}
+		if err != nil {
+			_ = db.Close()
 		}
 	}()
-	return bbolt.Open(path, 0o600, o)
+	return read()
 }
 
 // Do runs fn once per idempotency key and records its outcome, so that every
@@ -706,20 +734,18 @@ func (e *Engine) loadFor(key string, fp uint64, check bool, now time.Time) (rec 
 	return rec, false, nil
 }
 
-// horizon is the oldest time a live record can be slotted at: slots that
-// ended before it hold only expired records, unless interrupted executions
-// are kept until resolved.
-func (e *Engine) horizon(now time.Time) time.Time {
-	if e.opts.Recovery == RecoverRefuse {
-		return time.Time{}
-	}
-	return now.Add(-e.opts.Retention)
-}
+// horizon is the oldest time a live record can be slotted at: none. A record
+// kept until resolved may sit in any slot, however old, and a record keeps
+// the window it was written under, so lookups probe every slot; the pruner
+// drops those that hold only expired records.
+func (e *Engine) horizon(time.Time) time.Time { return time.Time{} }
 
-// live reports whether r is inside the retention window at now. Under
-// RecoverRefuse an interrupted execution stays until it is resolved.
+// live reports whether r is live at now: a started record kept until
+// resolved (written under RecoverRefuse, or of a format-1 file), or any
+// started record while this engine refuses, always; any other record inside
+// the longer of the window it was written under and this engine's.
 func (e *Engine) live(r *Record, now time.Time) bool {
-	if r.State == StateStarted && e.opts.Recovery == RecoverRefuse {
+	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
 	}
 	return now.Before(r.ExpiresAt(e.opts.Retention))
