@@ -4,6 +4,13 @@
 // re-issues create_order after a lost response gets the first order back,
 // marked as a replay, instead of a second order.
 //
+//	server.AddReceivingMiddleware(idemmcp.New(engine, nil).Wrap)
+//
+// dedupes the calls of tools registered with the SDK (mcp.AddTool), by the
+// default Policy or Options.Tools. Registering a tool through this package
+// gives it its own Policy and lets the middleware tell input the SDK refused
+// from the handler's answers; AddTxTool is the DoTx form:
+//
 //	m := idemmcp.New(engine, nil)
 //	idemmcp.AddTool(server, m, &mcp.Tool{Name: "create_order"}, createOrder, nil)
 //	server.AddReceivingMiddleware(m.Wrap)
@@ -23,7 +30,8 @@
 // The JSON-RPC id is never the key: a retry must carry a new id. Tools
 // annotated read-only (ReadOnlyHint) pass through. A side-effecting tool
 // called without a key is refused (CodeKeyRequired) unless its Policy says
-// RunUnkeyed. With Options.Scope, the stored key is idem.KeyOf("idemmcp",
+// RunUnkeyed. A tool registered with the SDK directly is read-only if the
+// server's tools/list shows it annotated so. With Options.Scope, the stored key is idem.KeyOf("idemmcp",
 // scope, key): the key space follows the authenticated principal, never the
 // connection or session. A continuation of a multi-round-trip call (one that
 // carries InputResponses or RequestState) is a call of its own: its key is

@@ -118,7 +118,10 @@ type Options struct {
 	// Tools holds the policy of tools registered with the SDK directly
 	// (mcp.AddTool or Server.AddTool); tools registered with this package's
 	// AddTool, AddRawTool or AddTxTool carry their own. A tool in neither
-	// has the zero Policy: side-effecting, key from _meta, refused without.
+	// has the zero Policy (key from _meta, refused without), unless the
+	// server's tools/list shows it annotated read-only (ReadOnlyHint): then
+	// it passes through. A call of a tool the server does not have passes
+	// through too, for the SDK to answer.
 	Tools map[string]Policy
 	// Scope, if set, returns the key space of a call: the authenticated
 	// principal (from req.Extra.TokenInfo on an authenticated HTTP
@@ -231,13 +234,42 @@ func (m *Middleware) Wrap(next mcp.MethodHandler) mcp.MethodHandler {
 	}
 }
 
-func (m *Middleware) lookup(name string) *toolEntry {
+// lookup returns what the middleware knows of a tool; known is false for
+// a tool registered with the SDK directly and absent from Options.Tools.
+func (m *Middleware) lookup(name string) (t *toolEntry, known bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if t, ok := m.tools[name]; ok {
-		return t
+		return t, true
 	}
-	return &toolEntry{policy: m.opts.Tools[name], do: m.d.Do}
+	p, ok := m.opts.Tools[name]
+	return &toolEntry{policy: p, do: m.d.Do}, ok
+}
+
+// listed returns the server's definition of the named tool, as its
+// tools/list answers (asked through the handlers below the middleware), or
+// nil if the server has no such tool.
+func listed(ctx context.Context, r *mcp.CallToolRequest, next mcp.MethodHandler) (*mcp.Tool, error) {
+	params := &mcp.ListToolsParams{}
+	for {
+		res, err := next(ctx, "tools/list", &mcp.ListToolsRequest{Session: r.Session, Params: params, Extra: r.Extra})
+		if err != nil {
+			return nil, err
+		}
+		lr, ok := res.(*mcp.ListToolsResult)
+		if !ok {
+			return nil, fmt.Errorf("idemmcp: tools/list answered a %T", res)
+		}
+		for _, t := range lr.Tools {
+			if t.Name == r.Params.Name {
+				return t, nil
+			}
+		}
+		if lr.NextCursor == "" || lr.NextCursor == params.Cursor {
+			return nil, nil
+		}
+		params = &mcp.ListToolsParams{Cursor: lr.NextCursor}
+	}
 }
 
 // register records a tool registered through this package.
@@ -269,7 +301,18 @@ func (m *Middleware) passThrough(ctx context.Context, method string, r *mcp.Call
 }
 
 func (m *Middleware) call(ctx context.Context, method string, r *mcp.CallToolRequest, next mcp.MethodHandler) (res mcp.Result, err error) {
-	t := m.lookup(r.Params.Name)
+	t, known := m.lookup(r.Params.Name)
+	if !known {
+		// Registered with the SDK directly: its annotations say whether
+		// it is read-only, and an unknown tool is the SDK's to answer.
+		def, err := listed(ctx, r, next)
+		if err != nil {
+			return nil, err
+		}
+		if def == nil || (def.Annotations != nil && def.Annotations.ReadOnlyHint) {
+			return m.passThrough(ctx, method, r, next)
+		}
+	}
 	if t.policy.ReadOnly || (t.policy.Key.kind == keyNone && !t.tx) {
 		return m.passThrough(ctx, method, r, next)
 	}

@@ -615,3 +615,35 @@ func TestDoTxToolCommitsItsEffectWithTheRecord(t *testing.T) {
 	require.Equal(t, 1, count())
 	require.EqualValues(t, 2, runs.Load())
 }
+
+func TestToolsRegisteredWithTheSDKDirectly(t *testing.T) {
+	var orders, reads atomic.Int32
+	r := newRig(t, "", nil, nil, func(r *rig) {
+		mcp.AddTool(r.server, &mcp.Tool{Name: "create_order"}, createOrder(&orders))
+		mcp.AddTool(r.server, &mcp.Tool{Name: "get_order", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+			func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, created, error) {
+				reads.Add(1)
+				return nil, created{OrderID: "ord_1"}, nil
+			})
+	})
+	args := map[string]any{"sku": "A1", "qty": 2}
+	_, err := r.call("", "create_order", args)
+	ref, ok := idemmcp.RefusalOf(err)
+	require.True(t, ok, "a refusal, not %v", err)
+	require.Equal(t, idemmcp.TypeKeyRequired, ref.Type)
+	for range 2 {
+		res, err := r.call("k-1", "create_order", args)
+		require.NoError(t, err)
+		require.JSONEq(t, `{"order_id":"ord_1","qty":2}`, text(t, res))
+	}
+	require.EqualValues(t, 1, orders.Load())
+	for range 2 {
+		_, err := r.call("", "get_order", map[string]any{})
+		require.NoError(t, err, "read-only by its annotation")
+	}
+	require.EqualValues(t, 2, reads.Load())
+	_, err = r.call("k-2", "no_such_tool", map[string]any{})
+	require.ErrorContains(t, err, "unknown tool")
+	_, ok = idemmcp.RefusalOf(err)
+	require.False(t, ok, "the SDK's answer, not a refusal")
+}
