@@ -35,8 +35,26 @@ import (
 // server's own count (EffectsBucket), committed with each change. cfg is as
 // for Run; Executable must call ChildMain first thing.
 func RunMCP(ctx context.Context, cfg Config) (*Report, error) {
+	return RunMCPWith(ctx, cfg, MCPOptions{})
+}
+
+// MCPOptions adapt RunMCPWith.
+type MCPOptions struct {
+	// Command returns the command a task's calls are sent to, speaking MCP
+	// over its stdin and stdout, for the tool server sc: a proxy in front
+	// of MCPServerCommand(exe, sc), for example. Its Stderr is set by the
+	// runner. Nil means MCPServerCommand(cfg.Executable, sc). Under the
+	// crash schedule, the command's own process must die of SIGKILL.
+	Command func(exe string, sc ServeConfig) (*exec.Cmd, error)
+}
+
+// RunMCPWith is RunMCP with the tool server started by opts.
+func RunMCPWith(ctx context.Context, cfg Config, opts MCPOptions) (*Report, error) {
+	if opts.Command == nil {
+		opts.Command = MCPServerCommand
+	}
 	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error) {
-		p := &mcpPlay{cfg: cfg, task: task, sched: sched, mode: mode, path: path}
+		p := &mcpPlay{cfg: cfg, opts: &opts, task: task, sched: sched, mode: mode, path: path}
 		return p.run(ctx, initial)
 	})
 }
@@ -116,6 +134,7 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 // mcpPlay is one task played over MCP under one schedule in one mode.
 type mcpPlay struct {
 	cfg   *Config
+	opts  *MCPOptions
 	task  Task
 	sched Schedule
 	mode  Mode
@@ -141,7 +160,7 @@ func (p *mcpPlay) key(i int) string {
 
 // start starts a tool server child on the file and connects a client.
 func (p *mcpPlay) start(ctx context.Context, crashKey, crashPoint string) error {
-	cmd, err := MCPServerCommand(p.cfg.Executable, ServeConfig{DB: p.path, Idem: p.mode == Idem, CrashKey: crashKey, CrashPoint: crashPoint})
+	cmd, err := p.opts.Command(p.cfg.Executable, ServeConfig{DB: p.path, Idem: p.mode == Idem, CrashKey: crashKey, CrashPoint: crashPoint})
 	if err != nil {
 		return err
 	}
