@@ -78,20 +78,44 @@ func RefusalOf(err error) (*Refusal, bool) {
 	if json.Unmarshal(we.Data, &r) != nil {
 		return nil, false
 	}
-	switch r.Type {
-	case TypeKeyRequired, TypeKeyInvalid, TypeConflict, TypeInProgress, TypeIncomplete, TypeUnavailable:
-		r.Code = we.Code
-		return &r, true
+	if _, ok := codes[r.Type]; !ok {
+		return nil, false
 	}
-	return nil, false
+	r.Code = we.Code
+	return &r, true
+}
+
+// codes maps each refusal type to its code.
+var codes = map[string]int64{
+	TypeKeyRequired: CodeKeyRequired,
+	TypeKeyInvalid:  CodeKeyInvalid,
+	TypeConflict:    CodeConflict,
+	TypeInProgress:  CodeInProgress,
+	TypeIncomplete:  CodeIncomplete,
+	TypeUnavailable: CodeUnavailable,
+}
+
+// RefusalError returns the JSON-RPC error of a refusal of type typ (a Type*
+// constant, sent with its Code*; an unknown type gets CodeUnavailable), with
+// retryAfter in data rounded up to whole seconds (0: none) and "idempotency: "
+// and message as its message. It is what the middleware sends, for adapters
+// that speak JSON-RPC themselves (idem mcp-proxy).
+func RefusalError(typ string, retryAfter time.Duration, message string) *jsonrpc.Error {
+	code, ok := codes[typ]
+	if !ok {
+		code = CodeUnavailable
+	}
+	r := Refusal{Type: typ}
+	if retryAfter > 0 {
+		r.RetryAfter = max(1, int(math.Ceil(retryAfter.Seconds())))
+	}
+	data, _ := json.Marshal(r) // a Refusal always encodes
+	return &jsonrpc.Error{Code: code, Message: "idempotency: " + message, Data: data}
 }
 
 // refuse builds the JSON-RPC error of a refusal.
 func refuse(code int64, typ string, retryAfter time.Duration, format string, args ...any) error {
-	r := Refusal{Type: typ}
-	if retryAfter > 0 {
-		r.RetryAfter = int(math.Ceil(retryAfter.Seconds()))
-	}
-	data, _ := json.Marshal(r) // a Refusal always encodes
-	return &jsonrpc.Error{Code: code, Message: "idempotency: " + fmt.Sprintf(format, args...), Data: data}
+	we := RefusalError(typ, retryAfter, fmt.Sprintf(format, args...))
+	we.Code = code
+	return we
 }
