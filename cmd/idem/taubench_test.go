@@ -1,7 +1,9 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -12,6 +14,8 @@ import (
 // TestTaubenchViaMCP plays two tasks over MCP through the command, with the
 // tool servers as children of the test binary (its init runs ChildMain).
 func TestTaubenchViaMCP(t *testing.T) {
+	// Under the race detector each child would sleep a second at exit.
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
 	r := idemCmd(t, nil, "", "taubench", "--via", "mcp", "--limit", "2", "--seed", "3", "--data", data)
 	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)

@@ -1,7 +1,9 @@
 package taubench
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,6 +22,9 @@ func TestRunMCP(t *testing.T) {
 	if testing.Short() {
 		n = 4
 	}
+	// Each tool server child is this test binary; under the race detector
+	// it would sleep a second at exit (GORACE's atexit_sleep_ms).
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	rep, err := RunMCP(t.Context(), Config{
 		DataDir: dir, Tasks: tasks[:n], TasksFile: tasksFile,
 		Baseline: true, Seed: 7, WorkDir: t.TempDir(),

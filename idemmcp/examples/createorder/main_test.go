@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -35,7 +36,8 @@ func connect(t *testing.T, path string) (*mcp.ClientSession, *exec.Cmd) {
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	cmd := exec.Command(exe)
-	cmd.Env = append(os.Environ(), envServe+"="+path)
+	// Under the race detector the child would sleep a second at exit.
+	cmd.Env = append(os.Environ(), envServe+"="+path, "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
 	client.AddSendingMiddleware(idemmcp.ClientMiddleware(nil))
 	cs, err := client.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)
