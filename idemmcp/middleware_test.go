@@ -647,3 +647,44 @@ func TestToolsRegisteredWithTheSDKDirectly(t *testing.T) {
 	_, ok = idemmcp.RefusalOf(err)
 	require.False(t, ok, "the SDK's answer, not a refusal")
 }
+
+func TestStackedMiddlewareDedupesOnce(t *testing.T) {
+	var orders atomic.Int32
+	r := newRig(t, "", nil, nil, func(r *rig) {
+		shop(&orders)(r)
+		r.server.AddReceivingMiddleware(r.m.Wrap) // installed twice (go-sdk issue 174)
+	})
+	for range 2 {
+		_, err := r.call("k-1", "create_order", map[string]any{"sku": "A1", "qty": 1})
+		require.NoError(t, err, "the inner one passes through, no re-entrance")
+	}
+	require.EqualValues(t, 1, orders.Load())
+}
+
+func TestCancelledWaiterReturnsAndChangesNothing(t *testing.T) {
+	var orders atomic.Int32
+	started, release := make(chan struct{}, 2), make(chan struct{})
+	waiting := make(chan struct{}, 1)
+	idemmcp.SetWaitHook(func() { waiting <- struct{}{} })
+	t.Cleanup(func() { idemmcp.SetWaitHook(nil) })
+	r := newRig(t, "", nil, nil, blocking(&orders, started, release))
+	args := map[string]any{"sku": "A1", "qty": 1}
+	first := make(chan error, 1)
+	go func() { _, err := r.call("k-1", "create_order", args); first <- err }()
+	<-started
+	ctx, cancel := context.WithCancel(idemmcp.WithKey(t.Context(), "k-1"))
+	waiter := make(chan error, 1)
+	go func() {
+		_, err := r.cs.CallTool(ctx, &mcp.CallToolParams{Name: "create_order", Arguments: args})
+		waiter <- err
+	}()
+	<-waiting
+	cancel()
+	require.ErrorIs(t, <-waiter, context.Canceled)
+	close(release)
+	require.NoError(t, <-first)
+	res, err := r.call("k-1", "create_order", args)
+	require.NoError(t, err)
+	require.True(t, idemmcp.Replayed(res))
+	require.EqualValues(t, 1, orders.Load())
+}
