@@ -171,6 +171,7 @@ any idem row falls short of every task.`,
 	for _, s := range taubench.Schedules {
 		on[s] = f.Bool(string(s), true, fmt.Sprintf("play the %s schedule", s))
 	}
+	c.AddCommand(newTaubenchServeCmd(a))
 	return c
 }
 

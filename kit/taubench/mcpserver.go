@@ -215,3 +215,8 @@ func mcpServerMain() {
 	}
 	os.Exit(0)
 }
+
+// SeedFile creates the bbolt file at path holding the retail data of
+// dataDir (orders.json, users.json, products.json), replacing the retail
+// buckets of an existing file.
+func SeedFile(path, dataDir string) error { return seedFile(path, dataDir) }
