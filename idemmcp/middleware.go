@@ -52,76 +52,16 @@ const (
 	DefaultRetryAfter = time.Second
 )
 
-// InProgressPolicy says what a duplicate does while the first call with its
-// key runs in this middleware.
-type InProgressPolicy uint8
-
-const (
-	// InProgressWait waits for the running call, at most Options.MaxWait
-	// (then refuses as InProgressRefuse does), and answers with its outcome
-	// as a replay. A waiter whose request is cancelled returns at once.
-	InProgressWait InProgressPolicy = iota
-	// InProgressRefuse refuses at once with CodeInProgress and retryAfter.
-	InProgressRefuse
-)
-
-// KeySource says where a tool's idempotency key comes from.
-type KeySource struct {
-	kind keyKind
-	args []string
-}
-
-type keyKind uint8
-
-const (
-	keyMeta keyKind = iota
-	keyArgs
-	keyNone
-)
-
-// KeyFromMeta takes the key from the request's _meta entry MetaKey: the
-// agent framework mints it once per logical intent and sends it again on
-// every retry. It is the zero KeySource.
-var KeyFromMeta = KeySource{}
-
-// NoKey passes the tool's calls through unprotected, as for read-only tools.
-var NoKey = KeySource{kind: keyNone}
-
-// KeyFromArgs makes a natural key from the named arguments (at least one):
-// idem.KeyOf(tool name, each argument's canonical JSON, in the order given),
-// so that two calls naming the same values are one intent whatever the
-// client sends in _meta. A call missing one of them has no key. The tool's
-// name is KeyOf's namespace: it must be 1 to idem.MaxNamespaceLen bytes.
-func KeyFromArgs(names ...string) KeySource {
-	if len(names) == 0 {
-		panic("idemmcp: KeyFromArgs needs at least one argument name")
-	}
-	return KeySource{kind: keyArgs, args: append([]string(nil), names...)}
-}
-
-// Policy is how the middleware treats one tool.
-type Policy struct {
-	// Key is where the key comes from; the zero value is KeyFromMeta.
-	Key KeySource
-	// ReadOnly passes the tool's calls through: they have no effect to
-	// protect. A tool registered with AddTool whose annotations carry
-	// ReadOnlyHint is read-only too.
-	ReadOnly bool
-	// RunUnkeyed runs a call that has no key unprotected (a DoTx tool: in
-	// its own transaction, under a fresh key of its own), instead of
-	// refusing it with CodeKeyRequired. Such a call dedupes nothing.
-	RunUnkeyed bool
-}
-
 // Options configure New. A nil *Options means all defaults.
 type Options struct {
 	// Tools holds the policy of tools registered with the SDK directly
 	// (mcp.AddTool or Server.AddTool); tools registered with this package's
 	// AddTool, AddRawTool or AddTxTool carry their own. A tool in neither
 	// has the zero Policy (key from _meta, refused without), unless the
-	// server's tools/list shows it annotated read-only (ReadOnlyHint): then
-	// it passes through. A call of a tool the server does not have passes
-	// through too, for the SDK to answer.
+	// server's tools/list (asked through the handlers below the middleware
+	// on each call of such a tool) shows it annotated read-only
+	// (ReadOnlyHint): then it passes through. A call of a tool the server
+	// does not have passes through too, for the SDK to answer.
 	Tools map[string]Policy
 	// Scope, if set, returns the key space of a call: the authenticated
 	// principal (from req.Extra.TokenInfo on an authenticated HTTP
@@ -565,85 +505,4 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: ie.Error()}
 	}
 	return nil, refuse(CodeUnavailable, TypeUnavailable, m.opts.RetryAfter, "the idempotency store failed; the tool did not run")
-}
-
-// answer decodes a stored outcome into a new result or error, marked as a
-// replay when it is one.
-func answer(stored []byte, protocolErr, replayed bool) (mcp.Result, error) {
-	if protocolErr {
-		var we jsonrpc.Error
-		if err := json.Unmarshal(stored, &we); err != nil {
-			return nil, refuse(CodeUnavailable, TypeUnavailable, 0, "stored outcome does not decode: %v", err)
-		}
-		return nil, &we
-	}
-	res, err := decodeResult(stored)
-	if err != nil {
-		return nil, refuse(CodeUnavailable, TypeUnavailable, 0, "stored outcome does not decode: %v", err)
-	}
-	if replayed {
-		if res.Meta == nil {
-			res.Meta = mcp.Meta{}
-		}
-		res.Meta[MetaReplayed] = true
-	}
-	return res, nil
-}
-
-// encodeWireError is err as JSON-RPC sends it: code, message, data.
-func encodeWireError(err error) []byte {
-	we := &jsonrpc.Error{Message: err.Error()}
-	var inner *jsonrpc.Error
-	if errors.As(err, &inner) {
-		we.Code = inner.Code
-		if inner == err {
-			we.Data = inner.Data
-		}
-	}
-	b, _ := json.Marshal(we) // a wire error always encodes
-	return b
-}
-
-// encodeResult serializes a final result for storage, without the
-// resultType the server sets for the protocol version of the caller.
-func encodeResult(r *mcp.CallToolResult) ([]byte, error) {
-	raw, err := json.Marshal(r)
-	if err != nil {
-		return nil, err
-	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return nil, err
-	}
-	delete(fields, "resultType")
-	return json.Marshal(fields)
-}
-
-// decodeResult decodes a stored result into a new object. Structured
-// content and _meta values keep their stored JSON (no float64 rounding).
-func decodeResult(b []byte) (*mcp.CallToolResult, error) {
-	var r mcp.CallToolResult
-	if err := json.Unmarshal(b, &r); err != nil {
-		return nil, err
-	}
-	var aux struct {
-		Structured json.RawMessage            `json:"structuredContent"`
-		Meta       map[string]json.RawMessage `json:"_meta"`
-	}
-	if err := json.Unmarshal(b, &aux); err != nil {
-		return nil, err
-	}
-	if aux.Structured != nil {
-		r.StructuredContent = aux.Structured
-	}
-	if aux.Meta != nil {
-		r.Meta = mcp.Meta{}
-		for k, v := range aux.Meta {
-			r.Meta[k] = v
-		}
-	}
-	if r.Content == nil {
-		r.Content = []mcp.Content{}
-	}
-	return &r, nil
 }

@@ -43,13 +43,19 @@ const (
 	CodeUnavailable = -32065
 )
 
-// The data.type of each refusal.
+// The data.type of each refusal, sent with the code of the same name.
 const (
+	// TypeKeyRequired is sent with CodeKeyRequired.
 	TypeKeyRequired = "idempotency_key_required"
-	TypeKeyInvalid  = "idempotency_key_invalid"
-	TypeConflict    = "idempotency_key_conflict"
-	TypeInProgress  = "idempotency_key_in_progress"
-	TypeIncomplete  = "idempotency_key_incomplete"
+	// TypeKeyInvalid is sent with CodeKeyInvalid.
+	TypeKeyInvalid = "idempotency_key_invalid"
+	// TypeConflict is sent with CodeConflict (SEP-3182's name).
+	TypeConflict = "idempotency_key_conflict"
+	// TypeInProgress is sent with CodeInProgress (SEP-3182's name).
+	TypeInProgress = "idempotency_key_in_progress"
+	// TypeIncomplete is sent with CodeIncomplete.
+	TypeIncomplete = "idempotency_key_incomplete"
+	// TypeUnavailable is sent with CodeUnavailable.
 	TypeUnavailable = "idempotency_store_unavailable"
 )
 
