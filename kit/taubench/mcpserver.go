@@ -27,8 +27,10 @@ const EffectsBucket = "tau_mcp_effects"
 // tool ran but before its transaction committed, or after the commit before
 // the answer is sent.
 const (
+	// MCPBeforeCommit: the tool ran, its transaction has not committed.
 	MCPBeforeCommit = "before-commit"
-	MCPAfterCommit  = "after-commit"
+	// MCPAfterCommit: the transaction committed, the answer is not sent.
+	MCPAfterCommit = "after-commit"
 )
 
 // ServeConfig is one MCP server of the 16 retail tools over a seeded file.
