@@ -688,3 +688,53 @@ func TestCancelledWaiterReturnsAndChangesNothing(t *testing.T) {
 	require.True(t, idemmcp.Replayed(res))
 	require.EqualValues(t, 1, orders.Load())
 }
+
+func TestPanickingTxToolCommitsNothing(t *testing.T) {
+	var runs atomic.Int32
+	r := newRig(t, "", nil, nil, func(r *rig) {
+		idemmcp.AddTxTool(r.server, r.m, idem.TxDoer[*idem.Tx](r.e), &mcp.Tool{Name: "create_order"},
+			func(_ context.Context, _ *mcp.CallToolRequest, in order, tx *idem.Tx) (*mcp.CallToolResult, created, error) {
+				b, err := tx.Bucket([]byte("orders"))
+				if err != nil {
+					return nil, created{}, err
+				}
+				if err := b.Put([]byte("ord_1"), []byte(in.SKU)); err != nil {
+					return nil, created{}, err
+				}
+				if runs.Add(1) == 1 {
+					panic("boom")
+				}
+				return nil, created{OrderID: "ord_1", Qty: in.Qty}, nil
+			}, nil)
+	})
+	args := map[string]any{"sku": "A1", "qty": 1}
+	_, err := r.call("k-1", "create_order", args)
+	var we *jsonrpc.Error
+	require.ErrorAs(t, err, &we)
+	require.EqualValues(t, jsonrpc.CodeInternalError, we.Code)
+	keys := 0
+	require.NoError(t, r.e.View(func(tx *bboltTx) error {
+		if b := tx.Bucket([]byte("orders")); b != nil {
+			keys = b.Stats().KeyN
+		}
+		return nil
+	}))
+	require.Zero(t, keys, "the panicking call's write rolled back")
+	res, err := r.call("k-1", "create_order", args)
+	require.NoError(t, err)
+	require.False(t, idemmcp.Replayed(res), "nothing was stored: the retry runs")
+	require.EqualValues(t, 2, runs.Load())
+}
+
+func TestStoreFailureRefusesAndRunsNothing(t *testing.T) {
+	var orders atomic.Int32
+	r := newRig(t, "", nil, nil, shop(&orders))
+	require.NoError(t, r.e.Close()) // the store is gone
+	_, err := r.call("k-1", "create_order", map[string]any{"sku": "A1", "qty": 1})
+	ref, ok := idemmcp.RefusalOf(err)
+	require.True(t, ok, "a refusal, not %v", err)
+	require.Equal(t, idemmcp.TypeUnavailable, ref.Type)
+	require.EqualValues(t, idemmcp.CodeUnavailable, ref.Code)
+	require.Positive(t, ref.RetryAfter)
+	require.Zero(t, orders.Load())
+}
