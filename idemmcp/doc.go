@@ -45,8 +45,9 @@
 // parsed JSON, never _meta. The outcome of the tool's handling is stored as
 // a serialized copy (never an object the server goes on to modify: go-sdk
 // adds its _meta entries to results after the middleware returns) and every
-// answer, the first included, is a new object decoded from it. Replays carry
-// MetaReplayed (true) in their result's _meta.
+// answer, the first included, is a new object decoded from it. Replayed
+// results carry MetaReplayed (true) in their _meta; a replayed protocol error
+// is the stored error as it was (a JSON-RPC error has no _meta).
 //
 //   - a result: stored and replayed;
 //   - a result with IsError (a typed handler's error): stored and replayed;
