@@ -87,6 +87,7 @@ var subcommands = []func(*app) *cobra.Command{
 	newOutboxCmd,
 	newTaubenchCmd,
 	newTaubenchChildCmd,
+	newTaubenchMCPServerChildCmd,
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
