@@ -73,6 +73,7 @@ var subcommands = []func(*app) *cobra.Command{
 	newBenchCmd,
 	newOutboxCmd,
 	newTaubenchCmd,
+	newMCPProxyCmd,
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
