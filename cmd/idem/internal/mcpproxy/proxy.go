@@ -28,7 +28,7 @@
 //   - Not recorded: JSON-RPC errors that say the server refused the request
 //     before running it (parse error, invalid request, method not found,
 //     invalid params: -32700, -32600, -32601, -32602), a result that is not
-//     final (non-empty inputRequests, or a task), and a result whose _meta has
+//     final (resultType input_required, non-empty inputRequests, or a task), and a result whose _meta has
 //     MetaRetryable true (a key-aware server's transient failure). They are
 //     answered and the key stays free.
 //   - A cancellation (notifications/cancelled) of a protected call is never
@@ -58,9 +58,11 @@
 // (subscriptions, logging level, resources it created) is lost with it.
 //
 // The proxy exits with an error instead if the server dies before the
-// session was initialized (the first server before it answered initialize, or
-// a restarted one before it answered the replayed initialize): a server that
-// cannot start is not restarted in a loop.
+// session was initialized (before the first server answered initialize, or
+// server/discover for the stateless protocol of 2026-07-28, or a restarted
+// one the replayed initialize): a server that cannot start is not restarted
+// in a loop. A stateless session (server/discover) has no handshake to
+// replay; its subscriptions/listen stream ends with CodeServerDied.
 //
 // The child gets Pdeathsig (SIGKILL) on Linux, so it dies with the proxy.
 package mcpproxy
@@ -238,7 +240,7 @@ type session struct {
 	ready       chan struct{} // closed when child is set
 	initReq     []byte        // the client's initialize request
 	initNote    []byte        // the client's notifications/initialized
-	initialized bool          // the server answered initialize
+	initialized bool          // the server answered initialize or server/discover
 	closing     bool          // the session ends: no restart
 	pending     map[string]pending
 	protected   map[string]*protectedCall
@@ -612,6 +614,7 @@ func verdict(resp []byte) error {
 		return nil
 	}
 	var r struct {
+		ResultType    string                     `json:"resultType"`
 		InputRequests json.RawMessage            `json:"inputRequests"`
 		Task          json.RawMessage            `json:"task"`
 		Meta          map[string]json.RawMessage `json:"_meta"`
@@ -620,7 +623,7 @@ func verdict(resp []byte) error {
 	if ir := bytes.TrimSpace(r.InputRequests); !isNull(ir) && string(ir) != "[]" && string(ir) != "{}" {
 		return idem.Retryable(errNotFinal)
 	}
-	if !isNull(r.Task) {
+	if r.ResultType == "input_required" || !isNull(r.Task) {
 		return idem.Retryable(errNotFinal)
 	}
 	if string(bytes.TrimSpace(r.Meta[MetaRetryable])) == "true" {
@@ -733,7 +736,7 @@ func (s *session) fromChild(c *child, msg []byte) {
 			Result json.RawMessage `json:"result"`
 		}
 		_ = json.Unmarshal(msg, &res)
-		if ok && pd.method == "initialize" && res.Result != nil {
+		if ok && (pd.method == "initialize" || pd.method == "server/discover") && res.Result != nil {
 			s.initialized = true
 		}
 		if ok && pd.method == "tools/list" {
