@@ -41,6 +41,9 @@ tools:
 type fixture struct {
 	dir, db string
 	stderr  lockedBuffer
+	// terminate is the client transport's TerminateDuration (zero: the
+	// SDK's 5 s).
+	terminate time.Duration
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -94,7 +97,7 @@ func (f *fixture) proxyCmd(t *testing.T, config string, server []string) *exec.C
 // client to it.
 func (f *fixture) connect(t *testing.T, config string, server []string) *mcp.ClientSession {
 	client := mcp.NewClient(&mcp.Implementation{Name: "idem-test", Version: "1"}, nil)
-	cs, err := client.Connect(t.Context(), &mcp.CommandTransport{Command: f.proxyCmd(t, config, server)}, nil)
+	cs, err := client.Connect(t.Context(), &mcp.CommandTransport{Command: f.proxyCmd(t, config, server), TerminateDuration: f.terminate}, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cs.Close() })
 	return cs
