@@ -14,7 +14,7 @@ import (
 // Canonical returns the canonical JSON text of the JSON value data, the bytes
 // a tool call is fingerprinted by: objects with their keys sorted (by bytes of
 // UTF-8) at every depth, no insignificant space, strings re-encoded by
-// encoding/json, and numbers as normalised decimals, so that 1, 1.0, 10e-1 and
+// encoding/json (without its HTML escapes), and numbers as normalised decimals, so that 1, 1.0, 10e-1 and
 // 0.1e1 give the same text while 9007199254740993 and 9007199254740992 stay
 // distinct (no float64 rounding). A number is written as its significant
 // digits and a base-10 exponent: "1e0", "-15e-1", "0".
@@ -97,10 +97,7 @@ func writeCanonical(b *bytes.Buffer, v any) error {
 	return nil
 }
 
-func writeString(b *bytes.Buffer, s string) {
-	enc, _ := json.Marshal(s) // a string always encodes
-	b.Write(enc)
-}
+func writeString(b *bytes.Buffer, s string) { b.Write(jsonString(s)) }
 
 // normalNumber writes the JSON number text s as its significant digits
 // (no leading or trailing zeros) and a decimal exponent: "-15e-1" for -1.50.

@@ -202,7 +202,7 @@ func TestGoSDKClientThroughProxyToEverything(t *testing.T) {
 	f := newFixture(t)
 	// server-everything outlives the Go SDK client's closing of its stdin
 	// (by itself too, without the proxy) until SIGTERM: send it sooner.
-	f.terminate = 200 * time.Millisecond
+	f.terminate = 2 * time.Second
 	cs := f.connect(t, everythingConfig, server)
 	ctx := t.Context()
 

@@ -39,7 +39,9 @@ func TestMain(m *testing.M) {
 }
 
 // proxyMain is the proxy: IDEM_TEST_DB is its file, IDEM_TEST_CONFIG the
-// configuration's text, IDEM_TEST_COMMAND the server's argv as a JSON array.
+// configuration's text, IDEM_TEST_COMMAND the server's argv as a JSON array;
+// IDEM_TEST_INFLIGHT=fail and IDEM_TEST_RECOVERY=refuse set the engine's
+// policies.
 func proxyMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -53,7 +55,14 @@ func proxyMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	e, err := idem.Open(os.Getenv("IDEM_TEST_DB"), &idem.Options{NoSync: true})
+	opts := &idem.Options{NoSync: true}
+	if os.Getenv("IDEM_TEST_INFLIGHT") == "fail" {
+		opts.InFlight = idem.InFlightFail
+	}
+	if os.Getenv("IDEM_TEST_RECOVERY") == "refuse" {
+		opts.Recovery = idem.RecoverRefuse
+	}
+	e, err := idem.Open(os.Getenv("IDEM_TEST_DB"), opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -136,7 +145,8 @@ func text(s string) *mcp.CallToolResult {
 // ordersMain is a tool server with a counted side effect. Its tools:
 // create_order makes an order; slow_order makes it, then blocks on its first
 // attempt until killed; gated_order makes it, then waits for the gate file;
-// naive_slow_order is slow_order without reconciliation; declined answers a
+// naive_slow_order is slow_order without reconciliation; stuck_order blocks
+// on every attempt; declined answers a
 // JSON-RPC error (a raw handler); flaky answers MetaRetryable on its first
 // call; get_order is read-only. A key-aware tool reconciles a recovered call:
 // if its key already made an order, it answers that order.
@@ -144,7 +154,7 @@ func ordersMain() int {
 	dir := os.Getenv("IDEM_TEST_LEDGER")
 	effects, calls := filepath.Join(dir, "effects.jsonl"), filepath.Join(dir, "calls.jsonl")
 	s := mcp.NewServer(&mcp.Implementation{Name: "orders", Version: "1"}, nil)
-	order := func(name string, reconcile bool, wait func(context.Context) error) {
+	order := func(name string, reconcile bool, wait func(context.Context) error, always bool) {
 		mcp.AddTool(s, &mcp.Tool{Name: name}, func(ctx context.Context, req *mcp.CallToolRequest, in orderIn) (*mcp.CallToolResult, any, error) {
 			meta := req.Params.Meta
 			key, _ := meta[MetaKey].(string)
@@ -161,7 +171,7 @@ func ordersMain() int {
 			}
 			appendJSON(effects, effect{Key: key, SKU: in.SKU, Qty: in.Qty})
 			n := len(readJSONL[effect](effects))
-			if wait != nil && !recovered {
+			if wait != nil && (!recovered || always) {
 				if err := os.WriteFile(filepath.Join(dir, "blocked"), fmt.Appendf(nil, "%d", os.Getpid()), 0o600); err != nil {
 					panic(err)
 				}
@@ -185,10 +195,11 @@ func ordersMain() int {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	order("create_order", true, nil)
-	order("slow_order", true, forever)
-	order("naive_slow_order", false, forever)
-	order("gated_order", true, gate)
+	order("create_order", true, nil, false)
+	order("slow_order", true, forever, false)
+	order("naive_slow_order", false, forever, false)
+	order("stuck_order", false, forever, true)
+	order("gated_order", true, gate, false)
 	s.AddTool(&mcp.Tool{Name: "declined", InputSchema: map[string]any{"type": "object"}},
 		func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
 			appendJSON(calls, execution{Tool: "declined", PID: os.Getpid()})

@@ -214,7 +214,6 @@ func (p *Proxy) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 			break
 		}
 		s.shutdown(ctx)
-		return s.err()
 	case <-s.done:
 	case <-ctx.Done():
 		s.fail(ctx.Err())

@@ -32,6 +32,7 @@ tools:
   slow_order: {}
   naive_slow_order: {}
   gated_order: {}
+  stuck_order: {}
   declined: {}
   flaky: {}
 `
@@ -44,6 +45,8 @@ type fixture struct {
 	// terminate is the client transport's TerminateDuration (zero: the
 	// SDK's 5 s).
 	terminate time.Duration
+	// env is added to the proxy's environment.
+	env []string
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -89,6 +92,7 @@ func (f *fixture) proxyCmd(t *testing.T, config string, server []string) *exec.C
 	cmd := exec.Command(executable(t))
 	cmd.Env = append(os.Environ(), roleEnv+"=proxy", "IDEM_TEST_DB="+f.db, "IDEM_TEST_CONFIG="+config,
 		"IDEM_TEST_COMMAND="+string(argv), "IDEM_TEST_LEDGER="+f.dir)
+	cmd.Env = append(cmd.Env, f.env...)
 	cmd.Stderr = &f.stderr
 	return cmd
 }
@@ -530,4 +534,99 @@ func processAlive(pid int) bool {
 	// The state follows the command's closing parenthesis.
 	i := bytes.LastIndexByte(stat, ')')
 	return !(i >= 0 && i+2 < len(stat) && stat[i+2] == 'Z')
+}
+
+// killBlocked waits for the orders server to block mid-call and SIGKILLs it.
+func (f *fixture) killBlocked(t *testing.T) int {
+	t.Helper()
+	path := filepath.Join(f.dir, "blocked")
+	pid, err := strconv.Atoi(string(waitFile(t, path)))
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(path))
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	return pid
+}
+
+// TestServerDyingOnEveryAttempt: after MaxRounds deaths in one call the
+// client gets CodeServerDied, and the record stays interrupted: the next call
+// with the key re-executes it, recovered.
+func TestServerDyingOnEveryAttempt(t *testing.T) {
+	f := newFixture(t)
+	f.terminate = 200 * time.Millisecond
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	done := make(chan error, 1)
+	go func() {
+		_, err := callTool(t.Context(), cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
+		done <- err
+	}()
+	for range MaxRounds {
+		f.killBlocked(t)
+	}
+	err := <-done
+	requireRPCError(t, err, CodeServerDied, "server_died")
+	require.ErrorContains(t, err, "died during the call 3 times")
+	ex := f.executionsOf("stuck_order")
+	require.Len(t, ex, MaxRounds)
+	for i, e := range ex {
+		require.Equal(t, i+1, e.Attempt)
+		require.Equal(t, i > 0, e.Recovered)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		_, err := callTool(ctx, cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
+		done <- err
+	}()
+	waitFile(t, filepath.Join(f.dir, "blocked"))
+	ex = f.executionsOf("stuck_order")
+	require.Len(t, ex, MaxRounds+1)
+	require.Equal(t, execution{Tool: "stuck_order", Key: "stuck-k1", Attempt: MaxRounds + 1, Recovered: true, PID: ex[MaxRounds].PID}, ex[MaxRounds])
+	// The Go SDK's Close waits for the calls in flight, and the proxy's
+	// end for the protected calls it runs: give up the call, and let
+	// the client's SIGTERM end the proxy.
+	cancel()
+	require.ErrorIs(t, <-done, context.Canceled)
+}
+
+// TestInFlightFailRefusesADuplicate: under InFlightFail a duplicate of a
+// running call gets CodeInProgress with retryAfter.
+func TestInFlightFailRefusesADuplicate(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_INFLIGHT=fail"}
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	args := map[string]any{"sku": "G7", "qty": 1}
+	first := make(chan error, 1)
+	go func() {
+		_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+		first <- err
+	}()
+	waitFile(t, filepath.Join(f.dir, "blocked"))
+	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+	requireRPCError(t, err, CodeInProgress, "idempotency_key_in_progress")
+	var we *jsonrpc.Error
+	require.ErrorAs(t, err, &we)
+	require.JSONEq(t, `{"type":"idempotency_key_in_progress","retryAfter":1}`, string(we.Data))
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	require.NoError(t, <-first)
+	require.Len(t, f.effects(), 1)
+}
+
+// TestRecoverRefuseAnswersIncomplete: under RecoverRefuse, the call the
+// server died in is not re-executed: the client gets CodeIncomplete, and so
+// does a retry, until an operator resolves the key.
+func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_RECOVERY=refuse"}
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	args := map[string]any{"sku": "H8", "qty": 1}
+	done := make(chan error, 1)
+	go func() {
+		_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
+		done <- err
+	}()
+	f.killBlocked(t)
+	requireRPCError(t, <-done, CodeIncomplete, "idempotency_key_incomplete")
+	_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
+	requireRPCError(t, err, CodeIncomplete, "idempotency_key_incomplete")
+	require.Len(t, f.executionsOf("slow_order"), 1)
 }

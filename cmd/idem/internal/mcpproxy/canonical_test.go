@@ -1,0 +1,93 @@
+package mcpproxy
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCanonical(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"keys sorted at every depth", `{"b":1,"a":{"d":[true,null],"c":"x"}}`, `{"a":{"c":"x","d":[true,null]},"b":1e0}`},
+		{"no insignificant space", " { \"a\" : [ 1 , 2 ] } ", `{"a":[1e0,2e0]}`},
+		{"integer", `120`, `12e1`},
+		{"decimal", `-1.50`, `-15e-1`},
+		{"exponent", `0.1E+1`, `1e0`},
+		{"zero of any form", `-0.000e5`, `0`},
+		{"large integers stay exact", `9007199254740993`, `9007199254740993e0`},
+		{"huge exponent", `1e999999999999999999999`, `1e999999999999999999999`},
+		{"strings re-encoded without HTML escapes", `"\u0041<&>\/"`, `"A<&>/"`},
+		{"duplicate key keeps the last", `{"a":1,"a":2}`, `{"a":2e0}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Canonical([]byte(tc.in))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, string(got))
+		})
+	}
+}
+
+func TestCanonicalEqualities(t *testing.T) {
+	same := [][2]string{
+		{`1`, `1.0`},
+		{`1`, `10e-1`},
+		{`{"a":1,"b":[2]}`, `{"b":[2.00],"a":1e0}`},
+		{`100`, `1e2`},
+	}
+	for _, p := range same {
+		a, err := Canonical([]byte(p[0]))
+		require.NoError(t, err)
+		b, err := Canonical([]byte(p[1]))
+		require.NoError(t, err)
+		require.Equal(t, string(a), string(b), "%s and %s", p[0], p[1])
+	}
+	differ := [][2]string{
+		{`9007199254740993`, `9007199254740992`},
+		{`1`, `"1"`},
+		{`[1,2]`, `[2,1]`},
+		{`{}`, `null`},
+		{`0.1`, `0.10000000000000001`},
+	}
+	for _, p := range differ {
+		a, err := Canonical([]byte(p[0]))
+		require.NoError(t, err)
+		b, err := Canonical([]byte(p[1]))
+		require.NoError(t, err)
+		require.NotEqual(t, string(a), string(b), "%s and %s", p[0], p[1])
+	}
+}
+
+func TestCanonicalRefusesWhatIsNotOneValue(t *testing.T) {
+	for _, in := range []string{``, `{`, `{} {}`, `1 x`, `{"a":}`} {
+		_, err := Canonical([]byte(in))
+		require.Error(t, err, "%q", in)
+	}
+}
+
+func TestFingerprintOfACall(t *testing.T) {
+	a, err := fingerprint("t", []byte(`{"x":1,"y":2}`), nil, nil)
+	require.NoError(t, err)
+	b, err := fingerprint("t", []byte(`{"y":2.0,"x":1}`), nil, []byte(`null`))
+	require.NoError(t, err)
+	require.Equal(t, a, b)
+	none, err := fingerprint("t", nil, nil, nil)
+	require.NoError(t, err)
+	empty, err := fingerprint("t", []byte(`{}`), nil, nil)
+	require.NoError(t, err)
+	require.Equal(t, none, empty, "absent, null and {} arguments are no arguments")
+	for _, other := range [][3]string{
+		{"u", `{"x":1,"y":2}`, ""},
+		{"t", `{"x":1,"y":3}`, ""},
+		{"t", `{"x":1,"y":2}`, `"state-2"`},
+	} {
+		var rs []byte
+		if other[2] != "" {
+			rs = []byte(other[2])
+		}
+		c, err := fingerprint(other[0], []byte(other[1]), nil, rs)
+		require.NoError(t, err)
+		require.NotEqual(t, a, c, "%v", other)
+	}
+}
