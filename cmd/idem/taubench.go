@@ -26,6 +26,7 @@ func newTaubenchCmd(a *app) *cobra.Command {
 		seed            uint64
 		limit           int
 		baseline        bool
+		via             string
 		on              = map[taubench.Schedule]*bool{}
 	)
 	c := &cobra.Command{
@@ -54,6 +55,16 @@ one by one), extra effects (write executions beyond one per logical call) and
 state mismatches (tasks whose records differ). A retried write often leaves
 the same records while answering differently, so a row can show extra effects
 and diverged answers with no state mismatch.
+
+With --via mcp, the 16 tools are served by an MCP server in a child process
+over stdio (through idemmcp, write tools in the DoTx form, or without dedupe
+for the baseline), every task is driven through a go-sdk client, and the
+schedules act at the protocol: the same call sent again with the same key,
+two in flight at once, the server's response dropped by the client's
+transport (the call abandoned and retried with the same key), the server
+SIGKILLed mid-call and restarted on the same file, and a retry with mutated
+arguments. Extra effects are counted by the server, in the transaction of
+each change.
 
 The data is read from ../shared/taubench/retail beside the repository (or
 --data DIR); it is not part of this repository. --db does not apply: every
@@ -112,7 +123,15 @@ any idem row falls short of every task.`,
 				progress = func(done, _ int) { _ = bar.Set(done) }
 				finish = func() { _ = bar.Finish() }
 			}
-			rep, err := taubench.Run(cmd.Context(), taubench.Config{
+			run := taubench.Run
+			switch via {
+			case "direct":
+			case "mcp":
+				run = taubench.RunMCP
+			default:
+				return &usageError{fmt.Errorf("--via must be direct or mcp, not %q", via)}
+			}
+			rep, err := run(cmd.Context(), taubench.Config{
 				DataDir: dir, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
 				Baseline: baseline, Seed: seed, Progress: progress,
 			})
@@ -148,6 +167,7 @@ any idem row falls short of every task.`,
 	f.Uint64Var(&seed, "seed", 0, "seed of the random choices (default: from the clock, printed)")
 	f.IntVar(&limit, "limit", 0, "play only the first N tasks")
 	f.BoolVar(&baseline, "baseline", true, "also play every schedule without dedupe")
+	f.StringVar(&via, "via", "direct", "how the agent reaches the tools: direct (in-process calls) or mcp (an MCP tool server in a child process over stdio, driven by a go-sdk client)")
 	for _, s := range taubench.Schedules {
 		on[s] = f.Bool(string(s), true, fmt.Sprintf("play the %s schedule", s))
 	}

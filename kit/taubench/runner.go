@@ -535,6 +535,7 @@ func (p *play) crashChild(crashAt int, point string) error {
 // so) and never returns then; otherwise it returns at once. Programs that run
 // the crash schedule call it first thing in main (and tests in TestMain).
 func ChildMain() {
+	mcpServerMain() // a tool server child of the MCP runner (mcpserver.go)
 	raw := os.Getenv(envChild)
 	if raw == "" {
 		return
