@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -12,6 +13,7 @@ import (
 
 func newMCPProxyCmd(a *app) *cobra.Command {
 	var config, inFlight string
+	var maxWait time.Duration
 	c := &cobra.Command{
 		Use:   "mcp-proxy [--config FILE] -- COMMAND [ARG...]",
 		Short: "Run a stdio MCP server behind idem: its side-effecting tool calls run once per idempotency key",
@@ -23,7 +25,10 @@ file protects: each runs once per idempotency key (params._meta
 is recorded in the --db file (created if missing), and every retry with the key
 is answered from the record, under the retry's id, with
 "io.github.idemkit/replayed": true in the result's _meta. A key reused with
-other arguments is refused (JSON-RPC error -32012, idempotency_key_conflict).
+other arguments is refused (JSON-RPC error -32062, idempotency_key_conflict;
+the refusals are idemmcp's, as from a Go server with the idemmcp middleware).
+A duplicate of a call still running waits for its answer, at most --max-wait,
+then gets -32063 (idempotency_key_in_progress) with retryAfter.
 
 The config file (YAML or JSON):
 
@@ -56,15 +61,19 @@ with status 1. The server dies with mcp-proxy (Linux's Pdeathsig).`,
 			default:
 				return &usageError{fmt.Errorf("--in-flight must be wait or fail, not %q", inFlight)}
 			}
-			return a.mcpProxy(cmd, config, policy, args)
+			if maxWait <= 0 {
+				return &usageError{fmt.Errorf("--max-wait must be positive, not %v", maxWait)}
+			}
+			return a.mcpProxy(cmd, config, policy, maxWait, args)
 		},
 	}
 	c.Flags().StringVar(&config, "config", "", "the tools to protect (YAML or JSON); none: every call runs unprotected, with a warning")
-	c.Flags().StringVar(&inFlight, "in-flight", "wait", "a duplicate of a call still running: wait for its answer, or fail (error -32011 with retryAfter)")
+	c.Flags().StringVar(&inFlight, "in-flight", "wait", "a duplicate of a call still running: wait for its answer, or fail at once (error -32063 with retryAfter)")
+	c.Flags().DurationVar(&maxWait, "max-wait", mcpproxy.DefaultMaxWait, "the longest a duplicate waits for the first call with its key before error -32063")
 	return c
 }
 
-func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFlightPolicy, argv []string) (err error) {
+func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFlightPolicy, maxWait time.Duration, argv []string) (err error) {
 	cfg := &mcpproxy.Config{}
 	if configPath != "" {
 		if cfg, err = mcpproxy.LoadConfig(configPath); err != nil {
@@ -82,7 +91,7 @@ func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFl
 		return openError(a.db, err)
 	}
 	defer closeEngine(e, &err)
-	p := &mcpproxy.Proxy{Engine: e, Config: cfg, Command: argv, Stderr: a.stderr}
+	p := &mcpproxy.Proxy{Engine: e, Config: cfg, Command: argv, Stderr: a.stderr, MaxWait: maxWait}
 	err = p.Serve(cmd.Context(), a.stdin, a.stdout)
 	if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
 		return nil // SIGINT or SIGTERM: the server was killed, the records are kept

@@ -24,6 +24,7 @@ func TestMCPProxyUsageErrors(t *testing.T) {
 		{"no command", []string{"mcp-proxy"}, 2, "requires at least 1 arg(s)"},
 		{"command before --", []string{"mcp-proxy", "node", "server.js"}, 2, "put the server's command after --"},
 		{"bad in-flight policy", []string{"mcp-proxy", "--in-flight", "maybe", "--", "node"}, 2, `--in-flight must be wait or fail, not "maybe"`},
+		{"bad max-wait", []string{"mcp-proxy", "--max-wait", "0s", "--", "node"}, 2, "--max-wait must be positive, not 0s"},
 		{"missing config", []string{"mcp-proxy", "--config", filepath.Join(dir, "none.yaml"), "--", "node"}, 1, "none.yaml"},
 		{"no such server", []string{"mcp-proxy", "--", filepath.Join(dir, "no-such-server")}, 1, "starting the server"},
 	} {

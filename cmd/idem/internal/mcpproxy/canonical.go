@@ -11,10 +11,12 @@ import (
 	"strings"
 )
 
-// Canonical returns the canonical JSON text of the JSON value data, the bytes
-// a tool call is fingerprinted by: objects with their keys sorted (by bytes of
+// Canonical returns the canonical JSON text of the JSON value data, the form
+// of each argument in a natural key (Tool.KeyArgs), byte for byte the form
+// idemmcp.Fingerprint and idemmcp.KeyFromArgs write (a test pins them), so
+// the proxy and the middleware make one key of one call: objects with their keys sorted (by bytes of
 // UTF-8) at every depth, no insignificant space, strings re-encoded by
-// encoding/json (without its HTML escapes), and numbers as normalised decimals, so that 1, 1.0, 10e-1 and
+// encoding/json (json.Marshal), and numbers as normalised decimals, so that 1, 1.0, 10e-1 and
 // 0.1e1 give the same text while 9007199254740993 and 9007199254740992 stay
 // distinct (no float64 rounding). A number is written as its significant
 // digits and a base-10 exponent: "1e0", "-15e-1", "0".
@@ -97,7 +99,10 @@ func writeCanonical(b *bytes.Buffer, v any) error {
 	return nil
 }
 
-func writeString(b *bytes.Buffer, s string) { b.Write(jsonString(s)) }
+func writeString(b *bytes.Buffer, s string) {
+	enc, _ := json.Marshal(s) // a string always encodes
+	b.Write(enc)
+}
 
 // normalNumber writes the JSON number text s as its significant digits
 // (no leading or trailing zeros) and a decimal exponent: "-15e-1" for -1.50.

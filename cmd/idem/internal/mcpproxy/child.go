@@ -130,7 +130,7 @@ func (s *session) died(c *child) {
 	closing, initialized := s.closing, s.initialized
 	s.mu.Unlock()
 	for _, k := range orphans {
-		s.writeClient(errorResponse([]byte(k), CodeServerDied, "server_died",
+		s.writeClient(errorResponse([]byte(k), CodeServerDied, TypeServerDied,
 			fmt.Sprintf("the server process died (%v) before answering; the request was not retried", c.status), nil))
 	}
 	switch {

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/cmd/idem/internal/npmtest"
+	"github.com/idemkit/idem/idemmcp"
 )
 
 // everythingConfig protects get-sum of @modelcontextprotocol/server-everything
@@ -29,8 +30,9 @@ const everythingConfig = "tools:\n  get-sum: {}\n"
 type transcript struct {
 	// responses by request id, each as canonical JSON.
 	responses map[string]string
-	// others: the server's requests and notifications, canonical, sorted
-	// (their order against the responses is the server's scheduling).
+	// others: the server's requests (without their ids) and notifications,
+	// canonical, sorted (their order against the responses is the server's
+	// scheduling).
 	others []string
 }
 
@@ -101,11 +103,21 @@ func play(t *testing.T, c *lineConn, script []step) *transcript {
 			switch {
 			case m.Method == "" && m.ID != nil:
 				tr.responses[string(m.ID)] = string(canon)
+			case m.ID != nil:
+				// A server's request: its id is the server's numbering, which
+				// follows its own scheduling (server-everything asks roots/list
+				// at a moment of its choosing), so it is left out.
+				var req map[string]json.RawMessage
+				require.NoError(t, json.Unmarshal(line, &req))
+				delete(req, "id")
+				b, err := json.Marshal(req)
+				require.NoError(t, err)
+				canon, err := Canonical(b)
+				require.NoError(t, err)
+				tr.others = append(tr.others, string(canon))
+				c.send(answerServer(m.ID, m.Method))
 			default:
 				tr.others = append(tr.others, string(canon))
-				if m.ID != nil {
-					c.send(answerServer(m.ID, m.Method))
-				}
 			}
 			if st.until != "" && strings.Contains(string(line), st.until) {
 				break
@@ -163,9 +175,10 @@ var everythingScript = []step{
 }
 
 // TestTranscriptThroughProxyEqualsDirect plays one script against
-// server-everything directly and through the proxy: every response and
-// every server message is the same (ids included: the proxy answers under
-// the client's own ids), and a retry of the protected call replays.
+// server-everything directly and through the proxy: every response is the
+// same, ids included (the proxy answers under the client's own ids), and so is
+// every server message but for the ids of the server's own requests, which
+// follow its scheduling; a retry of the protected call replays.
 func TestTranscriptThroughProxyEqualsDirect(t *testing.T) {
 	server := npmtest.Everything(t)
 	direct := play(t, startLines(t, exec.Command(server[0], server[1:]...)), everythingScript)
@@ -226,7 +239,7 @@ func TestGoSDKClientThroughProxyToEverything(t *testing.T) {
 	require.True(t, replayed(second))
 	require.Equal(t, textOf(t, first), textOf(t, second))
 	_, err = callTool(ctx, cs, "get-sum", map[string]any{"a": 1, "b": 5}, "sum-k")
-	requireRPCError(t, err, CodeConflict, "idempotency_key_conflict")
+	requireRPCError(t, err, idemmcp.CodeConflict, "idempotency_key_conflict")
 
 	prompts, err := cs.ListPrompts(ctx, nil)
 	require.NoError(t, err)
@@ -275,6 +288,6 @@ func TestTypeScriptSDKClientThroughProxy(t *testing.T) {
 		} `json:"data"`
 	}
 	require.NoError(t, json.Unmarshal(got.Conflict, &conflict), "%s", got.Conflict)
-	require.Equal(t, CodeConflict, conflict.Code)
+	require.Equal(t, idemmcp.CodeConflict, conflict.Code)
 	require.Equal(t, "idempotency_key_conflict", conflict.Data.Type)
 }

@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 // proxyMain is the proxy: IDEM_TEST_DB is its file, IDEM_TEST_CONFIG the
 // configuration's text, IDEM_TEST_COMMAND the server's argv as a JSON array;
 // IDEM_TEST_INFLIGHT=fail and IDEM_TEST_RECOVERY=refuse set the engine's
-// policies.
+// policies, IDEM_TEST_MAXWAIT the proxy's MaxWait.
 func proxyMain() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -69,6 +69,12 @@ func proxyMain() int {
 	}
 	defer e.Close()
 	p := &Proxy{Engine: e, Config: cfg, Command: argv}
+	if d := os.Getenv("IDEM_TEST_MAXWAIT"); d != "" {
+		if p.MaxWait, err = time.ParseDuration(d); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	if err := p.Serve(ctx, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "proxy:", err)
 		return 1

@@ -11,9 +11,10 @@
 //   - The idempotency key is params._meta["io.github.idemkit/idempotency-key"]
 //     (MetaKey), a string, or a natural key over chosen arguments
 //     (Tool.KeyArgs). The JSON-RPC id is never the key: a retry has a new id.
-//   - The fingerprint is the tool's name and its arguments as parsed JSON
-//     (Canonical: key order ignored, numbers compared as decimals), plus
-//     inputResponses and requestState for a continuation; never _meta.
+//   - The fingerprint is idemmcp.Fingerprint's: the tool's name and its
+//     arguments as parsed JSON (key order ignored, numbers compared as
+//     decimals), plus inputResponses and requestState for a continuation;
+//     never _meta.
 //   - The first call is sent to the server under an id of the proxy's own
 //     ("io.github.idemkit/mcp-proxy:N"; clients must not use ids with that
 //     prefix), with MetaKey, MetaRecovered and MetaAttempt set in its _meta,
@@ -22,9 +23,12 @@
 //     sent to the client under the client's id.
 //   - A retry with the key is answered from the record under the NEW request's
 //     id, with MetaReplayed true in the result's _meta; the server sees nothing.
-//     Another call with the same key waits for the first (or is refused with
-//     CodeInProgress, by the engine's InFlightPolicy); other arguments with
-//     the key are refused with CodeConflict.
+//     Another call with the same key waits for the first, at most MaxWait
+//     (or not at all, by the engine's InFlightPolicy), and is then refused
+//     with idemmcp.CodeInProgress; other arguments with the key are refused
+//     with idemmcp.CodeConflict. A continuation of a multi-round-trip call
+//     (inputResponses or requestState) is a call of its own, as in idemmcp:
+//     its key is idem.KeyOf("idemmcp-continuation", key, requestState).
 //   - Not recorded: JSON-RPC errors that say the server refused the request
 //     before running it (parse error, invalid request, method not found,
 //     invalid params: -32700, -32600, -32601, -32602), a result that is not
@@ -82,57 +86,50 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmcp"
 )
 
-// The _meta names the proxy reads and writes: reverse-DNS of the project's
-// home, as the MCP specification asks of _meta prefixes.
+// The _meta names the proxy reads and writes: idemmcp's (reverse-DNS of the
+// project's home, as the MCP specification asks of _meta prefixes).
 const (
 	// MetaKey is the idempotency key in a tools/call's params._meta: a JSON
 	// string of 1 to idem.MaxKeyLen bytes. The proxy sets it, on the request
 	// it sends to the server, to the key it used (a natural key too).
-	MetaKey = "io.github.idemkit/idempotency-key"
+	MetaKey = idemmcp.MetaKey
 	// MetaRecovered, a boolean in the _meta of the request sent to the server,
 	// is true when the call re-executes an interrupted one (a server killed
 	// mid-call): its effect may have happened, reconcile by MetaKey.
-	MetaRecovered = "io.github.idemkit/recovered"
+	MetaRecovered = idemmcp.MetaRecovered
 	// MetaAttempt, a number in the same _meta, is the execution's attempt,
 	// from 1.
 	MetaAttempt = "io.github.idemkit/attempt"
 	// MetaReplayed is true in the _meta of a result answered from the record.
-	MetaReplayed = "io.github.idemkit/replayed"
+	MetaReplayed = idemmcp.MetaReplayed
 	// MetaRetryable, true in the _meta of a server's result, marks a transient
 	// failure whose effect did not happen: the result is not recorded.
 	MetaRetryable = "io.github.idemkit/retryable"
 )
 
-// JSON-RPC error codes of the proxy's refusals, in the range JSON-RPC leaves
-// to implementations (-32000 to -32099). Each error's data is an object with
-// "type" (the name after the code below; the first two are SEP-3182's) and,
-// for CodeInProgress, "retryAfter" in seconds.
+// The proxy's refusals are idemmcp's (idemmcp.RefusalError): the same codes
+// and data {"type", "retryAfter"} as the middleware's, and idemmcp.RefusalOf
+// reads them. One more error is the proxy's own:
 const (
-	// CodeInProgress: idempotency_key_in_progress, the first call with the
-	// key still runs (the engine's InFlightFail). Retry after retryAfter.
-	CodeInProgress = -32011
-	// CodeConflict: idempotency_key_conflict, the key was used with another
-	// tool or other arguments. Nothing ran.
-	CodeConflict = -32012
-	// CodeKeyRequired: idempotency_key_required, a protected tool was called
-	// without a key (Config.MissingKey "refuse"), or with one that is not a
-	// valid key. Nothing ran.
-	CodeKeyRequired = -32013
-	// CodeIncomplete: idempotency_key_incomplete, an interrupted execution
-	// the engine refuses to re-execute (RecoverRefuse) until an operator
-	// resolves the key (`idem resolve`, `idem forget`).
-	CodeIncomplete = -32014
-	// CodeServerDied: server_died, the server process died during the call.
-	// For a protected call the record stays interrupted (a retry with the key
-	// re-executes it, recovered); a relayed request was not retried.
-	CodeServerDied = -32015
-	// CodeStore: store_failed, the idem store failed (the file, a full disk):
-	// the call's outcome could not be recorded or read.
-	CodeStore = -32016
+	// CodeServerDied: the server process died during the call; data.type
+	// is TypeServerDied. For a protected call the record stays interrupted (a
+	// retry with the key re-executes it, recovered); a relayed request was
+	// not retried.
+	CodeServerDied = -32066
+	// TypeServerDied is the data.type of CodeServerDied.
+	TypeServerDied = "mcp_server_died"
 )
+
+// DefaultMaxWait bounds how long a duplicate waits for the first call with
+// its key (Proxy.MaxWait) before it is refused as in progress: idemmcp's.
+const DefaultMaxWait = idemmcp.DefaultMaxWait
 
 // MaxRounds is how many times one protected call is executed on a server that
 // dies during it before the client gets CodeServerDied.
@@ -164,6 +161,11 @@ type Proxy struct {
 	// Stderr receives the proxy's warnings (one line each, prefixed
 	// "idem mcp-proxy: ") and the server's stderr. Nil means os.Stderr.
 	Stderr io.Writer
+	// MaxWait bounds, wall-clock, how long a duplicate of a running call
+	// waits for its outcome before it is refused with
+	// idemmcp.CodeInProgress (it never blocks forever); the first call itself
+	// runs as long as the server takes. Zero means DefaultMaxWait.
+	MaxWait time.Duration
 }
 
 // Serve runs the session: it starts the server, relays messages between it
@@ -394,14 +396,13 @@ func (s *session) liveChild(register func(*child)) *child {
 // the engine in a goroutine of its own.
 func (s *session) toolsCall(msg []byte, h *header) {
 	var params struct {
-		Name           string                     `json:"name"`
-		Arguments      json.RawMessage            `json:"arguments"`
-		Meta           map[string]json.RawMessage `json:"_meta"`
-		Task           json.RawMessage            `json:"task"`
-		InputResponses json.RawMessage            `json:"inputResponses"`
-		RequestState   json.RawMessage            `json:"requestState"`
+		Name      string                     `json:"name"`
+		Arguments json.RawMessage            `json:"arguments"`
+		Meta      map[string]json.RawMessage `json:"_meta"`
+		Task      json.RawMessage            `json:"task"`
 	}
-	if json.Unmarshal(h.Params, &params) != nil {
+	var raw mcp.CallToolParamsRaw // what idemmcp.Fingerprint reads
+	if json.Unmarshal(h.Params, &params) != nil || json.Unmarshal(h.Params, &raw) != nil {
 		s.relay(msg, h.ID, h.Method) // the server refuses it
 		return
 	}
@@ -427,34 +428,41 @@ func (s *session) toolsCall(msg []byte, h *header) {
 
 	key, err := s.keyOf(params.Name, tool, params.Arguments, params.Meta)
 	if err != nil {
-		s.writeClient(errorResponse(h.ID, CodeKeyRequired, "idempotency_key_required", err.Error(), nil))
+		s.writeClient(refusal(h.ID, idemmcp.TypeKeyInvalid, 0, err.Error()))
 		return
 	}
 	if key == "" {
 		if s.cfg.MissingKey != MissingKeyRun {
-			s.writeClient(errorResponse(h.ID, CodeKeyRequired, "idempotency_key_required",
-				fmt.Sprintf("tool %q has side effects: send an idempotency key in params._meta[%q]", params.Name, MetaKey), nil))
+			s.writeClient(refusal(h.ID, idemmcp.TypeKeyRequired, 0,
+				fmt.Sprintf("tool %q has side effects: send an idempotency key in _meta %q", params.Name, MetaKey)))
 			return
 		}
 		s.warnOnce("nokey:"+params.Name, "calls of %q without an idempotency key run unprotected", params.Name)
 		s.relay(msg, h.ID, h.Method)
 		return
 	}
-	fp, err := fingerprint(params.Name, params.Arguments, params.InputResponses, params.RequestState)
+	fp, err := idemmcp.Fingerprint(&raw)
 	if err != nil {
-		s.writeClient(errorResponse(h.ID, -32602, "", "invalid params: "+err.Error(), nil))
+		s.writeClient(errorResponse(h.ID, jsonrpc.CodeInvalidParams, "", err.Error(), nil))
 		return
+	}
+	stored := key
+	if len(raw.InputResponses) > 0 || raw.RequestState != "" {
+		// A continuation is a call of its own, as in idemmcp: its round may
+		// perform the effect, and it must not meet the first round's key.
+		stored = idem.KeyOf("idemmcp-continuation", key, raw.RequestState)
 	}
 	pc := &protectedCall{}
 	s.mu.Lock()
 	s.protected[idKey(h.ID)] = pc
 	s.mu.Unlock()
 	s.calls.Add(1)
-	go s.runProtected(msg, bytes.Clone(h.ID), key, fp, pc)
+	go s.runProtected(msg, bytes.Clone(h.ID), key, stored, fp, pc)
 }
 
 // keyOf returns the call's idempotency key: natural (Tool.KeyArgs) or from
-// _meta; "" if _meta has none.
+// _meta; "" if there is none (no _meta key, or a KeyArgs argument absent or
+// null, as in idemmcp).
 func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[string]json.RawMessage) (string, error) {
 	if len(tool.KeyArgs) > 0 {
 		var obj map[string]json.RawMessage
@@ -466,8 +474,8 @@ func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[s
 		parts := []string{name}
 		for _, a := range tool.KeyArgs {
 			v := obj[a]
-			if v == nil {
-				v = json.RawMessage("null")
+			if isNull(v) {
+				return "", nil
 			}
 			c, err := Canonical(v)
 			if err != nil {
@@ -483,48 +491,37 @@ func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[s
 	}
 	var key string
 	if err := json.Unmarshal(raw, &key); err != nil {
-		return "", fmt.Errorf("params._meta[%q] must be a string", MetaKey)
-	}
-	if strings.TrimSpace(key) == "" {
-		return "", fmt.Errorf("params._meta[%q] is blank", MetaKey)
+		return "", fmt.Errorf("_meta %q must be a string", MetaKey)
 	}
 	return key, nil
 }
 
-// fingerprint is the canonical JSON of the call's name, arguments (absent and
-// null count as {}), and a continuation's inputResponses and requestState.
-func fingerprint(name string, args, inputResponses, requestState json.RawMessage) ([]byte, error) {
-	if isNull(args) {
-		args = json.RawMessage("{}")
-	}
-	o := object{{key: "name", raw: jsonString(name)}, {key: "arguments", raw: args}}
-	if !isNull(inputResponses) {
-		o = append(o, member{key: "inputResponses", raw: inputResponses})
-	}
-	if !isNull(requestState) {
-		o = append(o, member{key: "requestState", raw: requestState})
-	}
-	return Canonical(o.bytes())
-}
-
-// runProtected runs one protected call through the engine and answers the
-// client.
-func (s *session) runProtected(msg, id json.RawMessage, key string, fp []byte, pc *protectedCall) {
+// runProtected runs one protected call through the engine, under the key
+// stored (key, or a continuation's), and answers the client.
+func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp []byte, pc *protectedCall) {
 	defer s.calls.Done()
 	defer func() {
 		s.mu.Lock()
 		delete(s.protected, idKey(id))
 		s.mu.Unlock()
 	}()
+	maxWait := s.p.MaxWait
+	if maxWait <= 0 {
+		maxWait = DefaultMaxWait
+	}
 	var answer []byte
 	for round := 1; ; round++ {
 		c := s.liveChild(nil)
 		if c == nil {
 			return // the session failed: nobody to answer
 		}
-		res, err := s.p.Engine.Do(c.ctx, key, fp, func(ctx context.Context) ([]byte, error) {
+		// The deadline bounds a duplicate's wait; the first call's fn
+		// outlives it (execute), so its outcome is always recorded.
+		ctx, cancel := context.WithTimeout(c.ctx, maxWait)
+		res, err := s.p.Engine.Do(ctx, stored, fp, func(ctx context.Context) ([]byte, error) {
 			return s.execute(ctx, c, msg, key)
 		})
+		cancel()
 		var inProgress *idem.InProgressError
 		switch {
 		case err == nil:
@@ -534,27 +531,25 @@ func (s *session) runProtected(msg, id json.RawMessage, key string, fp []byte, p
 		case c.ctx.Err() != nil && !s.isDone() && round < MaxRounds:
 			continue // the server died: run it again on the next one
 		case c.ctx.Err() != nil:
-			answer = errorResponse(id, CodeServerDied, "server_died",
+			answer = errorResponse(id, CodeServerDied, TypeServerDied,
 				fmt.Sprintf("the server process died during the call %d times: its outcome is unknown; a retry with the same key re-executes it", round), nil)
+		case errors.Is(err, context.DeadlineExceeded):
+			answer = refusal(id, idemmcp.TypeInProgress, idem.DefaultRetryAfter,
+				fmt.Sprintf("the first call with this idempotency key still runs after %v", maxWait))
 		case errors.Is(err, idem.ErrFingerprintMismatch):
-			answer = errorResponse(id, CodeConflict, "idempotency_key_conflict",
-				"the idempotency key was used with another tool or other arguments", nil)
+			answer = refusal(id, idemmcp.TypeConflict, 0, "the idempotency key was used with another tool or other arguments")
 		case errors.As(err, &inProgress):
-			secs := int64((inProgress.RetryAfter + time.Second - 1) / time.Second)
-			answer = errorResponse(id, CodeInProgress, "idempotency_key_in_progress",
-				"a call with this idempotency key is in progress", map[string]any{"retryAfter": secs})
+			answer = refusal(id, idemmcp.TypeInProgress, inProgress.RetryAfter, "the first call with this idempotency key still runs")
 		case errors.Is(err, idem.ErrIncomplete):
-			answer = errorResponse(id, CodeIncomplete, "idempotency_key_incomplete",
-				"an earlier call with this idempotency key was interrupted and its outcome is unknown: an operator must resolve the key", nil)
+			answer = refusal(id, idemmcp.TypeIncomplete, 0,
+				"an earlier call with this idempotency key was interrupted and its outcome is unknown: an operator must resolve the key")
 		case errors.Is(err, idem.ErrInvalidKey):
-			answer = errorResponse(id, CodeKeyRequired, "idempotency_key_required", err.Error(), nil)
-		case errors.Is(err, idem.ErrResponseTooLarge):
-			answer = errorResponse(id, CodeStore, "store_failed", err.Error(), nil)
+			answer = refusal(id, idemmcp.TypeKeyInvalid, 0, err.Error())
 		default:
-			answer = errorResponse(id, CodeStore, "store_failed", "the call's outcome could not be recorded or read: "+err.Error(), nil)
+			answer = refusal(id, idemmcp.TypeUnavailable, idem.DefaultRetryAfter, "the idempotency store failed: "+err.Error())
 		}
 		if err != nil && answer == nil {
-			answer = errorResponse(id, CodeStore, "store_failed", "the recorded answer does not decode: "+err.Error(), nil)
+			answer = refusal(id, idemmcp.TypeUnavailable, 0, "the recorded answer does not decode: "+err.Error())
 		}
 		break
 	}
@@ -565,7 +560,8 @@ func (s *session) runProtected(msg, id json.RawMessage, key string, fp []byte, p
 
 // execute is the fn of a protected call: it sends the call to server c under
 // an id of the proxy's own, with the key, the attempt and the recovered flag
-// in _meta, and returns the server's answer, or ctx's error if c dies first.
+// in _meta, and returns the server's answer, or a context error if c dies or
+// the engine closes first.
 func (s *session) execute(ctx context.Context, c *child, msg []byte, key string) ([]byte, error) {
 	call, _ := idem.CallFrom(ctx)
 	iid := internalPrefix + strconv.FormatInt(s.nextID.Add(1), 10)
@@ -576,11 +572,20 @@ func (s *session) execute(ctx context.Context, c *child, msg []byte, key string)
 	ch := s.expect(iid)
 	defer s.unexpect(iid)
 	c.send(req)
-	select {
-	case resp := <-ch:
-		return resp, verdict(resp)
-	case <-ctx.Done():
-		return nil, ctx.Err()
+	done := ctx.Done()
+	for {
+		select {
+		case resp := <-ch:
+			return resp, verdict(resp)
+		case <-c.ctx.Done():
+			return nil, c.ctx.Err()
+		case <-done:
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				done = nil // MaxWait bounds the duplicates, not this call
+				continue
+			}
+			return nil, ctx.Err() // the engine closes
+		}
 	}
 }
 
@@ -678,7 +683,7 @@ func reply(resp, id json.RawMessage, replayed bool) ([]byte, error) {
 
 // errorResponse is a JSON-RPC error answer to id; typ, if not empty, and the
 // fields of extra go into its data.
-func errorResponse(id json.RawMessage, code int, typ, message string, extra map[string]any) []byte {
+func errorResponse(id json.RawMessage, code int64, typ, message string, extra map[string]any) []byte {
 	e := map[string]any{"code": code, "message": "idem mcp-proxy: " + message}
 	if typ != "" {
 		data := map[string]any{"type": typ}
@@ -687,6 +692,14 @@ func errorResponse(id json.RawMessage, code int, typ, message string, extra map[
 		}
 		e["data"] = data
 	}
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": e})
+	return b
+}
+
+// refusal is idemmcp's refusal of type typ as the answer to id.
+func refusal(id json.RawMessage, typ string, retryAfter time.Duration, message string) []byte {
+	we := idemmcp.RefusalError(typ, retryAfter, message)
+	e := map[string]any{"code": we.Code, "message": we.Message, "data": we.Data}
 	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": e})
 	return b
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemmcp"
 )
 
 // ordersConfig protects every side-effecting tool of the orders server.
@@ -197,14 +198,14 @@ func TestCountedEffectRunsOnceThroughTheProxy(t *testing.T) {
 
 	t.Run("other arguments with the key are refused", func(t *testing.T) {
 		_, err := callTool(ctx, cs, "create_order", map[string]any{"sku": "A1", "qty": 3}, "order-k1")
-		requireRPCError(t, err, CodeConflict, "idempotency_key_conflict")
+		requireRPCError(t, err, idemmcp.CodeConflict, "idempotency_key_conflict")
 		_, err = callTool(ctx, cs, "declined", args, "order-k1")
-		requireRPCError(t, err, CodeConflict, "idempotency_key_conflict")
+		requireRPCError(t, err, idemmcp.CodeConflict, "idempotency_key_conflict")
 		require.Len(t, f.effects(), 1)
 	})
 	t.Run("a call without a key is refused", func(t *testing.T) {
 		_, err := callTool(ctx, cs, "create_order", args, "")
-		requireRPCError(t, err, CodeKeyRequired, "idempotency_key_required")
+		requireRPCError(t, err, idemmcp.CodeKeyRequired, "idempotency_key_required")
 		require.Len(t, f.effects(), 1)
 	})
 	t.Run("concurrent calls with one key run once", func(t *testing.T) {
@@ -299,7 +300,7 @@ func TestNaturalKeyFromArguments(t *testing.T) {
 	require.Equal(t, textOf(t, r1), textOf(t, r2))
 	require.True(t, replayed(r2))
 	_, err = callTool(t.Context(), cs, "create_order", map[string]any{"sku": "A1", "qty": 2}, "")
-	requireRPCError(t, err, CodeConflict, "idempotency_key_conflict")
+	requireRPCError(t, err, idemmcp.CodeConflict, "idempotency_key_conflict")
 	ex := f.executionsOf("create_order")
 	require.Len(t, ex, 1)
 	require.Equal(t, idem.KeyOf("create_order", `"A1"`), ex[0].Key, "the natural key reaches the server in _meta")
@@ -563,7 +564,7 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 		f.killBlocked(t)
 	}
 	err := <-done
-	requireRPCError(t, err, CodeServerDied, "server_died")
+	requireRPCError(t, err, CodeServerDied, TypeServerDied)
 	require.ErrorContains(t, err, "died during the call 3 times")
 	ex := f.executionsOf("stuck_order")
 	require.Len(t, ex, MaxRounds)
@@ -589,7 +590,7 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 }
 
 // TestInFlightFailRefusesADuplicate: under InFlightFail a duplicate of a
-// running call gets CodeInProgress with retryAfter.
+// running call gets idemmcp.CodeInProgress with retryAfter.
 func TestInFlightFailRefusesADuplicate(t *testing.T) {
 	f := newFixture(t)
 	f.env = []string{"IDEM_TEST_INFLIGHT=fail"}
@@ -602,7 +603,7 @@ func TestInFlightFailRefusesADuplicate(t *testing.T) {
 	}()
 	waitFile(t, filepath.Join(f.dir, "blocked"))
 	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-	requireRPCError(t, err, CodeInProgress, "idempotency_key_in_progress")
+	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
 	var we *jsonrpc.Error
 	require.ErrorAs(t, err, &we)
 	require.JSONEq(t, `{"type":"idempotency_key_in_progress","retryAfter":1}`, string(we.Data))
@@ -612,7 +613,7 @@ func TestInFlightFailRefusesADuplicate(t *testing.T) {
 }
 
 // TestRecoverRefuseAnswersIncomplete: under RecoverRefuse, the call the
-// server died in is not re-executed: the client gets CodeIncomplete, and so
+// server died in is not re-executed: the client gets idemmcp.CodeIncomplete, and so
 // does a retry, until an operator resolves the key.
 func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
 	f := newFixture(t)
@@ -625,8 +626,59 @@ func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
 		done <- err
 	}()
 	f.killBlocked(t)
-	requireRPCError(t, <-done, CodeIncomplete, "idempotency_key_incomplete")
+	requireRPCError(t, <-done, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
 	_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
-	requireRPCError(t, err, CodeIncomplete, "idempotency_key_incomplete")
+	requireRPCError(t, err, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
 	require.Len(t, f.executionsOf("slow_order"), 1)
+}
+
+// TestDuplicateWaitsAtMostMaxWait: a duplicate of a call that runs longer
+// than MaxWait is refused as in progress; the first call is recorded when it
+// ends, and the next retry replays it.
+func TestDuplicateWaitsAtMostMaxWait(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_MAXWAIT=50ms"}
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	args := map[string]any{"sku": "J9", "qty": 1}
+	first := make(chan error, 1)
+	go func() {
+		_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+		first <- err
+	}()
+	waitFile(t, filepath.Join(f.dir, "blocked"))
+	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	require.NoError(t, <-first, "the first call outlives MaxWait")
+	r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+	require.NoError(t, err)
+	require.True(t, replayed(r))
+	require.Len(t, f.effects(), 1)
+}
+
+// TestContinuationHasItsOwnKey: a call carrying requestState (a round of a
+// multi-round-trip call) is recorded under a key of its own, as in idemmcp,
+// so it neither conflicts with nor replays the first round.
+func TestContinuationHasItsOwnKey(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`
+	texts := map[int]string{}
+	for i, state := range []string{``, `"requestState":"round-2",`, `"requestState":"round-2",`, ``} {
+		id := 10 + i
+		s.send(fmt.Sprintf(call, id, state))
+		m := s.await(strconv.Itoa(id))
+		require.Contains(t, m, "result", "%v", m)
+		texts[id] = string(m["result"])
+	}
+	require.Len(t, f.effects(), 2, "the first round and the continuation each ran once")
+	require.Contains(t, texts[10], "order 1")
+	require.Contains(t, texts[11], "order 2")
+	require.Contains(t, texts[12], "order 2")
+	require.Contains(t, texts[12], MetaReplayed)
+	require.Contains(t, texts[13], "order 1")
+	require.Contains(t, texts[13], MetaReplayed)
 }
