@@ -241,6 +241,16 @@ func TestGoSDKClientThroughProxyToEverything(t *testing.T) {
 	_, err = callTool(ctx, cs, "get-sum", map[string]any{"a": 1, "b": 5}, "sum-k")
 	requireRPCError(t, err, idemmcp.CodeConflict, "idempotency_key_conflict")
 
+	// The TypeScript SDK's refusal of bad arguments is not recorded: the
+	// corrected call with the same key runs.
+	bad, err := callTool(ctx, cs, "get-sum", map[string]any{"a": "one", "b": 2}, "sum-k2")
+	require.NoError(t, err)
+	require.True(t, bad.IsError)
+	good, err := callTool(ctx, cs, "get-sum", map[string]any{"a": 1, "b": 2}, "sum-k2")
+	require.NoError(t, err)
+	require.False(t, good.IsError)
+	require.False(t, replayed(good))
+
 	prompts, err := cs.ListPrompts(ctx, nil)
 	require.NoError(t, err)
 	require.NotEmpty(t, prompts.Prompts)

@@ -32,9 +32,13 @@
 //   - Not recorded: JSON-RPC errors that say the server refused the request
 //     before running it (parse error, invalid request, method not found,
 //     invalid params: -32700, -32600, -32601, -32602), a result that is not
-//     final (resultType input_required, non-empty inputRequests, or a task), and a result whose _meta has
-//     MetaRetryable true (a key-aware server's transient failure). They are
-//     answered and the key stays free.
+//     final (resultType input_required, non-empty inputRequests, or a task),
+//     and a result whose _meta has MetaRetryable true (a key-aware server's
+//     transient failure), and the isError results by which the Go and
+//     TypeScript SDKs refuse arguments before the handler runs (sdkRefusals:
+//     recognised by their text; a server of another SDK that answers a schema
+//     failure as an isError result has it recorded). They are answered and
+//     the key stays free.
 //   - A cancellation (notifications/cancelled) of a protected call is never
 //     forwarded, neither the first caller's nor a waiter's: the call runs to
 //     its end so its outcome is recorded, and a retry replays it instead of
@@ -55,8 +59,10 @@
 // proxy calls Do again on the new server, which re-executes it with
 // MetaRecovered true and MetaAttempt one higher (under the engine's default
 // RecoverReexecute policy), so the client gets an answer and the server can
-// reconcile with the key. After MaxRounds server deaths in one call the client
-// gets CodeServerDied and the record stays interrupted. A relayed request
+// reconcile with the key (under RecoverRefuse the client gets
+// idemmcp.CodeIncomplete instead, until an operator resolves the key). After
+// MaxRounds server deaths in one call the client gets CodeServerDied and the
+// record stays interrupted. A relayed request
 // (an unprotected call, a resources/read) that was running is answered with
 // CodeServerDied and not retried. State the server kept for the session
 // (subscriptions, logging level, resources it created) is lost with it.
@@ -618,6 +624,11 @@ func verdict(resp []byte) error {
 		return nil
 	}
 	var r struct {
+		IsError bool `json:"isError"`
+		Content []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		} `json:"content"`
 		ResultType    string                     `json:"resultType"`
 		InputRequests json.RawMessage            `json:"inputRequests"`
 		Task          json.RawMessage            `json:"task"`
@@ -633,8 +644,21 @@ func verdict(resp []byte) error {
 	if string(bytes.TrimSpace(r.Meta[MetaRetryable])) == "true" {
 		return idem.Retryable(errServer)
 	}
+	if r.IsError && len(r.Content) > 0 && r.Content[0].Type == "text" {
+		for _, prefix := range sdkRefusals {
+			if strings.HasPrefix(r.Content[0].Text, prefix) {
+				return idem.Retryable(errRefused)
+			}
+		}
+	}
 	return nil
 }
+
+// sdkRefusals start the text of the isError results by which the MCP SDKs
+// refuse a call before its handler runs: go-sdk v1.8.0's schema validation
+// (as idemmcp recognises it), and the TypeScript SDK's (1.32) invalid params
+// and unknown tool, which it answers as isError results of its JSON-RPC error.
+var sdkRefusals = []string{`validating "arguments": `, "MCP error -32602: "}
 
 // rewriteCall gives the client's tools/call msg the id iid and sets MetaKey,
 // MetaAttempt and MetaRecovered in its params._meta.
