@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -91,6 +93,9 @@ func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFl
 		return openError(a.db, err)
 	}
 	defer closeEngine(e, &err)
+	// A client that goes away must not kill the proxy with SIGPIPE on its
+	// next write to stdout: the calls in flight finish and are recorded.
+	signal.Ignore(syscall.SIGPIPE)
 	p := &mcpproxy.Proxy{Engine: e, Config: cfg, Command: argv, Stderr: a.stderr, MaxWait: maxWait}
 	err = p.Serve(cmd.Context(), a.stdin, a.stdout)
 	if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {

@@ -43,6 +43,7 @@ func TestMain(m *testing.M) {
 // IDEM_TEST_INFLIGHT=fail and IDEM_TEST_RECOVERY=refuse set the engine's
 // policies, IDEM_TEST_MAXWAIT the proxy's MaxWait.
 func proxyMain() int {
+	signal.Ignore(syscall.SIGPIPE) // as the idem command does
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	cfg, err := ParseConfig([]byte(os.Getenv("IDEM_TEST_CONFIG")))
@@ -183,6 +184,11 @@ func ordersMain() int {
 				}
 				if err := wait(ctx); err != nil {
 					return nil, nil, err
+				}
+				if tok := req.Params.GetProgressToken(); tok != nil {
+					// A message to the client between the effect and the
+					// answer.
+					_ = req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{ProgressToken: tok, Progress: 1, Total: 1})
 				}
 				ex.Finished, ex.Cancelled = true, ctx.Err() != nil
 				appendJSON(calls, ex)

@@ -184,8 +184,10 @@ type Proxy struct {
 //     5 seconds each);
 //   - ctx.Err() when ctx ends: the server is killed;
 //   - an error when the server cannot be started, or dies before the session
-//     was initialized (see the package documentation), or when writing to
-//     out fails.
+//     was initialized (see the package documentation); and, at the end of
+//     the session, the first failed write to out (after which answers are
+//     dropped, while the protected calls in flight still run to their end
+//     and are recorded).
 //
 // Serve reads in from a goroutine of its own, which ends when in does.
 func (p *Proxy) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
@@ -222,6 +224,11 @@ func (p *Proxy) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 			break
 		}
 		s.shutdown(ctx)
+		s.outMu.Lock()
+		if err := s.outErr; err != nil {
+			s.fail(err)
+		}
+		s.outMu.Unlock()
 	case <-s.done:
 	case <-ctx.Done():
 		s.fail(ctx.Err())
@@ -236,8 +243,9 @@ type session struct {
 	cfg    *Config
 	stderr io.Writer
 
-	outMu sync.Mutex
-	out   io.Writer
+	outMu  sync.Mutex
+	out    io.Writer
+	outErr error // the first failed write to out
 
 	nextID atomic.Int64
 	calls  sync.WaitGroup // the protected calls in flight
@@ -814,10 +822,17 @@ func (s *session) noteTools(result json.RawMessage) {
 func (s *session) writeClient(msg []byte) {
 	s.outMu.Lock()
 	defer s.outMu.Unlock()
+	if s.outErr != nil {
+		return // the client is gone
+	}
 	buf := make([]byte, 0, len(msg)+1)
 	buf = append(append(buf, msg...), '\n')
 	if _, err := s.out.Write(buf); err != nil {
-		s.fail(fmt.Errorf("mcp-proxy: writing to the client: %w", err))
+		// The client is gone, but the protected calls in flight still run
+		// to their end and are recorded: the session ends at EOF, as when
+		// the client closes it.
+		s.outErr = fmt.Errorf("mcp-proxy: writing to the client: %w", err)
+		s.warn("writing to the client failed (%v): answers are dropped until the session ends", err)
 	}
 }
 

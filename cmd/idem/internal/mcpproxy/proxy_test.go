@@ -681,3 +681,38 @@ func TestContinuationHasItsOwnKey(t *testing.T) {
 	require.Contains(t, texts[13], "order 1")
 	require.Contains(t, texts[13], MetaReplayed)
 }
+
+// TestClientGoneMidCall: the client closes the session (both pipes) while a
+// protected call runs and the server still writes to it: the call runs to
+// its end and is recorded, so the next session replays it.
+func TestClientGoneMidCall(t *testing.T) {
+	f := newFixture(t)
+	cmd := f.proxyCmd(t, ordersConfig, ordersServer(t))
+	in, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	lines := bufio.NewScanner(out)
+	for _, msg := range []string{rawInit, `{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"gated_order","arguments":{"sku":"L","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"gone-k1","progressToken":"p"}}}`} {
+		_, err := io.WriteString(in, msg+"\n")
+		require.NoError(t, err)
+	}
+	require.True(t, lines.Scan(), "the answer to initialize")
+	waitFile(t, filepath.Join(f.dir, "blocked"))
+	require.NoError(t, out.Close())
+	require.NoError(t, in.Close())
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	require.ErrorAs(t, err, &ee, "the proxy reports the failed write")
+	require.Contains(t, f.stderr.String(), "writing to the client failed")
+
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	r, err := callTool(t.Context(), cs, "gated_order", map[string]any{"sku": "L", "qty": 1}, "gone-k1")
+	require.NoError(t, err)
+	require.True(t, replayed(r), "the call was recorded after its client left")
+	require.Equal(t, "order 1: 1 x L", textOf(t, r))
+	require.Len(t, f.executionsOf("gated_order"), 1)
+}
