@@ -88,6 +88,7 @@ var subcommands = []func(*app) *cobra.Command{
 	newTaubenchCmd,
 	newTaubenchChildCmd,
 	newTaubenchMCPServerChildCmd,
+	newMCPProxyCmd,
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
