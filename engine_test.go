@@ -212,9 +212,9 @@ func TestRecoverRefuseUntilResolved(t *testing.T) {
 	_, err = e.Do(bg, "k", []byte("fp"), mustNotRun(t))
 	require.ErrorIs(t, err, idem.ErrIncomplete)
 
-	require.ErrorIs(t, e.Resolve("missing", nil, "", ""), idem.ErrNotFound)
-	require.NoError(t, e.Resolve("k", []byte("settled by hand"), "", ""))
-	require.ErrorIs(t, e.Resolve("k", nil, "", ""), idem.ErrState)
+	require.ErrorIs(t, e.Resolve("missing", nil, nil), idem.ErrNotFound)
+	require.NoError(t, e.Resolve("k", []byte("settled by hand"), nil))
+	require.ErrorIs(t, e.Resolve("k", nil, nil), idem.ErrState)
 	res, err := e.Do(bg, "k", []byte("fp"), mustNotRun(t))
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
@@ -225,7 +225,7 @@ func TestRecoverRefuseUntilResolved(t *testing.T) {
 func TestResolveWithStoredError(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
 	_, _ = interrupt(e, "k", nil)
-	require.NoError(t, e.Resolve("k", nil, "refunded", "the charge was refunded by hand"))
+	require.NoError(t, e.Resolve("k", nil, &idem.Error{Code: "refunded", Message: "the charge was refunded by hand"}))
 	_, err := e.Do(bg, "k", nil, mustNotRun(t))
 	var ie *idem.Error
 	require.ErrorAs(t, err, &ie)
@@ -516,7 +516,7 @@ func TestEngineCallsFromInsideDoTxAreReentrant(t *testing.T) {
 			return err
 		},
 		"Forget":    func() error { return e.Forget("done") },
-		"Resolve":   func() error { return e.Resolve("done", nil, "", "") },
+		"Resolve":   func() error { return e.Resolve("done", nil, nil) },
 		"Prune":     func() error { _, err := e.Prune(context.Background()); return err },
 		"Stats":     func() error { _, err := e.Stats(); return err },
 		"RetryDead": func() error { return e.RetryDead(1) },

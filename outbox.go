@@ -206,13 +206,13 @@ func (t *Tx) Enqueue(topic string, payload []byte) error {
 // MaxKeyLen bytes of UTF-8, else ErrInvalidMessage.
 func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if t.tx == nil {
-		return fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
 	switch {
 	case topic == "" || len(topic) > maxTopicLen || !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)
+		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)}
 	case len(orderingKey) > MaxKeyLen || !utf8.ValidString(orderingKey):
-		return fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)
+		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)}
 	}
 	if orderingKey == "" {
 		orderingKey = t.key
@@ -220,12 +220,12 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	b := outboxBucket(t.tx)
 	seq, err := b.NextSequence()
 	if err != nil {
-		return err
+		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	m := &Message{Seq: seq, Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
 		Payload: payload, EnqueuedAt: t.e.now()}
 	if err := b.Put(layout.U64(seq), encodeMessage(nil, m)); err != nil {
-		return err
+		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	t.msgs++
 	return nil
@@ -267,10 +267,11 @@ func (e *Engine) Handle(topic string, h Handler) {
 //
 // It wakes on every commit, so a message is dispatched right after the DoTx
 // that enqueued it commits. Only one dispatcher runs per engine: a second
-// Dispatch, or Dispatch with OutboxOptions.Dispatch set, fails with an error
-// wrapping ErrInProgress; called from inside a DoTx fn it returns
-// ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. On
-// return every handler it started has returned.
+// Dispatch, or Dispatch with OutboxOptions.Dispatch set, fails with
+// ErrDispatcherRunning; called from inside a DoTx fn it returns
+// ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. Every
+// error is an *OpError with Op "dispatch" (ctx's error too: errors.Is
+// matches it). On return every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error {
 	if err := e.reentrant(ctx, ""); err != nil {
 		return &OpError{Op: "dispatch", Err: err}
@@ -284,7 +285,7 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	}
 	ob := e.outbox()
 	if !ob.running.CompareAndSwap(false, true) {
-		return &OpError{Op: "dispatch", Err: fmt.Errorf("%w: a dispatcher is already running", ErrInProgress)}
+		return &OpError{Op: "dispatch", Err: ErrDispatcherRunning}
 	}
 	defer ob.running.Store(false)
 	dctx, cancel := context.WithCancel(ctx)
@@ -295,7 +296,7 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	if e.ctx.Err() != nil {
 		return &OpError{Op: "dispatch", Err: ErrClosed}
 	}
-	return ctx.Err()
+	return opError("dispatch", "", ctx.Err())
 }
 
 // Messages calls fn for every message in the file, in one read transaction:
@@ -311,7 +312,8 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	}
 	defer e.calls.Done()
 	now := e.now()
-	return e.db.View(func(tx *bbolt.Tx) error {
+	var fnErr error // fn's own error, returned as it is
+	err := e.db.View(func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
 			b := outboxBucket(tx)
 			if dead {
@@ -323,22 +325,27 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 				m, err := decodeMessage(seq, v)
 				if err != nil {
 					m = &Message{Seq: seq, Dead: dead}
+					err = opError("messages", "", err)
 				} else if dead && e.deadExpired(m, now) {
 					continue
 				}
-				if err := fn(m, err); err != nil {
-					return err
+				if fnErr = fn(m, err); fnErr != nil {
+					return fnErr
 				}
 			}
 		}
 		return nil
 	})
+	if err != nil && err == fnErr {
+		return err
+	}
+	return opError("messages", "", err)
 }
 
 // RetryDead puts dead letter seq back in the outbox at its old place: its
 // attempt count starts again from 0, and as the oldest message of its
 // ordering key it is delivered before that key's later pending messages. It
-// fails with ErrNotFound if seq is not a dead letter (or expired), with
+// fails with ErrMessageNotFound if seq is not a dead letter (or expired), with
 // ErrCorrupt if it does not decode. Like every engine call, it returns
 // ErrReentrant from inside a DoTx fn (which holds the writer).
 func (e *Engine) RetryDead(seq uint64) error {
@@ -346,14 +353,14 @@ func (e *Engine) RetryDead(seq uint64) error {
 		k := layout.U64(seq)
 		v := deadBucket(tx).Get(k)
 		if v == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
 		m, err := decodeMessage(seq, v)
 		if err != nil {
 			return err
 		}
 		if e.deadExpired(m, e.now()) {
-			return fmt.Errorf("message %d: %w (expired)", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
 		}
 		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
 		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
@@ -370,12 +377,12 @@ func (e *Engine) RetryDead(seq uint64) error {
 }
 
 // DropDead deletes dead letter seq, also one that fails to decode. It fails
-// with ErrNotFound if seq is not a dead letter.
+// with ErrMessageNotFound if seq is not a dead letter.
 func (e *Engine) DropDead(seq uint64) error {
 	return e.operateDead("drop dead", func(tx *bbolt.Tx) error {
 		k := layout.U64(seq)
 		if deadBucket(tx).Get(k) == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
 		return deadBucket(tx).Delete(k)
 	})
@@ -888,7 +895,7 @@ func (d *dispatcher) call(h Handler, m Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			d.e.log.Warn("idem: outbox handler panicked", "topic", m.Topic, "seq", m.Seq)
-			err = fmt.Errorf("idem: handler panicked: %v\n\n%s", v, debug.Stack())
+			err = fmt.Errorf("handler panicked: %v\n\n%s", v, debug.Stack())
 		}
 	}()
 	return h(d.ctx, m)

@@ -237,10 +237,10 @@ func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 	require.Equal(t, "card processor down", dead.LastError)
 	require.False(t, dead.DeadAt.IsZero())
 
-	require.ErrorIs(t, e.RetryDead(dead.Seq+100), idem.ErrNotFound)
+	require.ErrorIs(t, e.RetryDead(dead.Seq+100), idem.ErrMessageNotFound)
 	healthy.Store(true)
 	require.NoError(t, e.RetryDead(dead.Seq))
-	require.ErrorIs(t, e.RetryDead(dead.Seq), idem.ErrNotFound, "it is no longer dead")
+	require.ErrorIs(t, e.RetryDead(dead.Seq), idem.ErrMessageNotFound, "it is no longer dead")
 	obWait(t, "delivery of the retried dead letter", nil, func() bool { return obStats(t, e).Delivered == 1 })
 	got := rec.attempts()
 	require.Len(t, got, 4)
@@ -261,7 +261,7 @@ func TestOutboxDropDeadAndDeadLetterRetention(t *testing.T) {
 	require.Len(t, ms, 2)
 
 	require.NoError(t, e.DropDead(ms[0].Seq))
-	require.ErrorIs(t, e.DropDead(ms[0].Seq), idem.ErrNotFound)
+	require.ErrorIs(t, e.DropDead(ms[0].Seq), idem.ErrMessageNotFound)
 	require.Equal(t, 1, obStats(t, e).Dead)
 
 	clock.Advance(47 * time.Hour)
@@ -269,7 +269,7 @@ func TestOutboxDropDeadAndDeadLetterRetention(t *testing.T) {
 	clock.Advance(time.Hour)
 	require.Equal(t, 0, obStats(t, e).Dead, "an expired dead letter is absent at once")
 	require.Empty(t, obMessages(t, e))
-	require.ErrorIs(t, e.RetryDead(ms[1].Seq), idem.ErrNotFound)
+	require.ErrorIs(t, e.RetryDead(ms[1].Seq), idem.ErrMessageNotFound)
 
 	_, err := e.Prune(context.Background())
 	require.NoError(t, err)
@@ -404,7 +404,8 @@ func TestDispatchRunsInTheCallersGoroutine(t *testing.T) {
 	obWait(t, "delivery woken by the commit", nil, func() bool { return obStats(t, e).Delivered == 2 })
 
 	err := e.Dispatch(context.Background())
-	require.ErrorIs(t, err, idem.ErrInProgress, "one dispatcher per engine")
+	require.ErrorIs(t, err, idem.ErrDispatcherRunning, "one dispatcher per engine")
+	require.NotErrorIs(t, err, idem.ErrInProgress, "a second dispatcher is not a call in progress")
 	cancel()
 	require.ErrorIs(t, <-done, context.Canceled)
 
@@ -597,7 +598,7 @@ func TestEnqueueCommitsWithTheCallOrNotAtAll(t *testing.T) {
 		return nil, nil
 	})
 	require.NoError(t, err)
-	require.ErrorIs(t, kept.Enqueue("charge", nil), idem.ErrClosed)
+	require.ErrorIs(t, kept.Enqueue("charge", nil), idem.ErrTxClosed)
 }
 
 func TestDownstreamKey(t *testing.T) {

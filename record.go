@@ -39,7 +39,7 @@ func ParseState(s string) (State, error) {
 	case "done":
 		return StateDone, nil
 	}
-	return 0, fmt.Errorf("idem: unknown state %q (want started or done)", s)
+	return 0, fmt.Errorf("unknown state %q (want started or done)", s)
 }
 
 // Record is the stored outcome of one idempotency key, as Get returns it.

@@ -27,7 +27,7 @@ type Operator interface {
 	// Forget deletes key's record in any state.
 	Forget(key string) error
 	// Resolve completes an interrupted execution by hand.
-	Resolve(key string, response []byte, code, errMsg string) error
+	Resolve(key string, response []byte, outcome *idem.Error) error
 	// Messages walks the outbox: pending messages, then dead letters.
 	Messages(fn func(m *idem.Message, err error) error) error
 	// RetryDead puts a dead letter back in the outbox.
@@ -137,7 +137,7 @@ func adminBearer(r *http.Request) (string, bool) {
 //
 // Errors are RFC 9457 problem details (application/problem+json) whose
 // "code" member names the case: invalid_key and bad_request (400),
-// forbidden (403), not_found (404), wrong_state and in_progress (409, the
+// forbidden (403), not_found and message_not_found (404), wrong_state and in_progress (409, the
 // latter with Retry-After), unsupported_media_type (415), too_large (413),
 // closed (503), corrupt and internal (500). "op" and "key" name the
 // engine's operation and key when it reported them (idem.OpError), and
@@ -267,11 +267,11 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 			resp = []byte{} // "" is an empty response, not none
 		}
 	}
-	var code, msg string
+	var outcome *idem.Error
 	if body.Error != nil {
-		code, msg = body.Error.Code, body.Error.Message
+		outcome = &idem.Error{Code: body.Error.Code, Message: body.Error.Message}
 	}
-	if err := a.resolveKey(key, resp, code, msg); err != nil {
+	if err := a.op.Resolve(key, resp, outcome); err != nil {
 		return err
 	}
 	rec, err := a.op.Get(key)
@@ -279,11 +279,6 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return adminWriteJSON(w, http.StatusOK, a.record(rec))
-}
-
-// resolveKey is the one use of Operator.Resolve, whose signature may change.
-func (a *admin) resolveKey(key string, resp []byte, code, msg string) error {
-	return a.op.Resolve(key, resp, code, msg)
 }
 
 // readJSON decodes r's body into v: application/json, at most MaxBody
@@ -384,7 +379,7 @@ func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return err
 	case found == nil:
-		return fmt.Errorf("message %d: %w (delivered, dropped, expired or never enqueued)", seq, idem.ErrNotFound)
+		return fmt.Errorf("%w: message %d (delivered, dropped, expired or never enqueued)", idem.ErrMessageNotFound, seq)
 	}
 	return adminWriteJSON(w, http.StatusOK, a.message(found))
 }

@@ -220,6 +220,8 @@ func toAdminError(err error) *adminError {
 		out.status, out.code = http.StatusBadRequest, "invalid_key"
 	case errors.Is(err, idem.ErrNotFound):
 		out.status, out.code = http.StatusNotFound, "not_found"
+	case errors.Is(err, idem.ErrMessageNotFound):
+		out.status, out.code = http.StatusNotFound, "message_not_found"
 	case errors.Is(err, idem.ErrState):
 		out.status, out.code = http.StatusConflict, "wrong_state"
 	case errors.Is(err, idem.ErrInProgress):

@@ -143,7 +143,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 				out.Records.Done++
 			}
 		case errors.Is(rerr, idem.ErrCorrupt) && errors.As(rerr, &op):
-			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: unprefix(op.Err.Error())})
+			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: op.Err.Error()})
 		default:
 			return rerr
 		}

@@ -40,7 +40,7 @@ func (a *app) ls(state string, limit int) (err error) {
 	var want idem.State
 	if state != "" {
 		if want, err = idem.ParseState(state); err != nil {
-			return &usageError{fmt.Errorf("--state: %s", unprefix(err.Error()))}
+			return &usageError{fmt.Errorf("--state: %w", err)}
 		}
 	}
 	if limit < 0 {

@@ -201,14 +201,14 @@ func (r *remote) Forget(key string) error {
 	return r.do(http.MethodDelete, keyPath("/records", key), nil, nil)
 }
 
-func (r *remote) Resolve(key string, response []byte, code, errMsg string) error {
+func (r *remote) Resolve(key string, response []byte, outcome *idem.Error) error {
 	body := map[string]any{}
 	if response != nil {
 		text, enc := userBytes(response)
 		body["response"], body["response_encoding"] = *text, enc
 	}
-	if code != "" || errMsg != "" {
-		body["error"] = idemhttp.AdminErrorJSON{Code: code, Message: errMsg}
+	if outcome != nil {
+		body["error"] = idemhttp.AdminErrorJSON{Code: outcome.Code, Message: outcome.Message}
 	}
 	return r.do(http.MethodPost, keyPath("/records/resolve", key), body, nil)
 }
@@ -239,7 +239,7 @@ func (r *remote) Messages(fn func(*idem.Message, error) error) error {
 func (r *remote) Message(seq uint64) (*idem.Message, error) {
 	var m idemhttp.AdminMessage
 	err := r.do(http.MethodGet, "/outbox/"+strconv.FormatUint(seq, 10), nil, &m)
-	if errors.Is(err, idem.ErrNotFound) {
+	if errors.Is(err, idem.ErrMessageNotFound) {
 		return nil, nil
 	}
 	if err != nil {
@@ -415,12 +415,13 @@ func (r *remote) do(method, path string, body, out any) error {
 
 // problemErrors are the engine's sentinels by problem code.
 var problemErrors = map[string]error{
-	"invalid_key": idem.ErrInvalidKey,
-	"not_found":   idem.ErrNotFound,
-	"wrong_state": idem.ErrState,
-	"in_progress": idem.ErrInProgress,
-	"corrupt":     idem.ErrCorrupt,
-	"closed":      idem.ErrClosed,
+	"invalid_key":       idem.ErrInvalidKey,
+	"not_found":         idem.ErrNotFound,
+	"message_not_found": idem.ErrMessageNotFound,
+	"wrong_state":       idem.ErrState,
+	"in_progress":       idem.ErrInProgress,
+	"corrupt":           idem.ErrCorrupt,
+	"closed":            idem.ErrClosed,
 }
 
 // problem turns an error answer back into the engine's error: an
@@ -436,7 +437,7 @@ func (r *remote) problem(p *idemhttp.AdminProblem) error {
 	}
 	sentinel, ok := problemErrors[p.Code]
 	if !ok {
-		return fmt.Errorf("idem: %s: %s (HTTP %d, %s)", r.base, unprefix(p.Detail), p.Status, p.Code)
+		return fmt.Errorf("idem: %s: %s (HTTP %d, %s)", r.base, p.Detail, p.Status, p.Code)
 	}
 	err := &remoteError{msg: p.Detail, sentinel: sentinel}
 	if p.Op != "" {
