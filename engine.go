@@ -981,8 +981,31 @@ func (e *Engine) operate(op, key string, fn func(tx *bbolt.Tx) error) error {
 	return nil
 }
 
-// Stats counts the records in the file and the engine's work since Open.
+// Stats counts the engine's work since Open, from counters in memory: Stats
+// reads no file and takes no lock. What the file holds is FileStats.
 type Stats struct {
+	// Since Open: records pruned, answers replayed from storage, executions of
+	// fn, and calls refused for a fingerprint mismatch.
+	Pruned, Replays, Executions, Conflicts uint64
+	// Commits made and the writes they carried since Open (their ratio is the
+	// group-commit batch size).
+	Commits, Writes uint64
+}
+
+// Stats returns the engine's counters since Open, at the cost of a few
+// atomic loads; it works after Close too (the final counts). ScanFile
+// counts the records and messages in the file.
+func (e *Engine) Stats() Stats {
+	s := Stats{
+		Pruned: e.n.pruned.Load(), Replays: e.n.replays.Load(),
+		Executions: e.n.executions.Load(), Conflicts: e.n.conflicts.Load(),
+	}
+	s.Commits, s.Writes = e.pipe.Stats()
+	return s
+}
+
+// FileStats counts what the file holds, as ScanFile found it.
+type FileStats struct {
 	// Records by state, inside the retention window.
 	Started, Done int
 	// ExpiredPending counts records past the retention window that the pruner
@@ -990,12 +1013,6 @@ type Stats struct {
 	ExpiredPending int
 	// Corrupt counts records that fail to decode (see `idem check`).
 	Corrupt int
-	// Since Open: records pruned, answers replayed from storage, executions of
-	// fn, and calls refused for a fingerprint mismatch.
-	Pruned, Replays, Executions, Conflicts uint64
-	// Commits made and the writes they carried since Open (their ratio is the
-	// group-commit batch size).
-	Commits, Writes uint64
 	// FileSize is the bytes of the file in use by bbolt's pages (its
 	// Tx.Size); the file on disk may be larger, preallocated for growth.
 	FileSize int64
@@ -1003,18 +1020,16 @@ type Stats struct {
 	Outbox OutboxStats
 }
 
-// Stats scans the file (one read transaction, linear in the records stored)
-// and returns the counts.
-func (e *Engine) Stats() (Stats, error) {
+// ScanFile reads every record and message of the file (one read
+// transaction, linear in what is stored: for a dashboard or `idem stats`,
+// not for a metrics scrape, which Stats serves) and returns the counts. It
+// fails with ErrClosed after Close.
+func (e *Engine) ScanFile() (FileStats, error) {
 	if err := e.enterOp(); err != nil {
-		return Stats{}, &OpError{Op: "stats", Err: err}
+		return FileStats{}, &OpError{Op: "scan", Err: err}
 	}
 	defer e.calls.Done()
-	s := Stats{
-		Pruned: e.n.pruned.Load(), Replays: e.n.replays.Load(),
-		Executions: e.n.executions.Load(), Conflicts: e.n.conflicts.Load(),
-	}
-	s.Commits, s.Writes = e.pipe.Stats()
+	var s FileStats
 	now := e.now()
 	err := e.db.View(func(tx *bbolt.Tx) error {
 		s.FileSize = tx.Size()
@@ -1035,7 +1050,7 @@ func (e *Engine) Stats() (Stats, error) {
 			return nil
 		})
 	})
-	return s, opError("stats", "", err)
+	return s, opError("scan", "", err)
 }
 
 // Records calls fn for every live record in the file (one read transaction),

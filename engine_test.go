@@ -127,7 +127,7 @@ func TestInvalidKeys(t *testing.T) {
 			require.ErrorIs(t, err, idem.ErrInvalidKey)
 		})
 	}
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Zero(t, st.Started+st.Done, "nothing stored")
 
@@ -364,13 +364,13 @@ func TestStatsCountsRecordsAndWork(t *testing.T) {
 	_, _ = e.Do(bg, "a", []byte("1"), okFn("v"))
 	_, _ = e.Do(bg, "a", []byte("2"), okFn("v"))
 	_, _ = interrupt(e, "b", nil)
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Done)
 	require.Equal(t, 1, st.Started)
-	require.EqualValues(t, 2, st.Executions)
-	require.EqualValues(t, 1, st.Replays)
-	require.EqualValues(t, 1, st.Conflicts)
+	require.EqualValues(t, 2, e.Stats().Executions)
+	require.EqualValues(t, 1, e.Stats().Replays)
+	require.EqualValues(t, 1, e.Stats().Conflicts)
 	require.Positive(t, st.FileSize)
 }
 
@@ -471,7 +471,7 @@ func TestReadOnlyOpen(t *testing.T) {
 	require.True(t, res.Replayed)
 	_, err = ro.Do(bg, "new", nil, mustNotRun(t))
 	require.ErrorIs(t, err, bolterrors.ErrDatabaseReadOnly)
-	st, err := ro.Stats()
+	st, err := ro.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Done)
 	require.NoError(t, ro.Close())
@@ -518,7 +518,7 @@ func TestEngineCallsFromInsideDoTxAreReentrant(t *testing.T) {
 		"Forget":    func() error { return e.Forget("done") },
 		"Resolve":   func() error { return e.Resolve("done", nil, nil) },
 		"Prune":     func() error { _, err := e.Prune(context.Background()); return err },
-		"Stats":     func() error { _, err := e.Stats(); return err },
+		"ScanFile":  func() error { _, err := e.ScanFile(); return err },
 		"RetryDead": func() error { return e.RetryDead(1) },
 		"DropDead":  func() error { return e.DropDead(1) },
 	}

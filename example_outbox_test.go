@@ -115,7 +115,7 @@ func ExampleEngine_RetryDead() {
 	_, _ = e.DoTx(context.Background(), "order-1", nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		return nil, tx.Enqueue("charge_card", []byte(`{"cents":1200}`))
 	})
-	for s, _ := e.Stats(); s.Outbox.Dead == 0; s, _ = e.Stats() {
+	for s, _ := e.ScanFile(); s.Outbox.Dead == 0; s, _ = e.ScanFile() {
 		time.Sleep(time.Millisecond) // the dispatcher works in the background
 	}
 

@@ -27,24 +27,25 @@ import (
 	"github.com/idemkit/idem/internal/layout"
 )
 
-// Defaults for the zero values of OutboxOptions.
+// Defaults for the zero values of OutboxOptions, each named DefaultOutbox and
+// its field.
 const (
 	// DefaultOutboxWorkers bounds the handlers running at once.
 	DefaultOutboxWorkers = 16
-	// DefaultBaseBackoff is the wait after a message's first failed attempt.
-	DefaultBaseBackoff = time.Second
-	// DefaultMaxBackoff caps the wait between two attempts.
-	DefaultMaxBackoff = 10 * time.Minute
-	// DefaultMaxAttempts is the number of failed attempts after which a
+	// DefaultOutboxBaseBackoff is the wait after a message's first failed attempt.
+	DefaultOutboxBaseBackoff = time.Second
+	// DefaultOutboxMaxBackoff caps the wait between two attempts.
+	DefaultOutboxMaxBackoff = 10 * time.Minute
+	// DefaultOutboxMaxAttempts is the number of failed attempts after which a
 	// message becomes a dead letter. With the default backoff, the last
 	// attempt comes between about 53 minutes and 1 hour 47 minutes after the
 	// first.
-	DefaultMaxAttempts = 20
-	// DefaultDeadLetterRetention is how long a dead letter is kept.
-	DefaultDeadLetterRetention = 7 * 24 * time.Hour
-	// DefaultPollInterval is the longest the dispatcher sleeps while a
+	DefaultOutboxMaxAttempts = 20
+	// DefaultOutboxDeadLetterRetention is how long a dead letter is kept.
+	DefaultOutboxDeadLetterRetention = 7 * 24 * time.Hour
+	// DefaultOutboxPollInterval is the longest the dispatcher sleeps while a
 	// message waits for its backoff.
-	DefaultPollInterval = time.Second
+	DefaultOutboxPollInterval = time.Second
 )
 
 const (
@@ -73,11 +74,11 @@ type OutboxOptions struct {
 	// doubles after each further failure, up to MaxBackoff (raised to
 	// BaseBackoff if lower). Each wait w is jittered uniformly into
 	// [w/2, w). Wall-clock, measured with Options.Now. Zero means
-	// DefaultBaseBackoff and DefaultMaxBackoff respectively.
+	// DefaultOutboxBaseBackoff and DefaultOutboxMaxBackoff respectively.
 	BaseBackoff, MaxBackoff time.Duration
 
 	// MaxAttempts is the number of failed attempts after which a message
-	// becomes a dead letter. Zero means DefaultMaxAttempts; a negative value
+	// becomes a dead letter. Zero means DefaultOutboxMaxAttempts; a negative value
 	// retries forever.
 	MaxAttempts int
 
@@ -85,14 +86,14 @@ type OutboxOptions struct {
 	// (wall-clock, Options.Now) before the pruner deletes it; like
 	// Options.Retention it is a floor, and an expired dead letter is absent
 	// to Messages and RetryDead at once. Zero means
-	// DefaultDeadLetterRetention. It is recorded with each dead letter when it
+	// DefaultOutboxDeadLetterRetention. It is recorded with each dead letter when it
 	// dies (Message.DeadLetterRetention): a later Open with a shorter one, or
 	// `idem prune`, does not expire it early; a longer one lengthens it.
 	DeadLetterRetention time.Duration
 
 	// PollInterval is the longest the dispatcher sleeps (real time) while a
 	// message waits for its backoff; it wakes at once on every commit. Zero
-	// means DefaultPollInterval.
+	// means DefaultOutboxPollInterval.
 	PollInterval time.Duration
 }
 
@@ -169,7 +170,7 @@ type Message struct {
 	// this long after DeadAt (or a later Open's longer retention), whatever a
 	// later Open passes. Zero for a message that is not dead, and for a dead
 	// letter that died before the file recorded it (format version 1), which
-	// lives at least DefaultDeadLetterRetention.
+	// lives at least DefaultOutboxDeadLetterRetention.
 	DeadLetterRetention time.Duration
 }
 
@@ -440,22 +441,22 @@ func (e *Engine) startOutbox() error {
 		o.Workers = DefaultOutboxWorkers
 	}
 	if o.BaseBackoff <= 0 {
-		o.BaseBackoff = DefaultBaseBackoff
+		o.BaseBackoff = DefaultOutboxBaseBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
+		o.MaxBackoff = DefaultOutboxMaxBackoff
 	}
 	if o.MaxBackoff < o.BaseBackoff {
 		o.MaxBackoff = o.BaseBackoff
 	}
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultMaxAttempts
+		o.MaxAttempts = DefaultOutboxMaxAttempts
 	}
 	if o.DeadLetterRetention <= 0 {
-		o.DeadLetterRetention = DefaultDeadLetterRetention
+		o.DeadLetterRetention = DefaultOutboxDeadLetterRetention
 	}
 	if o.PollInterval <= 0 {
-		o.PollInterval = DefaultPollInterval
+		o.PollInterval = DefaultOutboxPollInterval
 	}
 	ob := &outbox{handlers: make(map[string]Handler, len(o.Handlers)), wake: make(chan struct{}, 1)}
 	for topic, h := range o.Handlers {
@@ -523,10 +524,10 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 }
 
 // deadExpired reports whether dead letter m is past its retention at now:
-// the longer of the one it died under (DefaultDeadLetterRetention if the file
+// the longer of the one it died under (DefaultOutboxDeadLetterRetention if the file
 // did not record it) and this engine's.
 func (e *Engine) deadExpired(m *Message, now time.Time) bool {
-	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultDeadLetterRetention), e.outbox().opts.DeadLetterRetention)))
+	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultOutboxDeadLetterRetention), e.outbox().opts.DeadLetterRetention)))
 }
 
 // pruneDeadLetters deletes the dead letters past their retention, in

@@ -31,17 +31,6 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// ParseState is the inverse of State.String ("started", "done").
-func ParseState(s string) (State, error) {
-	switch s {
-	case "started":
-		return StateStarted, nil
-	case "done":
-		return StateDone, nil
-	}
-	return 0, fmt.Errorf("unknown state %q (want started or done)", s)
-}
-
 // Record is the stored outcome of one idempotency key, as Get returns it.
 type Record struct {
 	Key   string

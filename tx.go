@@ -40,9 +40,6 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 	return b, nil
 }
 
-// Key is the idempotency key of the call fn belongs to.
-func (t *Tx) Key() string { return t.key }
-
 // errRolledBack marks a DoTx fn outcome that must not commit: the pipeline
 // rolls the transaction back and the caller records the outcome on its own.
 var errRolledBack = errors.New("idem: fn's writes rolled back")

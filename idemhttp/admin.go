@@ -34,8 +34,10 @@ type Operator interface {
 	RetryDead(seq uint64) error
 	// DropDead deletes a dead letter.
 	DropDead(seq uint64) error
-	// Stats counts records and messages and returns the counters since Open.
-	Stats() (idem.Stats, error)
+	// ScanFile counts the records and messages in the file.
+	ScanFile() (idem.FileStats, error)
+	// Stats returns the counters since Open.
+	Stats() idem.Stats
 	// Retention is the retention window, wall-clock.
 	Retention() time.Duration
 }
@@ -196,11 +198,11 @@ func (a *admin) index(w http.ResponseWriter, _ *http.Request) error {
 }
 
 func (a *admin) stats(w http.ResponseWriter, _ *http.Request) error {
-	s, err := a.op.Stats()
+	fs, err := a.op.ScanFile()
 	if err != nil {
 		return err
 	}
-	return adminWriteJSON(w, http.StatusOK, newAdminStats(s, a.op.Retention()))
+	return adminWriteJSON(w, http.StatusOK, newAdminStats(fs, a.op.Stats(), a.op.Retention()))
 }
 
 // adminQueryKey returns the key parameter: present and unique.

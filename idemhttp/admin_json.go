@@ -59,17 +59,17 @@ type AdminStats struct {
 	} `json:"outbox"`
 }
 
-// newAdminStats is the one place that reads idem.Stats, whose shape may change.
-func newAdminStats(s idem.Stats, retention time.Duration) AdminStats {
+// newAdminStats is the one place that reads idem.FileStats and idem.Stats.
+func newAdminStats(fs idem.FileStats, s idem.Stats, retention time.Duration) AdminStats {
 	var out AdminStats
 	out.Retention = retention.String()
-	out.FileSize = s.FileSize
-	out.Records.Started, out.Records.Done = s.Started, s.Done
-	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
+	out.FileSize = fs.FileSize
+	out.Records.Started, out.Records.Done = fs.Started, fs.Done
+	out.Records.ExpiredPending, out.Records.Corrupt = fs.ExpiredPending, fs.Corrupt
 	out.SinceOpen.Pruned, out.SinceOpen.Replays = s.Pruned, s.Replays
 	out.SinceOpen.Executions, out.SinceOpen.Conflicts = s.Executions, s.Conflicts
 	out.SinceOpen.Commits, out.SinceOpen.Writes = s.Commits, s.Writes
-	o := s.Outbox
+	o := fs.Outbox
 	out.Outbox.Pending, out.Outbox.Retrying, out.Outbox.Waiting = o.Pending, o.Retrying, o.Waiting
 	out.Outbox.Dead, out.Outbox.Corrupt, out.Outbox.Delivered = o.Dead, o.Corrupt, o.Delivered
 	return out

@@ -420,7 +420,7 @@ func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 	require.NoError(t, err)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Dead == len(keys) {
 			return e
@@ -489,7 +489,7 @@ func TestAdminOutbox(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Delivered == 1 {
 			require.Zero(t, s.Outbox.Dead)

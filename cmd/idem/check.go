@@ -153,7 +153,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 		return err
 	}
 	slices.SortFunc(out.Records.Corrupt, func(x, y corruptJSON) int { return strings.Compare(x.Key, y.Key) })
-	s, err := e.Stats()
+	s, err := e.ScanFile()
 	if err != nil {
 		return err
 	}

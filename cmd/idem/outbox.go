@@ -166,7 +166,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 	}
 	if m.Dead {
 		out.NextAttemptAt = nil
-		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultDeadLetterRetention), a.deadLetterRetention)))
+		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultOutboxDeadLetterRetention), a.deadLetterRetention)))
 	}
 	return out
 }

@@ -130,7 +130,7 @@ func (a *app) openOperator() (operator, error) {
 
 // sizeOf is the file's size for stats: on disk, or with --url the size in
 // use that the server reports (s.FileSize).
-func (a *app) sizeOf(s idem.Stats) (int64, error) {
+func (a *app) sizeOf(s idem.FileStats) (int64, error) {
 	if a.remote.url != "" {
 		return s.FileSize, nil
 	}
@@ -256,17 +256,27 @@ func (r *remote) DropDead(seq uint64) error {
 	return r.do(http.MethodDelete, "/outbox/"+strconv.FormatUint(seq, 10), nil, nil)
 }
 
-func (r *remote) Stats() (idem.Stats, error) {
+// Stats is the server engine's counters since Open, from /stats.
+func (r *remote) Stats() idem.Stats {
 	var s idemhttp.AdminStats
 	if err := r.do(http.MethodGet, "/stats", nil, &s); err != nil {
-		return idem.Stats{}, err
+		return idem.Stats{}
 	}
 	return idem.Stats{
-		Started: s.Records.Started, Done: s.Records.Done,
-		ExpiredPending: s.Records.ExpiredPending, Corrupt: s.Records.Corrupt,
 		Pruned: s.SinceOpen.Pruned, Replays: s.SinceOpen.Replays,
 		Executions: s.SinceOpen.Executions, Conflicts: s.SinceOpen.Conflicts,
 		Commits: s.SinceOpen.Commits, Writes: s.SinceOpen.Writes,
+	}
+}
+
+func (r *remote) ScanFile() (idem.FileStats, error) {
+	var s idemhttp.AdminStats
+	if err := r.do(http.MethodGet, "/stats", nil, &s); err != nil {
+		return idem.FileStats{}, err
+	}
+	return idem.FileStats{
+		Started: s.Records.Started, Done: s.Records.Done,
+		ExpiredPending: s.Records.ExpiredPending, Corrupt: s.Records.Corrupt,
 		FileSize: s.FileSize,
 		Outbox: idem.OutboxStats{
 			Pending: s.Outbox.Pending, Retrying: s.Outbox.Retrying, Waiting: s.Outbox.Waiting,
@@ -276,7 +286,7 @@ func (r *remote) Stats() (idem.Stats, error) {
 }
 
 func (r *remote) record(a *idemhttp.AdminRecord) (*idem.Record, error) {
-	state, err := idem.ParseState(a.State)
+	state, err := parseState(a.State)
 	if err != nil {
 		return nil, r.badAnswer(err)
 	}
