@@ -122,7 +122,7 @@ func ExampleEngine_RetryDead() {
 	var dead []uint64
 	_ = e.Messages(func(m *idem.Message, err error) error {
 		if err == nil && m.Dead {
-			fmt.Printf("dead letter %d: %s %s after %d attempt(s): %s\n", m.Seq, m.Topic, m.DownstreamKey, m.Attempt, m.LastError)
+			fmt.Printf("dead letter %d: %s %s after %d attempt(s): %s\n", m.Seq, m.Topic, m.DownstreamKey, m.Failures, m.LastError)
 			dead = append(dead, m.Seq)
 		}
 		return nil

@@ -149,10 +149,13 @@ type Message struct {
 	// Payload is the bytes given to Enqueue (nil and empty differ). The
 	// handler owns its copy.
 	Payload []byte
-	// Attempt counts delivery attempts: in a handler, the one in progress
-	// (1 on the first delivery); in Messages, the failed attempts so far.
-	// An attempt cut short by a crash is not counted.
+	// Attempt is, in a handler, the delivery attempt in progress: 1 on the
+	// first delivery, Failures+1. Zero in Messages.
 	Attempt int
+	// Failures counts the failed delivery attempts recorded so far (a
+	// handler's error or panic); an attempt cut short by a crash or by the
+	// end of Dispatch is not counted. RetryDead resets it to 0.
+	Failures int
 	// EnqueuedAt is when the call enqueued it (engine clock).
 	EnqueuedAt time.Time
 
@@ -363,7 +366,7 @@ func (e *Engine) RetryDead(seq uint64) error {
 		if e.deadExpired(m, e.now()) {
 			return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
 		}
-		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
+		m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
 		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
 			return err
 		}
@@ -499,7 +502,7 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 			return nil
 		}
 		s.Pending++
-		if m.Attempt > 0 {
+		if m.Failures > 0 {
 			s.Retrying++
 		}
 		if ob.handler(m.Topic) == nil {
@@ -809,7 +812,7 @@ func (d *dispatcher) dispatchReady() {
 			d.remove(ok, seq)
 			continue
 		}
-		m.Attempt++ // the one in progress
+		m.Attempt = m.Failures + 1 // the one in progress
 		q.busy, q.gen = true, d.gen
 		d.busy++
 		d.wg.Add(1)
@@ -925,9 +928,9 @@ func (e *Engine) recordFailure(seq uint64, herr error) (next time.Time, removed 
 			removed = true
 			return moveRaw(tx, k)
 		}
-		m.Attempt++
+		m.Failures++
 		m.LastError = msg
-		if o.MaxAttempts > 0 && m.Attempt >= o.MaxAttempts {
+		if o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
 			removed = true
 			m.NextAttemptAt, m.Dead, m.DeadAt = time.Time{}, true, now
 			m.DeadLetterRetention = o.DeadLetterRetention
@@ -936,7 +939,7 @@ func (e *Engine) recordFailure(seq uint64, herr error) (next time.Time, removed 
 			}
 			return ob.Delete(k)
 		}
-		next = now.Add(e.backoff(m.Attempt, jitter))
+		next = now.Add(e.backoff(m.Failures, jitter))
 		m.NextAttemptAt = next
 		return ob.Put(k, encodeMessage(nil, m))
 	})
@@ -1058,7 +1061,7 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	}
 	dst = append(dst, messageVersion, flags)
 	dst = binary.AppendUvarint(dst, uint64(m.Index))
-	dst = binary.AppendUvarint(dst, uint64(m.Attempt))
+	dst = binary.AppendUvarint(dst, uint64(m.Failures))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.EnqueuedAt)))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.NextAttemptAt)))
 	dead := int64(0)
@@ -1112,7 +1115,7 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 	if len(rest) < 24 {
 		return nil, corrupt("truncated times")
 	}
-	m := &Message{Seq: seq, Index: int(vals[0]), Attempt: int(vals[1])}
+	m := &Message{Seq: seq, Index: int(vals[0]), Failures: int(vals[1])}
 	m.EnqueuedAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest)))
 	m.NextAttemptAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest[8:])))
 	if dead := int64(binary.LittleEndian.Uint64(rest[16:])); dead != 0 {

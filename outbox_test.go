@@ -192,7 +192,7 @@ func TestOutboxHandlerFailingNTimesThenSucceeding(t *testing.T) {
 	// Without the clock moving, the first failure's backoff holds the retry.
 	obWait(t, "the first failure recorded", nil, func() bool {
 		ms := obMessages(t, e)
-		return len(ms) == 1 && ms[0].Attempt == 1
+		return len(ms) == 1 && ms[0].Failures == 1
 	})
 	m := obMessages(t, e)[0]
 	require.Equal(t, "gateway timeout 1", m.LastError)
@@ -233,7 +233,7 @@ func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 	require.Len(t, ms, 1)
 	dead := ms[0]
 	require.True(t, dead.Dead)
-	require.Equal(t, 3, dead.Attempt)
+	require.Equal(t, 3, dead.Failures)
 	require.Equal(t, "card processor down", dead.LastError)
 	require.False(t, dead.DeadAt.IsZero())
 
@@ -441,7 +441,7 @@ func TestOutboxCloseCancelsHandlersAndKeepsTheMessage(t *testing.T) {
 	defer e.Close()
 	ms := obMessages(t, e)
 	require.Len(t, ms, 1, "the message is still there")
-	require.Equal(t, 0, ms[0].Attempt, "an attempt cut by Close does not count")
+	require.Equal(t, 0, ms[0].Failures, "an attempt cut by Close does not count")
 }
 
 func TestOutboxWorkersBoundParallelHandlers(t *testing.T) {

@@ -435,7 +435,7 @@ func (a *admin) message(m *idem.Message) AdminMessage {
 		Index:         m.Index,
 		DownstreamKey: m.DownstreamKey,
 		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Attempt,
+		Attempt:       m.Failures,
 		EnqueuedAt:    m.EnqueuedAt.UTC(),
 		NextAttemptAt: adminTime(m.NextAttemptAt),
 		Dead:          m.Dead,

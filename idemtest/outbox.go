@@ -191,7 +191,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		eventually(t, "the first failure recorded", nil, func() bool {
 			ms := messages(t, e)
-			return len(ms) == 1 && ms[0].Attempt == 1
+			return len(ms) == 1 && ms[0].Failures == 1
 		})
 		m := messages(t, e)[0]
 		require.Equal(t, "gateway timeout 1", m.LastError)

@@ -147,7 +147,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 		Index:         m.Index,
 		DownstreamKey: m.DownstreamKey,
 		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Attempt,
+		Attempt:       m.Failures,
 		EnqueuedAt:    m.EnqueuedAt.UTC(),
 		NextAttemptAt: timePtr(m.NextAttemptAt),
 		Dead:          m.Dead,

@@ -326,7 +326,7 @@ func (r *remote) message(a *idemhttp.AdminMessage) (*idem.Message, error) {
 	m := &idem.Message{
 		Seq: a.Seq, Topic: a.Topic, Key: a.Key, Index: a.Index,
 		DownstreamKey: a.DownstreamKey, OrderingKey: a.OrderingKey,
-		Attempt: a.Attempt, EnqueuedAt: a.EnqueuedAt, Dead: a.Dead,
+		Failures: a.Attempt, EnqueuedAt: a.EnqueuedAt, Dead: a.Dead,
 	}
 	if a.NextAttemptAt != nil {
 		m.NextAttemptAt = *a.NextAttemptAt
