@@ -749,7 +749,7 @@ func (e *Engine) live(r *Record, now time.Time) bool {
 	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
 	}
-	return now.Before(r.ExpiresAt(e.opts.Retention))
+	return now.Before(r.expiresAt(e.opts.Retention))
 }
 
 func (e *Engine) writeErr(op, key string, err error) error {

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/layout"
 )
 
 // Operator is the part of an engine the admin handler drives: the operator
@@ -418,7 +419,7 @@ func (a *admin) record(rec *idem.Record) AdminRecord {
 		Retention:         rec.Retention.String(),
 		KeptUntilResolved: rec.KeptUntilResolved,
 	}
-	out.ExpiresAt = adminTime(rec.ExpiresAt(a.op.Retention()))
+	out.ExpiresAt = adminTime(recordExpiry(rec, a.op.Retention()))
 	if rec.Err != nil {
 		out.Error = &AdminErrorJSON{Code: rec.Err.Code, Message: rec.Err.Message}
 	}
@@ -473,4 +474,14 @@ func adminTime(t time.Time) *time.Time {
 	}
 	t = t.UTC()
 	return &t
+}
+
+// recordExpiry is when rec leaves the retention window under the engine's
+// retention: the engine's rule (layout.Expiry); the zero time for never.
+func recordExpiry(rec *idem.Record, retention time.Duration) time.Time {
+	at := rec.StartedAt
+	if rec.State == idem.StateDone {
+		at = rec.CompletedAt
+	}
+	return layout.Expiry(rec.State == idem.StateStarted && rec.KeptUntilResolved, at, rec.Retention, retention)
 }

@@ -86,8 +86,9 @@ type AdminRecord struct {
 	Fingerprint string     `json:"fingerprint"`
 	StartedAt   time.Time  `json:"started_at"`
 	CompletedAt *time.Time `json:"completed_at"` // null while started
-	// ExpiresAt is when the record leaves the retention window, as
-	// idem.Record.ExpiresAt says with the engine's Retention; null for never
+	// ExpiresAt is when the record leaves the retention window: the longer of
+	// its recorded window and the engine's Retention after it completed
+	// (after it started, while started); null for never
 	// (a record kept until resolved).
 	ExpiresAt *time.Time `json:"expires_at"`
 	// Retention is the retention window the record was written under, as a

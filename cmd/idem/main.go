@@ -528,7 +528,7 @@ func (a *app) expiresAt(r *idem.Record) time.Time {
 	if r.State == idem.StateStarted && a.recovery == "refuse" {
 		return time.Time{}
 	}
-	return r.ExpiresAt(a.retention)
+	return recordExpiry(r, a.retention)
 }
 
 // retentionNote says which retention window the counts follow.
@@ -652,4 +652,14 @@ func plural(n int, one, many string) string {
 		return "1 " + one
 	}
 	return strconv.Itoa(n) + " " + many
+}
+
+// recordExpiry is when r leaves the retention window under retention (0 for
+// its own): the engine's rule (layout.Expiry); the zero time for never.
+func recordExpiry(r *idem.Record, retention time.Duration) time.Time {
+	at := r.StartedAt
+	if r.State == idem.StateDone {
+		at = r.CompletedAt
+	}
+	return layout.Expiry(r.State == idem.StateStarted && r.KeptUntilResolved, at, r.Retention, retention)
 }
