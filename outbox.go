@@ -97,7 +97,7 @@ type OutboxOptions struct {
 	PollInterval time.Duration
 }
 
-// OutboxStats counts outbox messages, as Engine.Stats returns them.
+// OutboxStats counts outbox messages, as Engine.ScanFile returns them (FileStats.Outbox).
 type OutboxStats struct {
 	// Pending counts the messages not delivered yet and not dead: the
 	// outbox's length. Retrying and Waiting are among them.
@@ -489,7 +489,7 @@ func (e *Engine) committed() {
 	}
 }
 
-// outboxStats counts the messages in tx for Engine.Stats.
+// outboxStats counts the messages in tx for Engine.ScanFile.
 func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	ob := e.outbox()
 	s.Delivered = ob.delivered.Load()

@@ -119,7 +119,7 @@ func adminBearer(r *http.Request) (string, bool) {
 // that any key fits; SEQ a message's sequence number):
 //
 //	GET    /                        the retention window and whether responses are shown
-//	GET    /stats                   counts and counters (Engine.Stats: scans the file)
+//	GET    /stats                   counts and counters (Engine.ScanFile, which scans the file, and Engine.Stats)
 //	GET    /records?key=KEY         KEY's live record
 //	DELETE /records?key=KEY         forget KEY: the next call runs as new
 //	POST   /records/resolve?key=KEY complete KEY's interrupted execution (JSON body)
