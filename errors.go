@@ -75,10 +75,6 @@ var (
 	// letter past its retention).
 	ErrMessageNotFound = errors.New("outbox message not found")
 
-	// ErrDispatcherRunning is returned by Dispatch while another dispatcher
-	// runs on the same engine (one dispatcher per engine).
-	ErrDispatcherRunning = errors.New("a dispatcher is already running")
-
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
 	ErrState = errors.New("record in the wrong state")
