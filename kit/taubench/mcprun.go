@@ -45,9 +45,8 @@ type MCPOptions struct {
 	// of MCPServerCommand(exe, sc), for example. Its Stderr is set by the
 	// runner; files it makes beside sc.DB, named sc.DB followed by a dot and
 	// a suffix, are removed with sc.DB after the task. Nil means
-	// MCPServerCommand(cfg.Executable, sc). Under the
-	// crash schedule, the command's own process must die of SIGKILL, unless
-	// Recovers.
+	// MCPServerCommand(cfg.Executable, sc). Under the crash schedule, the
+	// command's own process must die of SIGKILL, unless Recovers.
 	Command func(exe string, sc ServeConfig) (*exec.Cmd, error)
 	// Recovers says the command may survive the kill of its tool server and
 	// answer the call itself, as idem mcp-proxy does: it restarts the server
@@ -120,10 +119,9 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 				}
 				out, err := play(ctx, &cfg, task, sched, mode, path, initial)
 				os.Remove(path)
-				if beside, _ := filepath.Glob(path + ".*"); len(beside) > 0 {
-					for _, f := range beside {
-						os.Remove(f)
-					}
+				beside, _ := filepath.Glob(path + ".*")
+				for _, f := range beside {
+					os.Remove(f)
 				}
 				if err != nil {
 					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
