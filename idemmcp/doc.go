@@ -84,7 +84,7 @@
 //
 //	code    data.type                       when
 //	-32060  idempotency_key_required        side-effecting tool, no key
-//	-32061  idempotency_key_invalid         key blank, > 255 bytes, not UTF-8, control characters, not a string
+//	-32061  idempotency_key_invalid         key blank, > 255 bytes, not UTF-8, white space at an end, control or format characters, not a string
 //	-32062  idempotency_key_conflict        the key was used with another tool or other arguments
 //	-32063  idempotency_key_in_progress     the first call with the key still runs (retryAfter)
 //	-32064  idempotency_key_incomplete      interrupted execution under idem.RecoverRefuse

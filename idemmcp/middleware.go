@@ -26,8 +26,8 @@ import (
 // specification asks of _meta prefixes.
 const (
 	// MetaKey is the request _meta entry that carries the idempotency key:
-	// a JSON string of 1 to 255 bytes of UTF-8, not blank, without control
-	// characters. The key is read from there only (go-sdk drops unknown
+	// a JSON string of 1 to 255 bytes of UTF-8, without white space at
+	// either end or control or format characters (idem.ValidateKey). The key is read from there only (go-sdk drops unknown
 	// fields of params), never from the JSON-RPC id, which differs between
 	// a request and its retry.
 	MetaKey = "io.github.idemkit/idempotency-key"
@@ -406,6 +406,12 @@ func badKey(key string) string {
 		return "not valid UTF-8"
 	case strings.ContainsFunc(key, unicode.IsControl):
 		return "holds control characters"
+	}
+	// The engine's rules (white space at an end, format characters), also
+	// when the stored key is a hash (Scope, a continuation), which the
+	// engine cannot check.
+	if err := idem.ValidateKey(key); err != nil {
+		return strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ")
 	}
 	return ""
 }

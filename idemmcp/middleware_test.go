@@ -738,3 +738,26 @@ func TestStoreFailureRefusesAndRunsNothing(t *testing.T) {
 	require.Positive(t, ref.RetryAfter)
 	require.Zero(t, orders.Load())
 }
+
+// The key rules are the engine's whether or not the stored key is a hash
+// (Options.Scope): a key with white space at an end or a format character
+// is refused as invalid in both cases, and the tool does not run.
+func TestKeyRulesWithAndWithoutScope(t *testing.T) {
+	for name, opts := range map[string]*idemmcp.Options{
+		"unscoped": nil,
+		"scoped":   {Scope: func(context.Context, *mcp.CallToolRequest) (string, error) { return "alice", nil }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var orders atomic.Int32
+			r := newRig(t, "", opts, nil, shop(&orders))
+			for _, key := range []string{" k", "k\u00a0", "\ufeffk", "k\u200bk"} {
+				_, err := r.call(key, "create_order", map[string]any{"sku": "A1", "qty": 1})
+				ref, ok := idemmcp.RefusalOf(err)
+				if !ok || ref.Type != idemmcp.TypeKeyInvalid {
+					t.Errorf("key %q: %v", key, err)
+				}
+			}
+			require.EqualValues(t, 0, orders.Load())
+		})
+	}
+}

@@ -507,6 +507,11 @@ func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[s
 	if err := json.Unmarshal(raw, &key); err != nil {
 		return "", fmt.Errorf("_meta %q must be a string", MetaKey)
 	}
+	// Checked here, not only by the engine: a continuation's stored key is
+	// a hash of it, which the engine cannot check.
+	if err := idem.ValidateKey(key); err != nil {
+		return "", err
+	}
 	return key, nil
 }
 

@@ -716,3 +716,27 @@ func TestClientGoneMidCall(t *testing.T) {
 	require.Equal(t, "order 1: 1 x L", textOf(t, r))
 	require.Len(t, f.executionsOf("gated_order"), 1)
 }
+
+// TestKeyRulesHoldForContinuations: a continuation's stored key is a hash of
+// the client's key, which must still meet the engine's key rules: a key
+// with white space at an end or a format character is refused as invalid
+// for the first round and for a continuation alike, and nothing runs.
+func TestKeyRulesHoldForContinuations(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":%q}}}`
+	id := 10
+	for _, key := range []string{" k", "k\u00a0", "\ufeffk"} {
+		for _, state := range []string{``, `"requestState":"round-2",`} {
+			id++
+			s.send(fmt.Sprintf(call, id, state, key))
+			m := s.await(strconv.Itoa(id))
+			require.Contains(t, m, "error", "key %q %s: %v", key, state, m)
+			require.Contains(t, string(m["error"]), idemmcp.TypeKeyInvalid, "key %q %s", key, state)
+		}
+	}
+	require.Empty(t, f.effects())
+}
