@@ -44,6 +44,10 @@
 //     its end so its outcome is recorded, and a retry replays it instead of
 //     meeting an unknown outcome. The cancelled request gets no response
 //     (the receiver of a cancellation should not answer it).
+//   - A JSON-RPC batch (an array of messages, which the 2025-03-26 protocol
+//     allows) that holds a tools/call of a protected tool is refused: each
+//     request in it gets an invalid-request error (-32600), and nothing of it
+//     reaches the server. Other batches are relayed as they are.
 //
 // Calls of tools not in the configuration are relayed unprotected, with a
 // warning on stderr the first time each one is called, unless the server's
@@ -319,6 +323,9 @@ func (s *session) readClient(in io.Reader) error {
 }
 
 func (s *session) fromClient(msg []byte) {
+	if msg[0] == '[' && s.refuseBatch(msg) {
+		return
+	}
 	var h header
 	if json.Unmarshal(msg, &h) != nil {
 		s.relay(msg, nil, "") // not ours to judge: the server answers it
@@ -368,6 +375,47 @@ func (s *session) fromClient(msg []byte) {
 		}
 		s.relay(msg, nil, "")
 	}
+}
+
+// refuseBatch answers a JSON-RPC batch (an array of messages, which the
+// 2025-03-26 protocol allows) that holds a tools/call of a protected tool:
+// each request in it gets an invalid-request error and nothing reaches the
+// server, which would otherwise run its calls unprotected. It reports false,
+// and does nothing, for any other batch, which is relayed as it is.
+func (s *session) refuseBatch(msg []byte) bool {
+	var batch []json.RawMessage
+	if json.Unmarshal(msg, &batch) != nil {
+		return false
+	}
+	protected := false
+	for _, m := range batch {
+		var h header
+		var params struct {
+			Name string `json:"name"`
+		}
+		if json.Unmarshal(m, &h) != nil || h.Method != "tools/call" || json.Unmarshal(h.Params, &params) != nil {
+			continue
+		}
+		if tool, ok := s.cfg.Tools[params.Name]; ok && !tool.ReadOnly {
+			protected = true
+		}
+	}
+	if !protected {
+		return false
+	}
+	var answers [][]byte
+	for _, m := range batch {
+		var h header
+		if json.Unmarshal(m, &h) != nil || !h.hasID() || h.Method == "" {
+			continue // a notification, or an answer, gets no answer
+		}
+		answers = append(answers, errorResponse(h.ID, jsonrpc.CodeInvalidRequest, "",
+			"a batch that holds a tools/call of a protected tool is refused: send each request on its own", nil))
+	}
+	if len(answers) > 0 {
+		s.writeClient(append(append([]byte{'['}, bytes.Join(answers, []byte{','})...), ']'))
+	}
+	return true
 }
 
 // relay sends msg to the live server as it is, waiting for a restart if

@@ -740,3 +740,37 @@ func TestKeyRulesHoldForContinuations(t *testing.T) {
 	}
 	require.Empty(t, f.effects())
 }
+
+// TestBatchOfProtectedCallsIsRefused: a JSON-RPC batch (an array, which
+// clients of the 2025-03-26 protocol may send) holding a tools/call of a
+// protected tool is refused, each of its requests with an error, and none
+// reaches the server: relayed as it is, its calls would run unprotected, the
+// same key twice included.
+func TestBatchOfProtectedCallsIsRefused(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(strings.Replace(rawInit, "2025-11-25", "2025-03-26", 1))
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"B","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"batch-k"}}}`
+	s.send("[" + fmt.Sprintf(call, 10) + "," + fmt.Sprintf(call, 11) + `,{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}]`)
+	var answers []map[string]json.RawMessage
+	select {
+	case line := <-s.lines:
+		require.NoError(t, json.Unmarshal(line, &answers), "%s", line)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the batch")
+	}
+	require.Len(t, answers, 2, "one answer per request of the batch")
+	ids := map[string]bool{}
+	for _, a := range answers {
+		ids[string(a["id"])] = true
+		require.Contains(t, string(a["error"]), fmt.Sprint(jsonrpc.CodeInvalidRequest), "%v", a)
+	}
+	require.Equal(t, map[string]bool{"10": true, "11": true}, ids)
+	// The session goes on, and the key is free.
+	s.send(fmt.Sprintf(call, 12))
+	m := s.await("12")
+	require.Contains(t, m, "result", "%v", m)
+	require.Len(t, f.effects(), 1)
+}
