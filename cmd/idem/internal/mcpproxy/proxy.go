@@ -47,7 +47,10 @@
 //   - A JSON-RPC batch (an array of messages, which the 2025-03-26 protocol
 //     allows) that holds a tools/call of a protected tool is refused: each
 //     request in it gets an invalid-request error (-32600), and nothing of it
-//     reaches the server. Other batches are relayed as they are.
+//     reaches the server. Other batches are relayed as they are. A
+//     tools/call of a protected tool without an id (a notification) is
+//     dropped with a warning, and one with a null id gets an invalid-request
+//     error: neither can be recorded and answered as a call.
 //
 // Calls of tools not in the configuration are relayed unprotected, with a
 // warning on stderr the first time each one is called, unless the server's
@@ -347,6 +350,15 @@ func (s *session) fromClient(msg []byte) {
 		}
 	case h.Method == "tools/call" && h.hasID():
 		s.toolsCall(msg, &h)
+	case h.Method == "tools/call" && s.protects(h.Params):
+		// No id (a notification) or a null one: it cannot be recorded as
+		// a call nor answered under its own id, and relayed it would run
+		// unprotected.
+		s.warn("a tools/call of a protected tool without an id was not relayed")
+		if h.ID != nil {
+			s.writeClient(errorResponse(h.ID, jsonrpc.CodeInvalidRequest, "",
+				"a tools/call of a protected tool needs an id (not null)", nil))
+		}
 	case h.Method == "notifications/cancelled":
 		var p struct {
 			RequestID json.RawMessage `json:"requestId"`
@@ -390,13 +402,7 @@ func (s *session) refuseBatch(msg []byte) bool {
 	protected := false
 	for _, m := range batch {
 		var h header
-		var params struct {
-			Name string `json:"name"`
-		}
-		if json.Unmarshal(m, &h) != nil || h.Method != "tools/call" || json.Unmarshal(h.Params, &params) != nil {
-			continue
-		}
-		if tool, ok := s.cfg.Tools[params.Name]; ok && !tool.ReadOnly {
+		if json.Unmarshal(m, &h) == nil && h.Method == "tools/call" && s.protects(h.Params) {
 			protected = true
 		}
 	}
@@ -416,6 +422,19 @@ func (s *session) refuseBatch(msg []byte) bool {
 		s.writeClient(append(append([]byte{'['}, bytes.Join(answers, []byte{','})...), ']'))
 	}
 	return true
+}
+
+// protects reports whether params (of a tools/call) name a tool the
+// configuration protects.
+func (s *session) protects(params json.RawMessage) bool {
+	var p struct {
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return false
+	}
+	tool, ok := s.cfg.Tools[p.Name]
+	return ok && !tool.ReadOnly
 }
 
 // relay sends msg to the live server as it is, waiting for a restart if

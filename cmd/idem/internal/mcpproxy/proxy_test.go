@@ -774,3 +774,35 @@ func TestBatchOfProtectedCallsIsRefused(t *testing.T) {
 	require.Contains(t, m, "result", "%v", m)
 	require.Len(t, f.effects(), 1)
 }
+
+// TestProtectedCallWithoutIDDoesNotReachTheServer: a tools/call of a
+// protected tool with a null id, or none (a notification), cannot be
+// answered under its own id nor recorded as a call: it is refused (an
+// invalid-request error with a null id, as JSON-RPC answers a request whose
+// id it cannot tell) or dropped with a warning, never relayed to run
+// unprotected.
+func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	params := `"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"N","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"null-k"}}`
+	s.send(`{"jsonrpc":"2.0",` + params + `}`)
+	s.send(`{"jsonrpc":"2.0","id":null,` + params + `}`)
+	var m map[string]json.RawMessage
+	select {
+	case line := <-s.lines:
+		require.NoError(t, json.Unmarshal(line, &m), "%s", line)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the call with a null id")
+	}
+	require.Equal(t, "null", string(m["id"]))
+	require.Contains(t, string(m["error"]), fmt.Sprint(jsonrpc.CodeInvalidRequest), "%v", m)
+	// The session goes on; the server ran nothing of the two.
+	s.send(`{"jsonrpc":"2.0","id":5,` + params + `}`)
+	m = s.await("5")
+	require.Contains(t, m, "result", "%v", m)
+	require.Len(t, f.effects(), 1)
+	require.Contains(t, f.stderr.String(), "without an id")
+}
