@@ -63,6 +63,9 @@
 //     handler's error, which go-sdk keeps as CallToolResult.GetError on the
 //     server): answered, not stored, the key is free;
 //   - a result with InputRequests: not final, answered, not stored;
+//   - an outcome over the engine's MaxResponseSize: answered to the caller
+//     whose call ran the tool, not stored; the key is done with
+//     idem.ErrResponseTooLarge, and a retry gets a JSON-RPC internal error;
 //   - a context error (the request was cancelled): an interrupted execution
 //     for Do (the engine's recovery policy decides on the next call); for
 //     DoTx nothing committed and the key is free;

@@ -438,11 +438,17 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		own    bool
 		ownRes mcp.Result
 		ownErr error
+		// ran, ranRes, ranErr: the answer of this call's own handling, for
+		// an outcome too large to record (the engine's MaxResponseSize).
+		ran    bool
+		ranRes mcp.Result
+		ranErr error
 	)
 	body := func(ctx context.Context) ([]byte, error) {
 		own, ownRes, ownErr = false, nil, nil // fn of DoTx may run again
 		st := &callState{m: m, tx: ctx.Value(txKey{})}
 		res, err := next(context.WithValue(ctx, stateKey{}, st), method, r)
+		ran, ranRes, ranErr = true, res, err
 		keep := func(why error) ([]byte, error) {
 			own, ownRes, ownErr = true, res, err
 			return nil, idem.Retryable(why)
@@ -485,6 +491,11 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 	res, err := t.do(ctx, key, fp, body)
 	if own {
 		return ownRes, ownErr // not stored: this execution's own answer
+	}
+	if ran && errors.Is(err, idem.ErrResponseTooLarge) {
+		// The tool ran and answered, but the answer is over the engine's
+		// limit: its caller gets it; retries get the stored error.
+		return ranRes, ranErr
 	}
 	var ie *idem.Error
 	var ip *idem.InProgressError

@@ -39,6 +39,9 @@
 //     recognised by their text; a server of another SDK that answers a schema
 //     failure as an isError result has it recorded). They are answered and
 //     the key stays free.
+//   - An answer over the engine's MaxResponseSize is sent to the caller whose
+//     call ran, not recorded: the key is done with idem.ErrResponseTooLarge,
+//     and a retry gets an internal error (-32603) instead of a replay.
 //   - A cancellation (notifications/cancelled) of a protected call is never
 //     forwarded, neither the first caller's nor a waiter's: the call runs to
 //     its end so its outcome is recorded, and a retry replays it instead of
@@ -604,8 +607,13 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		// The deadline bounds a duplicate's wait; the first call's fn
 		// outlives it (execute), so its outcome is always recorded.
 		ctx, cancel := context.WithTimeout(c.ctx, maxWait)
+		var ran []byte // the server's answer to this call's own execution
 		res, err := s.p.Engine.Do(ctx, stored, fp, func(ctx context.Context) ([]byte, error) {
-			return s.execute(ctx, c, msg, key)
+			resp, err := s.execute(ctx, c, msg, key)
+			if err == nil {
+				ran = resp
+			}
+			return resp, err
 		})
 		cancel()
 		var inProgress *idem.InProgressError
@@ -614,6 +622,13 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 			answer, err = reply(res.Response, id, res.Replayed)
 		case errors.Is(err, idem.ErrRetryable) && res.Response != nil:
 			answer, err = reply(res.Response, id, false)
+		case errors.Is(err, idem.ErrResponseTooLarge) && ran != nil:
+			// The server answered, over the engine's limit: its caller
+			// gets the answer; retries get the stored error.
+			answer, err = reply(ran, id, false)
+		case errors.Is(err, idem.ErrResponseTooLarge):
+			answer = errorResponse(id, jsonrpc.CodeInternalError, "",
+				"the answer to the first call with this idempotency key was too large to record, so it cannot be replayed: "+err.Error(), nil)
 		case c.ctx.Err() != nil && !s.isDone() && round < MaxRounds:
 			continue // the server died: run it again on the next one
 		case c.ctx.Err() != nil:

@@ -806,3 +806,29 @@ func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
 	require.Len(t, f.effects(), 1)
 	require.Contains(t, f.stderr.String(), "without an id")
 }
+
+// TestAnswerOverTheEngineLimit: a server's answer over the engine's
+// MaxResponseSize cannot be recorded (the key is done with
+// idem.ErrResponseTooLarge). The caller whose call ran still gets the
+// server's answer: the effect happened, and "the store failed, retry" would
+// be false. A retry with the key gets an internal error, not a refusal with
+// retryAfter, and the server does not run it again.
+func TestAnswerOverTheEngineLimit(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_MAXRESPONSE=1024"}
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	sku := strings.Repeat("s", 4<<10)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"big-k"}}}`
+	s.send(fmt.Sprintf(call, 10, sku))
+	m := s.await("10")
+	require.Contains(t, m, "result", "the caller whose call ran gets the answer")
+	require.Contains(t, string(m["result"]), sku)
+	s.send(fmt.Sprintf(call, 11, sku))
+	m = s.await("11")
+	require.Contains(t, string(m["error"]), fmt.Sprint(jsonrpc.CodeInternalError), "%s", m["error"])
+	require.NotContains(t, string(m["error"]), "retryAfter")
+	require.Len(t, f.effects(), 1)
+}
