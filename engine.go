@@ -371,8 +371,12 @@ func firstRead(db *bbolt.DB, read func() error) (err error) {
 // from fn's, and waits for it; or two calls on two goroutines form a cycle
 // (A's fn calls B while B's fn calls A). Such calls wait until one of their
 // contexts ends (never, for context.Background()). fn must not call Close,
-// which waits for fn.
+// which waits for fn. A nil fn is refused with an error (whatever the key's
+// state), and nothing is stored.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "do", Key: key, Err: errNilFn}
+	}
 	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
 	})
@@ -845,6 +849,10 @@ var (
 	errInsideDoTx = fmt.Errorf("%w: called from inside a DoTx fn, which holds the file's single writer", ErrReentrant)
 	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
 )
+
+// errNilFn refuses a nil fn before anything is stored: running it would
+// leave a started record for a function that never existed.
+var errNilFn = errors.New("nil fn: Do and DoTx need a function to run")
 
 // selfWait refuses a wait that would never end: on the flight of the fn that
 // runs on this goroutine (a call with fn's own key, whatever its context), or
