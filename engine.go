@@ -943,7 +943,9 @@ func (e *Engine) Forget(key string) error {
 // becomes done with response and, if outcome is not nil, a stored *Error
 // with outcome's Code and Message (its Replayed is ignored), as if fn had returned
 // them. It fails with ErrNotFound if key has no live record, with ErrState if
-// its record is done, and with ErrInProgress while a call with the key runs.
+// its record is done, with ErrInProgress while a call with the key runs, and
+// with ErrResponseTooLarge if response and outcome's Code and Message together
+// exceed Options.MaxResponseSize (the record is then left as it was).
 func (e *Engine) Resolve(key string, response []byte, outcome *Error) error {
 	return e.operate("resolve", key, func(tx *bbolt.Tx) error {
 		rec, err := e.st.lookup(tx, key, time.Time{})
@@ -955,6 +957,14 @@ func (e *Engine) Resolve(key string, response []byte, outcome *Error) error {
 		}
 		if rec.State != StateStarted {
 			return fmt.Errorf("%w: the record is %s, only an interrupted execution can be resolved", ErrState, rec.State)
+		}
+		// The limit on what an outcome stores holds for a resolution too.
+		n := len(response)
+		if outcome != nil {
+			n += len(outcome.Code) + len(outcome.Message)
+		}
+		if max := e.opts.MaxResponseSize; max > 0 && n > max {
+			return fmt.Errorf("%w: response and error of %d bytes exceed the limit of %d bytes (Options.MaxResponseSize)", ErrResponseTooLarge, n, max)
 		}
 		done := *rec
 		done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
