@@ -189,6 +189,8 @@ type Engine struct {
 	shutDone chan struct{}
 	closeErr error
 
+	reads readGuard // goroutines inside Records, View and Messages callbacks
+
 	n counters
 }
 
@@ -406,6 +408,9 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	}
 	if err := e.reentrant(ctx, key); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	if e.reads.holding() {
+		return Result{}, &OpError{Op: op, Key: key, Err: errInsideRead}
 	}
 	if err := e.enter(); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
@@ -770,6 +775,9 @@ func (e *Engine) enterOp() error {
 	if e.pipe.Holding() {
 		return errInsideDoTx
 	}
+	if e.reads.holding() {
+		return errInsideRead
+	}
 	return e.enter()
 }
 
@@ -1074,12 +1082,16 @@ func (e *Engine) ScanFile() (FileStats, error) {
 // Records calls fn for every live record in the file (one read transaction),
 // time slot by time slot from the oldest, by key within a slot. A corrupt
 // record is passed as a Record with only Key set, beside an ErrCorrupt error.
-// An error from fn stops the walk and is returned.
+// An error from fn stops the walk and is returned. fn runs inside the read
+// transaction: any engine call from it (on its goroutine) returns
+// ErrReentrant, since a write would wait for the transaction to end; collect
+// the keys, then act. fn must not call Close.
 func (e *Engine) Records(fn func(r *Record, err error) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "records", Err: err}
 	}
 	defer e.calls.Done()
+	defer e.reads.unmark(e.reads.mark())
 	now := e.now()
 	var fnErr error // fn's own error, returned as it is
 	err := e.db.View(func(tx *bbolt.Tx) error {
@@ -1105,11 +1117,14 @@ func (e *Engine) Records(fn func(r *Record, err error) error) error {
 // call. Bytes read from the transaction point into the file's memory map:
 // copy what you keep past fn. Reads run alongside calls; they do not dedupe
 // anything. The engine's own bucket ("idem") is visible but is not an API.
+// Any engine call from fn (on its goroutine) returns ErrReentrant, since a
+// write would wait for the transaction to end; fn must not call Close.
 func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "view", Err: err}
 	}
 	defer e.calls.Done()
+	defer e.reads.unmark(e.reads.mark())
 	return e.db.View(fn)
 }
 
