@@ -189,6 +189,8 @@ type Engine struct {
 	shutDone chan struct{}
 	closeErr error
 
+	reads readGuard // goroutines inside Records, View and Messages callbacks
+
 	n counters
 }
 
@@ -371,8 +373,12 @@ func firstRead(db *bbolt.DB, read func() error) (err error) {
 // from fn's, and waits for it; or two calls on two goroutines form a cycle
 // (A's fn calls B while B's fn calls A). Such calls wait until one of their
 // contexts ends (never, for context.Background()). fn must not call Close,
-// which waits for fn.
+// which waits for fn. A nil fn is refused with an error (whatever the key's
+// state), and nothing is stored.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "do", Key: key, Err: errNilFn}
+	}
 	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
 	})
@@ -402,6 +408,9 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	}
 	if err := e.reentrant(ctx, key); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	if e.reads.holding() {
+		return Result{}, &OpError{Op: op, Key: key, Err: errInsideRead}
 	}
 	if err := e.enter(); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
@@ -766,6 +775,9 @@ func (e *Engine) enterOp() error {
 	if e.pipe.Holding() {
 		return errInsideDoTx
 	}
+	if e.reads.holding() {
+		return errInsideRead
+	}
 	return e.enter()
 }
 
@@ -845,6 +857,10 @@ var (
 	errInsideDoTx = fmt.Errorf("%w: called from inside a DoTx fn, which holds the file's single writer", ErrReentrant)
 	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
 )
+
+// errNilFn refuses a nil fn before anything is stored: running it would
+// leave a started record for a function that never existed.
+var errNilFn = errors.New("nil fn: Do and DoTx need a function to run")
 
 // selfWait refuses a wait that would never end: on the flight of the fn that
 // runs on this goroutine (a call with fn's own key, whatever its context), or
@@ -935,7 +951,9 @@ func (e *Engine) Forget(key string) error {
 // becomes done with response and, if outcome is not nil, a stored *Error
 // with outcome's Code and Message (its Replayed is ignored), as if fn had returned
 // them. It fails with ErrNotFound if key has no live record, with ErrState if
-// its record is done, and with ErrInProgress while a call with the key runs.
+// its record is done, with ErrInProgress while a call with the key runs, and
+// with ErrResponseTooLarge if response and outcome's Code and Message together
+// exceed Options.MaxResponseSize (the record is then left as it was).
 func (e *Engine) Resolve(key string, response []byte, outcome *Error) error {
 	return e.operate("resolve", key, func(tx *bbolt.Tx) error {
 		rec, err := e.st.lookup(tx, key, time.Time{})
@@ -947,6 +965,14 @@ func (e *Engine) Resolve(key string, response []byte, outcome *Error) error {
 		}
 		if rec.State != StateStarted {
 			return fmt.Errorf("%w: the record is %s, only an interrupted execution can be resolved", ErrState, rec.State)
+		}
+		// The limit on what an outcome stores holds for a resolution too.
+		n := len(response)
+		if outcome != nil {
+			n += len(outcome.Code) + len(outcome.Message)
+		}
+		if max := e.opts.MaxResponseSize; max > 0 && n > max {
+			return fmt.Errorf("%w: response and error of %d bytes exceed the limit of %d bytes (Options.MaxResponseSize)", ErrResponseTooLarge, n, max)
 		}
 		done := *rec
 		done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
@@ -1056,12 +1082,16 @@ func (e *Engine) ScanFile() (FileStats, error) {
 // Records calls fn for every live record in the file (one read transaction),
 // time slot by time slot from the oldest, by key within a slot. A corrupt
 // record is passed as a Record with only Key set, beside an ErrCorrupt error.
-// An error from fn stops the walk and is returned.
+// An error from fn stops the walk and is returned. fn runs inside the read
+// transaction: any engine call from it (on its goroutine) returns
+// ErrReentrant, since a write would wait for the transaction to end; collect
+// the keys, then act. fn must not call Close.
 func (e *Engine) Records(fn func(r *Record, err error) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "records", Err: err}
 	}
 	defer e.calls.Done()
+	defer e.reads.unmark(e.reads.mark())
 	now := e.now()
 	var fnErr error // fn's own error, returned as it is
 	err := e.db.View(func(tx *bbolt.Tx) error {
@@ -1087,11 +1117,14 @@ func (e *Engine) Records(fn func(r *Record, err error) error) error {
 // call. Bytes read from the transaction point into the file's memory map:
 // copy what you keep past fn. Reads run alongside calls; they do not dedupe
 // anything. The engine's own bucket ("idem") is visible but is not an API.
+// Any engine call from fn (on its goroutine) returns ErrReentrant, since a
+// write would wait for the transaction to end; fn must not call Close.
 func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "view", Err: err}
 	}
 	defer e.calls.Done()
+	defer e.reads.unmark(e.reads.mark())
 	return e.db.View(fn)
 }
 

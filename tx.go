@@ -80,8 +80,12 @@ var errRolledBack = errors.New("idem: fn's writes rolled back")
 // ErrReentrant. fn may return bytes it read from tx: they are copied before
 // the transaction ends. A bucket's Tx method reaches the raw bbolt
 // transaction: do not use it (to commit, roll back, or reach the engine's
-// bucket); the engine's records are not an API.
+// bucket); the engine's records are not an API. A nil fn is refused with an
+// error, as in Do.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "dotx", Key: key, Err: errNilFn}
+	}
 	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.executeTx(ctx, c, fn)
 	})
