@@ -99,9 +99,11 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 				continue
 			}
 			if e.opts.InFlight == InFlightFail {
+				e.observe(Event{Kind: EventInProgress, Op: op})
 				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
 			}
 			fault.Point("do-wait")
+			e.observe(Event{Kind: EventWait, Op: op})
 			if err := f.wait(ctx); err != nil {
 				return Result{}, err
 			}
@@ -221,9 +223,11 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 // change, then decides again.
 func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record) (Result, error) {
 	if e.opts.InFlight == InFlightFail {
+		e.observe(Event{Kind: EventInProgress, Op: c.op})
 		return Result{}, &OpError{Op: c.op, Key: c.key, Err: &InProgressError{StartedAt: rec.StartedAt, RetryAfter: e.opts.RetryAfter}}
 	}
 	fault.Point("do-wait")
+	e.observe(Event{Kind: EventWait, Op: c.op})
 	if err := e.b.WaitChange(ctx, c.key); err != nil {
 		c.end = endAgain
 		return Result{}, err
@@ -298,6 +302,7 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 		return Result{}, err
 	}
 
+	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
 	e.n.Executions.Add(1)
 	c.flight.runner.Store(goid.ID()) // fn runs here: see selfWait
 	resp, ferr, ended := e.runFn(ctx, c, fn)
@@ -397,6 +402,7 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		fnPanic *PanicError
 		done    *Record
 	)
+	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
 	e.n.Executions.Add(1)
 	lost() // until the backend answers: fn may call runtime.Goexit
 	wctx := context.WithoutCancel(ctx)
@@ -528,6 +534,7 @@ func (e *Engine[T]) replay(op string, rec *Record, fp uint64, shared bool) (Resu
 		return Result{}, e.conflict(op, rec.Key, nil)
 	}
 	e.n.Replays.Add(1)
+	e.observe(Event{Kind: EventReplay, Op: op})
 	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
 	if !shared {
 		if rec.Err != nil {
@@ -547,6 +554,7 @@ func (e *Engine[T]) replay(op string, rec *Record, fp uint64, shared bool) (Resu
 // why (if not nil) as the detail.
 func (e *Engine[T]) conflict(op, key string, why error) error {
 	e.n.Conflicts.Add(1)
+	e.observe(Event{Kind: EventConflict, Op: op})
 	err := ErrFingerprintMismatch
 	if why != nil {
 		err = fmt.Errorf("%w: %v", ErrFingerprintMismatch, why)

@@ -51,6 +51,7 @@ type Options struct {
 	ReplayCacheBytes int
 	Now              func() time.Time
 	Logger           *slog.Logger
+	Observer         Observer
 }
 
 // Result describes the answer of Do or DoTx (idem.Result). It is returned

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"fmt"
+	"time"
 )
 
 // Get returns key's live record without side effects: no execution, no
@@ -107,12 +108,18 @@ const PruneBatch = 1000
 // returns how many it removed (idem.Engine.Prune). When interrupted
 // executions were among them, their count (never their keys) is logged at
 // warn level: their keys are new again.
-func (e *Engine[T]) Prune(ctx context.Context) (int, error) {
+func (e *Engine[T]) Prune(ctx context.Context) (n int, err error) {
+	var r PruneResult
 	if err := e.Enter(); err != nil {
 		return 0, &OpError{Op: "prune", Err: err}
 	}
 	defer e.calls.Done()
-	r, err := e.b.Prune(ctx, PruneRequest{Now: e.now(), Retention: e.opts.Retention,
+	if o := e.opts.Observer; o != nil {
+		defer func(start time.Time, r *PruneResult) {
+			o.Observe(Event{Kind: EventPrune, N: r.Deleted, Duration: time.Since(start)})
+		}(time.Now(), &r)
+	}
+	r, err = e.b.Prune(ctx, PruneRequest{Now: e.now(), Retention: e.opts.Retention,
 		KeepStarted: e.opts.Recovery == RecoverRefuse, Limit: PruneBatch})
 	e.n.Pruned.Add(uint64(r.Deleted))
 	if r.Interrupted > 0 {
