@@ -417,6 +417,9 @@ func (a *admin) record(rec *idem.Record) AdminRecord {
 		Fingerprint: fmt.Sprintf("%016x", rec.Fingerprint),
 		StartedAt:   rec.StartedAt.UTC(),
 		CompletedAt: adminTime(rec.CompletedAt),
+
+		Retention:         rec.Retention.String(),
+		KeptUntilResolved: rec.KeptUntilResolved,
 	}
 	out.ExpiresAt = adminTime(rec.ExpiresAt(a.op.Retention()))
 	if rec.Err != nil {

@@ -87,11 +87,14 @@ type AdminRecord struct {
 	StartedAt   time.Time  `json:"started_at"`
 	CompletedAt *time.Time `json:"completed_at"` // null while started
 	// ExpiresAt is when the record leaves the retention window, as
-	// idem.Record.ExpiresAt says with the engine's Retention; null for never.
-	// For a started record it is a window after StartedAt: under
-	// idem.RecoverRefuse such a record stays until resolved, a policy the
-	// record does not carry in this version.
+	// idem.Record.ExpiresAt says with the engine's Retention; null for never
+	// (a record kept until resolved).
 	ExpiresAt *time.Time `json:"expires_at"`
+	// Retention is the retention window the record was written under, as a
+	// Go duration (idem.Record.Retention); KeptUntilResolved marks an
+	// interrupted execution written under idem.RecoverRefuse.
+	Retention         string `json:"retention"`
+	KeptUntilResolved bool   `json:"kept_until_resolved"`
 	// Error is the stored *idem.Error, null if none.
 	Error *AdminErrorJSON `json:"error"`
 	// ResponseSize is the response's length in bytes; null when there is no

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,13 +31,12 @@ named by its sequence number (SEQ), unique in the file.
 
 The tool registers no handlers and delivers nothing: a retried dead letter is
 delivered by the program once it runs its dispatcher again.
---dead-letter-retention must match the program's
-OutboxOptions.DeadLetterRetention: it decides which dead letters have expired.`,
+Each dead letter carries the dead-letter retention it died under: which have
+expired is read from the file. --dead-letter-retention can only lengthen that.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	c.PersistentFlags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", idem.DefaultDeadLetterRetention,
-		"dead-letter retention of the program (OutboxOptions.DeadLetterRetention)")
+	c.PersistentFlags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", 0, deadLetterRetentionUsage)
 	c.AddCommand(newOutboxLsCmd(a), newOutboxGetCmd(a), newOutboxRetryCmd(a), newOutboxDropCmd(a))
 	for _, sub := range c.Commands() {
 		sub.Args = usageArgs(sub.Args)
@@ -166,7 +166,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 	}
 	if m.Dead {
 		out.NextAttemptAt = nil
-		out.ExpiresAt = timePtr(m.DeadAt.Add(a.deadLetterRetention))
+		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultDeadLetterRetention), a.deadLetterRetention)))
 	}
 	return out
 }
@@ -184,9 +184,12 @@ type outboxLsJSON struct {
 	Others int `json:"others"`
 }
 
+// deadLetterRetentionUsage is the help of --dead-letter-retention.
+const deadLetterRetentionUsage = "keep dead letters at least this long (0: each one's own retention, recorded in the file; a shorter value changes nothing)"
+
 func (a *app) checkDeadLetterRetention() error {
-	if a.deadLetterRetention <= 0 {
-		return &usageError{fmt.Errorf("--dead-letter-retention must be positive, not %v", a.deadLetterRetention)}
+	if a.deadLetterRetention < 0 {
+		return &usageError{fmt.Errorf("--dead-letter-retention must not be negative, not %v", a.deadLetterRetention)}
 	}
 	return nil
 }

@@ -284,7 +284,12 @@ func (r *remote) record(a *idemhttp.AdminRecord) (*idem.Record, error) {
 	if err != nil {
 		return nil, r.badAnswer(fmt.Errorf("fingerprint %q: %w", a.Fingerprint, err))
 	}
-	rec := &idem.Record{Key: a.Key, State: state, Fingerprint: fp, Attempt: a.Attempt, StartedAt: a.StartedAt}
+	window, err := time.ParseDuration(a.Retention)
+	if err != nil {
+		return nil, r.badAnswer(fmt.Errorf("retention %q: %w", a.Retention, err))
+	}
+	rec := &idem.Record{Key: a.Key, State: state, Fingerprint: fp, Attempt: a.Attempt, StartedAt: a.StartedAt,
+		Retention: window, KeptUntilResolved: a.KeptUntilResolved}
 	if a.CompletedAt != nil {
 		rec.CompletedAt = *a.CompletedAt
 	}

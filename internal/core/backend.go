@@ -291,7 +291,10 @@ type Claim struct {
 // ClaimRequest is a Backend.Claim request.
 type ClaimRequest struct {
 	// Started is the started record to store: Key, Fingerprint, Attempt,
-	// StartedAt, Retention and KeptUntilResolved set by the engine.
+	// StartedAt, Retention (the engine's window) and KeptUntilResolved (set
+	// under RecoverRefuse) set by the engine. When Prev is set the backend
+	// stores the longer of the two windows, and the mark if either has it:
+	// a recovering attempt interrupted in turn keeps both.
 	Started *Record
 	// Prev is the interrupted execution to take over, as Lookup returned
 	// it; nil claims a key without a live record.

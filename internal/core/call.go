@@ -243,15 +243,10 @@ func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record)
 
 // startedRecord is the started record of c's attempt.
 func (e *Engine[T]) startedRecord(c *leading) *Record {
-	r := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now(),
+	// The backend carries over the mark and the longer window of the
+	// interrupted execution a claim takes over (ClaimRequest.Prev).
+	return &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now(),
 		Retention: e.opts.Retention, KeptUntilResolved: e.opts.Recovery == RecoverRefuse}
-	if p := c.prev; p != nil {
-		// A recovering attempt interrupted in turn keeps the mark and the
-		// longer window of the one it recovers.
-		r.KeptUntilResolved = r.KeptUntilResolved || p.KeptUntilResolved
-		r.Retention = max(r.Retention, p.Retention)
-	}
-	return r
 }
 
 // claim takes c's key with started (Backend.Claim). A claim the backend
@@ -500,6 +495,7 @@ func callTx[T any](ctx context.Context, tx T, fn func(context.Context, T) ([]byt
 func (e *Engine[T]) doneRecord(started *Record, resp []byte, ferr error) *Record {
 	done := *started
 	done.State, done.CompletedAt, done.Response = StateDone, e.now(), resp
+	done.KeptUntilResolved = false
 	var code, msg string
 	if ferr != nil {
 		code, msg = errorCode(ferr), ferr.Error()
