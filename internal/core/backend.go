@@ -110,10 +110,14 @@ type Backend[T any] interface {
 	// and returns the done record to store in it, or an error. On (done,
 	// nil) the backend stores done in T and commits fn's writes and done
 	// together, or nothing; on (nil, err) it rolls T back and returns err
-	// itself (unwrapped: the engine matches its own values). If fn panics,
-	// nothing commits and RunTx returns a *PanicError with fn's value and
-	// stack (fn may run on another goroutine: bbolt's committer); if fn
-	// calls runtime.Goexit, an error wrapping ErrGoexit.
+	// itself (unwrapped: the engine matches its own values). The engine's
+	// wrapper recovers a panic of the user's fn itself (as a *PanicError it
+	// re-raises in DoTx's caller, wherever fn ran: bbolt may run it on its
+	// committer goroutine), so a panic that reaches the backend is its own:
+	// nothing commits and RunTx returns it as an error. If fn calls
+	// runtime.Goexit on a goroutine of the backend's, RunTx returns an error
+	// (ErrGoexit; bbolt: its pipeline's own); on the caller's goroutine, the engine's
+	// deferred handlers see it.
 	//
 	// c.Token zero asks the backend to claim the key inside T before fn
 	// runs (the engine found it free): bbolt needs nothing (the engine's
@@ -375,9 +379,9 @@ type PruneResult struct {
 	Deleted, Interrupted int
 }
 
-// PanicError is the error RunTx returns when fn panicked, and the value the
-// engine re-raises in DoTx's caller: fn's panic value and the stack where it
-// panicked (idem.PanicError is this type once the engine delegates here).
+// PanicError is the value the engine re-raises in DoTx's caller when fn
+// panicked: fn's panic value and the stack where it panicked (idem.PanicError
+// is this type).
 type PanicError struct {
 	Value any
 	Stack []byte

@@ -7,7 +7,7 @@ import (
 )
 
 // The engine's sentinels, for every backend. The root package re-exports each
-// (var ErrX = core.ErrX) once its engine delegates to this package, so that
+// (var ErrX = core.ErrX), so that
 // errors.Is(err, idem.ErrX) holds whatever the backend; their meaning is
 // documented there. A Backend returns the ones its methods name.
 var (
@@ -23,8 +23,9 @@ var (
 	ErrClosed              = errors.New("idem: engine closed")
 	ErrReentrant           = errors.New("idem: re-entrant call")
 
-	// ErrGoexit is returned by Backend.RunTx when fn called runtime.Goexit
-	// (t.FailNow does): nothing fn wrote committed.
+	// ErrGoexit may be returned by Backend.RunTx when fn called
+	// runtime.Goexit on a goroutine of the backend's: nothing fn wrote
+	// committed. (bbolt returns its commit pipeline's own error.)
 	ErrGoexit = errors.New("idem: fn called runtime.Goexit")
 
 	// ErrFenced is returned by Backend.Complete, Release and RunTx when the

@@ -6,7 +6,7 @@ import (
 )
 
 // State is the state of a stored record. The root package re-exports it as
-// idem.State once the engine delegates to this package.
+// idem.State.
 type State uint8
 
 const (
@@ -119,7 +119,7 @@ func (e *Error) Is(target error) bool {
 const CodeResponseTooLarge = "idem_response_too_large"
 
 // Message is an outbox message, as a Backend stores it and the dispatcher
-// delivers it (idem.Message is this type once the engine delegates here).
+// delivers it (idem.Message is this type).
 type Message struct {
 	// Seq names the message in its store (RetryDead, DropDead, the CLI): the
 	// backend assigns it at Enqueue; it is unique and increases in enqueue
