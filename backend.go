@@ -245,10 +245,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 			}
 			c := bk.Cursor()
 			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, ok := layout.ParseU64(k)
-				if !ok {
-					continue
-				}
+				seq, _ := layout.ParseU64(k)
 				m, err := decodeMessage(seq, v)
 				if err != nil {
 					m = &core.Message{Seq: seq, Dead: dead}

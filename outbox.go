@@ -291,27 +291,11 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	}
 	defer e.exitOp()
 	now := e.now()
-	return e.db.View(func(tx *bbolt.Tx) error {
-		for _, dead := range []bool{false, true} {
-			b := outboxBucket(tx)
-			if dead {
-				b = deadBucket(tx)
-			}
-			c := b.Cursor()
-			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, _ := layout.ParseU64(k)
-				m, err := decodeMessage(seq, v)
-				if err != nil {
-					m = &Message{Seq: seq, Dead: dead}
-				} else if dead && e.deadExpired(m, now) {
-					continue
-				}
-				if err := fn(m, err); err != nil {
-					return err
-				}
-			}
+	return e.b.Messages(context.Background(), func(m *Message, err error) error {
+		if err == nil && m.Dead && e.deadExpired(m, now) {
+			return nil
 		}
-		return nil
+		return fn(m, err)
 	})
 }
 
@@ -322,24 +306,14 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 // ErrCorrupt if it does not decode. Like every engine call, it returns
 // ErrReentrant from inside a DoTx fn (which holds the writer).
 func (e *Engine) RetryDead(seq uint64) error {
-	err := e.operateDead("retry dead", func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
-		v := deadBucket(tx).Get(k)
-		if v == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
-		}
-		m, err := decodeMessage(seq, v)
-		if err != nil {
-			return err
-		}
-		if e.deadExpired(m, e.now()) {
-			return fmt.Errorf("message %d: %w (expired)", seq, ErrNotFound)
-		}
-		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
-		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
-			return err
-		}
-		return deadBucket(tx).Delete(k)
+	err := e.operateDead("retry dead", func() error {
+		return e.b.RetryDead(context.Background(), seq, func(m *Message) error {
+			if e.deadExpired(m, e.now()) {
+				return fmt.Errorf("message %d: %w (expired)", seq, ErrNotFound)
+			}
+			m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
+			return nil
+		})
 	})
 	if err == nil {
 		ob := e.outbox()
@@ -352,21 +326,15 @@ func (e *Engine) RetryDead(seq uint64) error {
 // DropDead deletes dead letter seq, also one that fails to decode. It fails
 // with ErrNotFound if seq is not a dead letter.
 func (e *Engine) DropDead(seq uint64) error {
-	return e.operateDead("drop dead", func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
-		if deadBucket(tx).Get(k) == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
-		}
-		return deadBucket(tx).Delete(k)
-	})
+	return e.operateDead("drop dead", func() error { return e.b.DropDead(context.Background(), seq) })
 }
 
-func (e *Engine) operateDead(op string, fn func(tx *bbolt.Tx) error) error {
+func (e *Engine) operateDead(op string, fn func() error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: op, Err: err}
 	}
 	defer e.exitOp()
-	if err := e.pipe.Do(fn); err != nil {
+	if err := fn(); err != nil {
 		return e.writeErr(op, "", err)
 	}
 	return nil

@@ -74,6 +74,12 @@ func (t *Tx) Key() string { return t.key }
 // the transaction ends. A bucket's Tx method reaches the raw bbolt
 // transaction: do not use it (to commit, roll back, or reach the engine's
 // bucket); the engine's records are not an API.
+//
+// DoTx's shape is the same for every backend of the state machine
+// (internal/core): fn receives the backend's own transaction, here *Tx (a
+// bbolt write transaction; idempg's is a pgx.Tx), in which fn's writes, its
+// outbox messages and the done record commit together, with the outcomes
+// above whichever the backend.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
 	return e.core.DoTx(ctx, key, fingerprint, fn)
 }
