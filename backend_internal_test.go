@@ -52,14 +52,14 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	ms, err := b.ClaimDue(ctx, now, 10)
 	require.NoError(t, err)
 	a1, b1 := ms[0], ms[1]
-	a1.Attempt, a1.LastError, a1.NextAttemptAt = 1, "boom", now.Add(time.Minute)
+	a1.Failures, a1.LastError, a1.NextAttemptAt = 1, "boom", now.Add(time.Minute)
 	require.NoError(t, b.Failed(ctx, a1))
 	require.Equal(t, []string{"b1"}, heads(now), "a1 waits for its backoff and holds a2 back")
 	require.Equal(t, []string{"a1", "b1"}, heads(now.Add(time.Minute)))
 
 	require.NoError(t, b.Delivered(ctx, b1))
-	require.ErrorIs(t, b.Delivered(ctx, b1), ErrNotFound)
-	require.ErrorIs(t, b.Failed(ctx, b1), ErrNotFound)
+	require.ErrorIs(t, b.Delivered(ctx, b1), ErrMessageNotFound)
+	require.ErrorIs(t, b.Failed(ctx, b1), ErrMessageNotFound)
 
 	a1.Dead, a1.DeadAt, a1.DeadLetterRetention = true, now, time.Hour
 	require.NoError(t, b.Failed(ctx, a1))
@@ -82,5 +82,5 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	n, err = b.PruneDead(ctx, func(*core.Message) bool { return true }, 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	require.ErrorIs(t, b.DropDead(ctx, a1.Seq), ErrNotFound)
+	require.ErrorIs(t, b.DropDead(ctx, a1.Seq), ErrMessageNotFound)
 }

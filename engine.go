@@ -90,7 +90,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 			err = fmt.Errorf("%w: the file is empty", ErrFormat)
 		}
 		if err != nil {
-			return nil, &OpError{Op: "open", Key: path, Err: err}
+			return nil, &OpError{Op: "open", Path: path, Err: err}
 		}
 	}
 	db, err := openBolt(path, &bbolt.Options{
@@ -107,10 +107,10 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			err = fmt.Errorf("file is in use by another program or engine (no lock after %v): %w", o.LockTimeout, err)
 		}
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e := &Engine{
 		db:       db,
@@ -121,7 +121,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		shutDone: make(chan struct{}),
 	}
 	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.ReadOnly}
@@ -143,7 +143,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	}
 	if err := e.startOutbox(); err != nil {
 		_ = e.Close()
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	if o.PruneInterval > 0 && !o.ReadOnly {
 		e.bg.Add(1)
@@ -294,7 +294,7 @@ func (e *Engine) writeErr(op, key string, err error) error {
 	if errors.Is(err, commit.ErrStopped) {
 		err = ErrClosed
 	}
-	return &OpError{Op: op, Key: key, Err: err}
+	return opError(op, key, err)
 }
 
 func cloneBytes(b []byte) []byte { return core.CloneBytes(b) }

@@ -11,7 +11,7 @@ import (
 	"github.com/idemkit/idem/internal/core"
 )
 
-// State is the state of a stored record.
+// State is the state of a stored record; String gives "started" or "done".
 type State = core.State
 
 const (
@@ -22,17 +22,6 @@ const (
 	// StateDone: fn returned and its response and error are recorded.
 	StateDone = core.StateDone
 )
-
-// ParseState is the inverse of State.String ("started", "done").
-func ParseState(s string) (State, error) {
-	switch s {
-	case "started":
-		return StateStarted, nil
-	case "done":
-		return StateDone, nil
-	}
-	return 0, fmt.Errorf("idem: unknown state %q (want started or done)", s)
-}
 
 // Record is the stored outcome of one idempotency key, as Get returns it.
 // The type is the state machine's (internal/core), shared by every backend;
@@ -58,12 +47,10 @@ func ParseState(s string) (State, error) {
 //     record is kept): it never expires, whatever a later Open passes; a
 //     recovering call, Resolve or Forget ends it. A recovering attempt that
 //     is interrupted in turn keeps the mark (and the longer window).
-//
-// ExpiresAt(retention) is when the record leaves the retention window: the
-// longer of r.Retention and retention (pass 0 for the record's own) after it
-// completed, or after it started for a started record; the zero time (never)
-// for a started record kept until resolved.
 type Record = core.Record
+
+// expiresAt is when r leaves the retention window (core.Expiry).
+func expiresAt(r *Record, retention time.Duration) time.Time { return core.Expiry(r, retention) }
 
 // Record encoding, version 2 (little endian):
 //

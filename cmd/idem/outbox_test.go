@@ -81,7 +81,7 @@ func dispatchUntil(t *testing.T, e *idem.Engine, done func(idem.OutboxStats) boo
 	defer wg.Wait()
 	defer cancel()
 	require.Eventually(t, func() bool {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		return err == nil && done(s.Outbox)
 	}, 10*time.Second, time.Millisecond)
 }
@@ -113,7 +113,7 @@ func TestOutboxHumanOutput(t *testing.T) {
 	// One file for every case: the commands only read it, all at once.
 	path := outboxFixture(t)
 	at := base.Format(baseFmt)
-	deadExpires := base.Add(idem.DefaultDeadLetterRetention).Format(baseFmt)
+	deadExpires := base.Add(idem.DefaultOutboxDeadLetterRetention).Format(baseFmt)
 	tests := []struct {
 		name  string
 		args  []string
@@ -260,7 +260,7 @@ func TestOutboxJSONOutput(t *testing.T) {
 			require.Equal(t, 1, m.Attempt)
 			require.True(t, m.Dead)
 			require.Equal(t, base, *m.DeadAt)
-			require.Equal(t, base.Add(idem.DefaultDeadLetterRetention), *m.ExpiresAt)
+			require.Equal(t, base.Add(idem.DefaultOutboxDeadLetterRetention), *m.ExpiresAt)
 			require.Nil(t, m.NextAttemptAt)
 			require.Equal(t, "card declined", *m.LastError)
 			require.NotContains(t, out, "4242", "no payload")

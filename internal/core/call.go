@@ -32,18 +32,20 @@ type leading struct {
 
 // Do runs fn once per idempotency key (idem.Engine.Do gives the contract).
 func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
-	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
 	})
+	return res, OpErr("do", key, err)
 }
 
 // DoTx is Do with fn running inside the backend's own transaction T, in
 // which fn's writes, its outbox messages and the done record commit together
 // (idem.Engine.DoTx gives the contract; the backend's RunTx how).
 func (e *Engine[T]) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(context.Context, T) ([]byte, error)) (Result, error) {
-	return e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.executeTx(ctx, c, fn)
 	})
+	return res, OpErr("dotx", key, err)
 }
 
 // call is the part of Do and DoTx before execution: validation, the replay
@@ -592,5 +594,5 @@ func (e *Engine[T]) lookup(ctx context.Context, key string, fp uint64, check boo
 
 // writeErr wraps a backend's write error for op on key.
 func (e *Engine[T]) writeErr(op, key string, err error) error {
-	return &OpError{Op: op, Key: key, Err: err}
+	return OpErr(op, key, err)
 }
