@@ -24,6 +24,9 @@ const (
 	DefaultLockTimeout = time.Second
 	// DefaultRetryAfter is the wait an InProgressError suggests (Options.RetryAfter).
 	DefaultRetryAfter = time.Second
+	// DefaultReplayCacheBytes bounds the memory of the replay cache: 16 MiB of
+	// recently completed records (their keys, responses and errors).
+	DefaultReplayCacheBytes = core.DefaultReplayCacheBytes
 	// DefaultMaxResponseSize is the largest response stored, in bytes (1 MiB).
 	DefaultMaxResponseSize = 1 << 20
 )
