@@ -72,10 +72,6 @@ var (
 	// letter past its retention).
 	ErrMessageNotFound = core.ErrMessageNotFound
 
-	// ErrDispatcherRunning is returned by Dispatch while another dispatcher
-	// runs on the same engine (one dispatcher per engine).
-	ErrDispatcherRunning = core.ErrDispatcherRunning
-
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
 	ErrState = core.ErrState

@@ -266,23 +266,6 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		{"RetryDead/not found", ErrMessageNotFound, func(t *testing.T) error {
 			return open(t, nil).RetryDead(7)
 		}},
-		{"Dispatch/running", ErrDispatcherRunning, func(t *testing.T) error {
-			e := open(t, nil)
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- e.Dispatch(ctx) }()
-			defer func() { cancel(); <-done }()
-			// A probe with an ended context returns at once if it is the
-			// first to claim the engine.
-			probe, stop := context.WithCancel(t.Context())
-			stop()
-			for {
-				if err := e.Dispatch(probe); errors.Is(err, ErrDispatcherRunning) {
-					return err
-				}
-				time.Sleep(time.Millisecond) // the first has not claimed the engine yet
-			}
-		}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

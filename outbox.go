@@ -21,7 +21,6 @@ import (
 	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
@@ -57,13 +56,36 @@ const (
 // OutboxOptions configure the outbox dispatcher (see Tx.Enqueue). The zero
 // value of every field means its default.
 type OutboxOptions struct {
-	// Dispatch starts the dispatcher at Open, in the background, until Close.
-	// False (the default) leaves it to Engine.Dispatch. One dispatcher runs
-	// per engine.
+	// Dispatch starts the dispatcher at Open, in the background, until Close
+	// (never on a ReadOnly open). False (the default) leaves the messages in
+	// the file, for a later Open with Dispatch set (or for `idem outbox`).
+	// The dispatcher delivers the outbox's messages to their handlers, at
+	// least once each:
+	//
+	//   - In enqueue order per ordering key, one at a time: a message is
+	//     handed to its handler only after the previous one of its ordering
+	//     key was delivered and removed, or died. A message waiting for its
+	//     retry, or for a handler, holds back the later ones of its key; a
+	//     dead letter does not (they overtake it). Messages of different
+	//     ordering keys run in parallel, up to Workers.
+	//   - A handler's error retries the message after an exponential backoff
+	//     with jitter (BaseBackoff, MaxBackoff); after MaxAttempts failed
+	//     attempts it becomes a dead letter (Engine.Messages, RetryDead,
+	//     DropDead).
+	//   - A delivered message is removed in a commit of its own; if the
+	//     process dies between the handler's return and that commit, the
+	//     message is delivered again after the restart, with the same
+	//     DownstreamKey.
+	//
+	// It wakes on every commit, so a message is dispatched right after the
+	// DoTx that enqueued it commits. Close cancels the context of running
+	// handlers and waits for them.
 	Dispatch bool
 
-	// Handlers are the handlers by topic, as if registered with Engine.Handle
-	// before the dispatcher starts. The map is copied at Open.
+	// Handlers are the handlers by topic, fixed at Open (the map is copied).
+	// Messages of a topic without a handler wait in the outbox
+	// (OutboxStats.Waiting), holding back the later messages of their
+	// ordering key, until an Open with a handler for it.
 	Handlers map[string]Handler
 
 	// Workers bounds the handlers running at once (of different ordering
@@ -214,74 +236,6 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	return nil
 }
 
-// Handle registers h for topic's messages, replacing the previous handler; a
-// nil h removes it. Messages of a topic without a handler wait in the outbox
-// (OutboxStats.Waiting), holding back the later messages of their ordering
-// key; a running dispatcher delivers them as soon as a handler is registered.
-func (e *Engine) Handle(topic string, h Handler) {
-	ob := e.outbox()
-	ob.mu.Lock()
-	if h == nil {
-		delete(ob.handlers, topic)
-	} else {
-		ob.handlers[topic] = h
-	}
-	ob.mu.Unlock()
-	ob.recheck.Store(true)
-	ob.signal()
-}
-
-// Dispatch runs the dispatcher in the calling goroutine until ctx ends (it
-// returns ctx.Err()) or the engine closes (ErrClosed). It delivers the
-// outbox's messages to their handlers, at least once each:
-//
-//   - In enqueue order per ordering key, one at a time: a message is handed to
-//     its handler only after the previous one of its ordering key was
-//     delivered and removed, or died. A message waiting for its retry, or for
-//     a handler, holds back the later ones of its key; a dead letter does not
-//     (they overtake it). Messages of different ordering keys run in parallel,
-//     up to OutboxOptions.Workers.
-//   - A handler's error retries the message after an exponential backoff with
-//     jitter (OutboxOptions.BaseBackoff, MaxBackoff); after MaxAttempts failed
-//     attempts it becomes a dead letter (Messages, RetryDead, DropDead).
-//   - A delivered message is removed in a commit of its own; if the process
-//     dies between the handler's return and that commit, the message is
-//     delivered again after the restart, with the same DownstreamKey.
-//
-// It wakes on every commit, so a message is dispatched right after the DoTx
-// that enqueued it commits. Only one dispatcher runs per engine: a second
-// Dispatch, or Dispatch with OutboxOptions.Dispatch set, fails with
-// ErrDispatcherRunning; called from inside a DoTx fn it returns
-// ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. Every
-// error is an *OpError with Op "dispatch" (ctx's error too: errors.Is
-// matches it). On return every handler it started has returned.
-func (e *Engine) Dispatch(ctx context.Context) error {
-	if err := e.core.Reentrant(ctx, ""); err != nil {
-		return &OpError{Op: "dispatch", Err: err}
-	}
-	if err := e.enterOp(); err != nil {
-		return &OpError{Op: "dispatch", Err: err}
-	}
-	defer e.exitOp()
-	if e.opts.ReadOnly {
-		return &OpError{Op: "dispatch", Err: fmt.Errorf("the file is open read-only: %w", bolterrors.ErrDatabaseReadOnly)}
-	}
-	ob := e.outbox()
-	if !ob.running.CompareAndSwap(false, true) {
-		return &OpError{Op: "dispatch", Err: ErrDispatcherRunning}
-	}
-	defer ob.running.Store(false)
-	dctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(e.ctx, cancel)
-	defer stop()
-	e.dispatch(dctx)
-	if e.ctx.Err() != nil {
-		return &OpError{Op: "dispatch", Err: ErrClosed}
-	}
-	return opError("dispatch", "", ctx.Err())
-}
-
 // Messages calls fn for every message in the file, in one read transaction:
 // the pending ones in enqueue order, then the dead letters inside their
 // retention, by Seq. A message that fails to decode is passed with only Seq
@@ -359,13 +313,10 @@ func (e *Engine) operateDead(op string, fn func() error) error {
 type outbox struct {
 	opts OutboxOptions // defaults applied
 
-	mu       sync.RWMutex
-	handlers map[string]Handler
+	handlers map[string]Handler // fixed at Open: read without a lock
 
-	wake    chan struct{} // capacity 1: commits, Handle, RetryDead
-	rescan  atomic.Bool   // reload the whole outbox (RetryDead put an old seq back)
-	recheck atomic.Bool   // handlers changed: look at the waiting messages again
-	running atomic.Bool   // a dispatcher runs
+	wake   chan struct{} // capacity 1: commits, RetryDead
+	rescan atomic.Bool   // reload the whole outbox (RetryDead put an old seq back)
 
 	delivered atomic.Uint64
 }
@@ -379,11 +330,7 @@ func (ob *outbox) signal() {
 	}
 }
 
-func (ob *outbox) handler(topic string) Handler {
-	ob.mu.RLock()
-	defer ob.mu.RUnlock()
-	return ob.handlers[topic]
-}
+func (ob *outbox) handler(topic string) Handler { return ob.handlers[topic] }
 
 // startOutbox sets up the outbox state and starts the background dispatcher
 // if the options ask for it.
@@ -420,7 +367,6 @@ func (e *Engine) startOutbox() error {
 	ob.opts = o
 	e.ob = ob
 	if o.Dispatch {
-		ob.running.Store(true)
 		e.bg.Add(1)
 		go func() {
 			defer e.bg.Done()
@@ -587,12 +533,6 @@ func (e *Engine) dispatch(ctx context.Context) {
 		if load {
 			load = false
 			d.load()
-		}
-		if ob.recheck.Swap(false) {
-			for ok := range d.waiting {
-				delete(d.waiting, ok)
-				d.consider(ok)
-			}
 		}
 		d.fireTimers()
 		d.dispatchReady()

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -399,14 +400,21 @@ func TestAdminStats(t *testing.T) {
 	require.Equal(t, "24h0m0s", s.Retention)
 }
 
-// adminDeadLetters opens an engine whose "charge" handler always fails once,
-// enqueues one charge per key and one "email" message (no handler: it stays
-// pending), and waits until the charges are dead letters.
-func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
+// adminDeadLetters opens an engine whose "charge" handler fails (one attempt
+// each: a dead letter) until the returned function is called, enqueues one
+// charge per key and one "email" message (no handler: it stays pending), and
+// waits until the charges are dead letters.
+func adminDeadLetters(t *testing.T, keys ...string) (e *idem.Engine, acceptCharges func()) {
 	t.Helper()
-	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Outbox: idem.OutboxOptions{
+	var accept atomic.Bool
+	e, _ = testkit.Open(t, &idem.Options{NoSync: true, Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
-		Handlers: map[string]idem.Handler{"charge": func(context.Context, idem.Message) error { return errors.New("declined") }},
+		Handlers: map[string]idem.Handler{"charge": func(context.Context, idem.Message) error {
+			if accept.Load() {
+				return nil
+			}
+			return errors.New("declined")
+		}},
 	}})
 	for _, k := range keys {
 		_, err := e.DoTx(context.Background(), k, nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
@@ -423,7 +431,7 @@ func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Dead == len(keys) {
-			return e
+			return e, func() { accept.Store(true) }
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no %d dead letters after 10 s: %+v", len(keys), s.Outbox)
@@ -433,7 +441,7 @@ func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 }
 
 func TestAdminOutbox(t *testing.T) {
-	e := adminDeadLetters(t, "order-1", "order-2")
+	e, acceptCharges := adminDeadLetters(t, "order-1", "order-2")
 	hidden := adminServer(t, e, adminBearerOpts(false))
 	shown := adminServer(t, e, adminBearerOpts(true))
 
@@ -484,7 +492,7 @@ func TestAdminOutbox(t *testing.T) {
 	require.JSONEq(t, `{"op":"drop","seq":`+adminItoa(first.Seq)+`}`, string(r.body))
 
 	second := all.Messages[2]
-	e.Handle("charge", func(context.Context, idem.Message) error { return nil })
+	acceptCharges()
 	r = adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	deadline := time.Now().Add(10 * time.Second)

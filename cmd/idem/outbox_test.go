@@ -61,25 +61,21 @@ func outboxFixture(t *testing.T) string {
 	return path
 }
 
-// outboxSession opens path on the fixture clock with ob, runs calls, then
-// runs the dispatcher until done holds (at most 10 seconds) and closes.
+// outboxSession opens path on the fixture clock with ob and its dispatcher,
+// runs calls, waits until done holds (at most 10 seconds) and closes.
 func outboxSession(t *testing.T, path string, ob idem.OutboxOptions, calls func(*idem.Engine), done func(idem.OutboxStats) bool) {
 	t.Helper()
+	ob.Dispatch = true
 	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	calls(e)
-	dispatchUntil(t, e, done)
+	waitOutbox(t, e, done)
 }
 
-// dispatchUntil runs e's dispatcher until done holds, at most 10 seconds.
-func dispatchUntil(t *testing.T, e *idem.Engine, done func(idem.OutboxStats) bool) {
+// waitOutbox waits until e's outbox counts satisfy done, at most 10 seconds.
+func waitOutbox(t *testing.T, e *idem.Engine, done func(idem.OutboxStats) bool) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = e.Dispatch(ctx) })
-	defer wg.Wait()
-	defer cancel()
 	require.Eventually(t, func() bool {
 		s, err := e.ScanFile()
 		return err == nil && done(s.Outbox)
