@@ -150,6 +150,7 @@ func (b *boltBackend) Prune(ctx context.Context, _ core.PruneRequest) (core.Prun
 // Scan walks every stored record in one read transaction, slot by slot from
 // the oldest, by key within a slot.
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
+	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
 	return b.db.View(func(tx *bbolt.Tx) error { return b.st.forEach(tx, fn) })
 }
 
@@ -237,6 +238,7 @@ func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
 
 // Messages walks the pending messages, then the dead letters, by Seq.
 func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err error) error) error {
+	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
 	return b.db.View(func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
 			bk := outboxBucket(tx)

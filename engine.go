@@ -40,6 +40,8 @@ type Engine struct {
 	pruneMu  sync.Mutex // one prune at a time
 	shutDone chan struct{}
 	closeErr error
+
+	reads readGuard // goroutines inside Records, View and Messages callbacks
 }
 
 // Open opens or creates the idem file at path. One Engine holds a file at a
@@ -136,6 +138,12 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
 		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes,
 		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
+		Guard: func() error {
+			if e.reads.holding() {
+				return errInsideRead
+			}
+			return nil
+		},
 	})
 	e.watchCommits()
 	if o.ReadOnly {
@@ -231,7 +239,8 @@ func firstRead(db *bbolt.DB, read func() error) (err error) {
 // from fn's, and waits for it; or two calls on two goroutines form a cycle
 // (A's fn calls B while B's fn calls A). Such calls wait until one of their
 // contexts ends (never, for context.Background()). fn must not call Close,
-// which waits for fn.
+// which waits for fn. A nil fn is refused with an error (whatever the key's
+// state), and nothing is stored.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
 	return e.core.Do(ctx, key, fingerprint, fn)
 }
@@ -298,3 +307,6 @@ func (e *Engine) writeErr(op, key string, err error) error {
 }
 
 func cloneBytes(b []byte) []byte { return core.CloneBytes(b) }
+
+// errNilFn refuses a nil fn (core.ErrNilFn).
+var errNilFn = core.ErrNilFn

@@ -122,6 +122,7 @@ func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 		return &OpError{Op: "view", Err: err}
 	}
 	defer e.exitOp()
+	defer e.reads.unmark(e.reads.mark())
 	return e.db.View(fn)
 }
 

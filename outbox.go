@@ -240,9 +240,11 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 // the pending ones in enqueue order, then the dead letters inside their
 // retention, by Seq. A message that fails to decode is passed with only Seq
 // and Dead set and an error wrapping ErrCorrupt. An error from fn stops the
-// walk and is returned. fn runs inside the read transaction: it must not call
-// RetryDead, DropDead or other writing methods (collect the Seqs, then act).
-// Under ReadOnly, Messages works; RetryDead and DropDead fail.
+// walk and is returned. fn runs inside the read transaction: any engine call
+// from it (on its goroutine), RetryDead and DropDead included, returns
+// ErrReentrant, since a write would wait for the transaction to end (collect
+// the Seqs, then act); fn must not call Close. Under ReadOnly, Messages
+// works; RetryDead and DropDead fail.
 func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "messages", Err: err}

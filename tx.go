@@ -74,7 +74,8 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 // ErrReentrant. fn may return bytes it read from tx: they are copied before
 // the transaction ends. A bucket's Tx method reaches the raw bbolt
 // transaction: do not use it (to commit, roll back, or reach the engine's
-// bucket); the engine's records are not an API.
+// bucket); the engine's records are not an API. A nil fn is refused with an
+// error, as in Do.
 //
 // DoTx's shape is the same for every backend of the state machine
 // (internal/core): fn receives the backend's own transaction, here *Tx (a

@@ -32,6 +32,9 @@ type leading struct {
 
 // Do runs fn once per idempotency key (idem.Engine.Do gives the contract).
 func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "do", Key: key, Err: ErrNilFn}
+	}
 	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
 	})
@@ -42,6 +45,9 @@ func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn f
 // which fn's writes, its outbox messages and the done record commit together
 // (idem.Engine.DoTx gives the contract; the backend's RunTx how).
 func (e *Engine[T]) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(context.Context, T) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "dotx", Key: key, Err: ErrNilFn}
+	}
 	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.executeTx(ctx, c, fn)
 	})
@@ -56,6 +62,9 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
 	}
 	if err := e.reentrant(ctx, key); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	if err := e.guard(); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
 	}
 	if err := e.enter(); err != nil {

@@ -52,6 +52,12 @@ type Options struct {
 	Now              func() time.Time
 	Logger           *slog.Logger
 	Observer         Observer
+
+	// Guard, if set, is checked by every call before it enters (Do, DoTx
+	// and Enter, after the re-entrance checks): a non-nil error refuses the
+	// call, wrapped in an *OpError. bbolt's refuses a call from inside a
+	// Records, View or Messages callback, which holds a read transaction.
+	Guard func() error
 }
 
 // Result describes the answer of Do or DoTx (idem.Result). It is returned
@@ -159,7 +165,18 @@ func (e *Engine[T]) Enter() error {
 	if e.b.Holding() {
 		return errInsideDoTx
 	}
+	if err := e.guard(); err != nil {
+		return err
+	}
 	return e.enter()
+}
+
+// guard runs Options.Guard.
+func (e *Engine[T]) guard() error {
+	if g := e.opts.Guard; g != nil {
+		return g()
+	}
+	return nil
 }
 
 // Exit ends a call registered by Enter.
@@ -194,6 +211,10 @@ var (
 	errInsideDoTx = fmt.Errorf("%w: called from inside a DoTx fn, which holds the file's single writer", ErrReentrant)
 	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
 )
+
+// ErrNilFn refuses a nil fn before anything is stored: running it would
+// leave a started record for a function that never existed.
+var ErrNilFn = errors.New("nil fn: Do and DoTx need a function to run")
 
 // ErrInsideDoTx is ErrReentrant as returned from inside a DoTx fn, for the
 // embedding engine's own checks.

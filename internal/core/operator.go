@@ -51,6 +51,14 @@ func (e *Engine[T]) Resolve(key string, response []byte, outcome *Error) error {
 			if rec.State != StateStarted {
 				return nil, fmt.Errorf("%w: the record is %s, only an interrupted execution can be resolved", ErrState, rec.State)
 			}
+			// The limit on what an outcome stores holds for a resolution too.
+			n := len(response)
+			if outcome != nil {
+				n += len(outcome.Code) + len(outcome.Message)
+			}
+			if max := e.opts.MaxResponseSize; max > 0 && n > max {
+				return nil, fmt.Errorf("%w: response and error of %d bytes exceed the limit of %d bytes (Options.MaxResponseSize)", ErrResponseTooLarge, n, max)
+			}
 			done := *rec
 			done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
 			if outcome != nil {
