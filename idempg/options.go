@@ -101,8 +101,8 @@ var ErrOptions = errors.New("invalid options")
 // settings are Options with every default filled in and checked.
 type settings struct {
 	Options
-	schema string           // the quoted schema, for SQL text
-	mode   []any            // pgx.QueryExecModeExec in PollOnly mode, else nothing
+	schema string // the quoted schema, for SQL text
+	mode   []any  // pgx.QueryExecModeExec in PollOnly mode, else nothing
 }
 
 // resolve fills in o's defaults and checks them.
