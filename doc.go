@@ -38,7 +38,9 @@
 //     unknown. The RecoveryPolicy decides: re-execute (the default, at-least-once;
 //     fn reads CallFrom(ctx).Recovered and reconciles with the downstream system,
 //     passing the key on), or refuse with ErrIncomplete until an operator
-//     resolves the key.
+//     resolves the key. A recovering call that ends without an outcome
+//     (Retryable included) leaves that evidence in place: the next call
+//     recovers again, and attempt numbers never repeat.
 //   - DoTx gives exactly once for effects in the same file: fn's writes and the
 //     record commit in one transaction or not at all. Effects elsewhere go
 //     through the outbox in that transaction and are delivered at least once,
@@ -60,7 +62,8 @@
 //     refused). Pass the idempotency key to the downstream system, or use DoTx
 //     with the outbox.
 //   - A DoTx fn may run more than once (shared transactions are retried without
-//     a failing member) and must touch only its Tx: no I/O, no shared memory.
+//     a failing member), never more than 3 times per call, and must touch only
+//     its Tx: no I/O, no shared memory.
 //   - Options.NoSync gives up durability: after a machine crash a started record
 //     may be missing and fn may run twice. For tests and benchmarks.
 //   - The fingerprint is a 64-bit xxhash: two different requests collide with

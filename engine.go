@@ -119,7 +119,11 @@ type Options struct {
 	// duplicate execution. For tests and benchmarks.
 	NoSync bool
 
-	// Now is the clock, for expiry and record times. Nil means time.Now.
+	// Now is the clock, for expiry and record times. Nil means time.Now. The
+	// engine strips the monotonic reading of every time it reads
+	// (t.Round(0)): records in the file carry wall-clock times only, so
+	// records in memory do too, and both compare alike across a step of the
+	// wall clock.
 	Now func() time.Time
 
 	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
@@ -207,6 +211,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	clock := o.Now
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -245,7 +250,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		st:       store{width: o.Retention},
 		locks:    newKeyLocks(),
 		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
-		now:      o.Now,
+		now:      func() time.Time { return clock().Round(0) },
 		log:      o.Logger,
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
@@ -303,17 +308,36 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 //
 // Outcomes of fn: a response and no error, or a permanent error (returned as
 // *Error wrapping fn's error), are recorded. An error made with Retryable
-// deletes the started record and frees the key. An error that is
-// context.Canceled or DeadlineExceeded, a panic (re-raised in the caller with
-// its value and stack), or a failed commit leave the started record: an
-// interrupted execution that the RecoveryPolicy handles on the next call;
-// waiters then get ErrIncomplete. A response over MaxResponseSize fails closed
-// with ErrResponseTooLarge. Once fn has returned, its outcome is recorded even
-// if ctx ends. After Close, Do returns ErrClosed.
+// deletes the started record and frees the key. An error returned once fn's
+// own context has ended (the caller's ctx or Close), a panic (re-raised in the
+// caller with its value and stack), or a failed commit leave the started
+// record: an interrupted execution that the RecoveryPolicy handles on the next
+// call; waiters then get ErrIncomplete. A response over MaxResponseSize fails
+// closed with ErrResponseTooLarge. Once fn has returned, its outcome is
+// recorded even if ctx ends. After Close, Do returns ErrClosed.
 //
-// fn may call Do with other keys, passing its ctx (a call with its own key
-// returns ErrReentrant). Cycles across keys (A's fn calls B, B's fn calls A)
-// wait until ctx ends, and fn must not call Close: both wait for themselves.
+// Only the end of fn's own context is an interruption: a context error fn
+// returns while its context is live (its own call to a gateway timed out, say
+// WithCode(downstreamCtx.Err(), "downstream_timeout")) is a permanent error
+// like any other, stored with its code.
+//
+// Nothing erases the evidence of an unknown outcome. When a call that
+// recovers an interrupted execution ends without an outcome (Retryable, the
+// end of its context, a panic, a failed commit), the key keeps a started
+// record carrying that call's attempt and start time, so the next call
+// recovers again (CallFrom's Recovered is set) with the attempt after it.
+// Attempt numbers never repeat.
+//
+// fn may call Do with other keys, passing its ctx. A call with fn's own key
+// returns ErrReentrant instead of waiting for itself: one made with fn's
+// context (from any goroutine), and one made from the goroutine that runs fn
+// whatever context it passes (context.Background() included), also through
+// other keys' fns that run on that goroutine. What cannot be detected: fn
+// starts another goroutine that calls fn's own key with a context not derived
+// from fn's, and waits for it; or two calls on two goroutines form a cycle
+// (A's fn calls B while B's fn calls A). Such calls wait until one of their
+// contexts ends (never, for context.Background()). fn must not call Close,
+// which waits for fn.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
 	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
@@ -322,6 +346,7 @@ func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func
 
 // leading is the state of the call that leads a key.
 type leading struct {
+	flight    *flight
 	key       string
 	fp        uint64
 	attempt   int
@@ -370,6 +395,9 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	for {
 		f, leader := e.locks.acquire(key, fp, now)
 		if !leader {
+			if err := e.selfWait(f); err != nil {
+				return Result{}, &OpError{Op: op, Key: key, Err: err}
+			}
 			if f.fp != fp {
 				if f.executing.Load() {
 					return Result{}, e.conflict(op, key, errors.New("the call in progress has another fingerprint"))
@@ -406,30 +434,34 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		// The record read above is still current if no call has released
 		// a key since (every write of a record happens under its key);
 		// otherwise the leader reads it again.
-		if e.locks.generation() != gen {
-			rec, err = e.load(key)
-		}
-		return e.lead(ctx, op, key, fp, f, rec, err, exec)
+		return e.lead(ctx, op, key, fp, f, rec, e.locks.generation() != gen, exec)
 	}
 }
 
 // lead runs the state machine for the leader and publishes its outcome to
-// the waiters, also when exec panics or calls runtime.Goexit.
-func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, loadErr error,
+// the waiters, also when exec panics or calls runtime.Goexit. rec is the
+// key's record as read before the key was taken; stale asks to read it again.
+// Everything after acquire runs here, under the deferred release, so no path
+// leaves the flight registered.
+func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, stale bool,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
-	c := &leading{key: key, fp: fp, attempt: 1}
+	c := &leading{key: key, fp: fp, attempt: 1, flight: f}
 	returned := false
 	defer func() {
 		switch {
-		case !returned || c.incomplete:
-			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
 		case c.again:
 			f.again = true
+		case !returned || c.incomplete:
+			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
 		default:
 			f.res, f.err = res, err
 		}
 		e.locks.release(key, f)
 	}()
+	var loadErr error
+	if stale {
+		rec, loadErr = e.load(key)
+	}
 	res, err = e.decide(ctx, op, c, f, rec, loadErr, exec)
 	returned = true
 	return res, err
@@ -470,7 +502,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, f *flight, r
 func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
 	if e.pipe.Holding() {
 		c.again = true
-		return Result{}, &OpError{Op: "do", Key: c.key, Err: ErrReentrant}
+		return Result{}, &OpError{Op: "do", Key: c.key, Err: errInsideDoTx}
 	}
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, started, c.prev) }); err != nil {
@@ -488,31 +520,52 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 	}
 
 	e.n.executions.Add(1)
-	fnCtx, stop := e.fnContext(ctx, c, false)
-	resp, ferr := fn(fnCtx)
-	stop()
+	c.flight.runner.Store(commit.GoroutineID()) // fn runs here: see selfWait
+	resp, ferr, ended := e.runFn(ctx, c, fn)
 	fault.Point("do-after-fn")
 
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
 	switch {
+	case errors.Is(ferr, ErrRetryable) && c.prev != nil:
+		// fn's promise covers this attempt only: the earlier attempt's effect
+		// is still unknown, so this attempt's started record stays, and the
+		// next call recovers with the attempt after it.
+		return res, ferr
 	case errors.Is(ferr, ErrRetryable):
 		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.del(tx, started) }); err != nil {
 			c.incomplete = true
 			return res, errors.Join(ferr, e.writeErr("do", c.key, err))
 		}
 		return res, ferr
-	case errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
+	case ferr != nil && ended:
+		// fn's own context ended (the caller's ctx or Close): its error is an
+		// interruption, not an outcome. A context error fn made itself (a
+		// downstream timeout) while its context was live is an outcome.
 		c.incomplete = true
 		return res, ferr
 	}
 	done := e.doneRecord(started, resp, ferr)
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, started) }); err != nil {
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error {
+		fault.Point("do-done-commit")
+		return e.st.put(tx, done, started)
+	}); err != nil {
 		c.incomplete = true
 		return res, e.writeErr("do", c.key, err)
 	}
 	fault.Point("do-after-done")
 	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
+}
+
+// runFn runs Do's fn in its context, and releases that context (its
+// registration on the engine's) on every path: a panic or runtime.Goexit in fn
+// included. ended reports whether fn's own context had ended (the caller's
+// ctx or Close) when fn returned, read before the stop that cancels it.
+func (e *Engine) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (resp []byte, ferr error, ended bool) {
+	fnCtx, stop := e.fnContext(ctx, c, false)
+	defer stop()
+	resp, ferr = fn(fnCtx)
+	return resp, ferr, fnCtx.Err() != nil
 }
 
 // doneRecord builds the done record for fn's outcome, failing closed on a
@@ -673,7 +726,7 @@ func (e *Engine) writeErr(op, key string, err error) error {
 // fails with ErrReentrant instead of waiting for itself.
 func (e *Engine) enterOp() error {
 	if e.pipe.Holding() {
-		return ErrReentrant
+		return errInsideDoTx
 	}
 	return e.enter()
 }
@@ -741,10 +794,30 @@ func (e *Engine) reentrant(ctx context.Context, key string) error {
 		return nil
 	}
 	if c.inTx {
-		return ErrReentrant
+		return errInsideDoTx
 	}
 	if c.Key == key {
-		return fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+		return errOwnKey
+	}
+	return nil
+}
+
+// The two re-entrances, each with its own text.
+var (
+	errInsideDoTx = fmt.Errorf("%w: called from inside a DoTx fn, which holds the file's single writer", ErrReentrant)
+	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+)
+
+// selfWait refuses a wait that would never end: on the flight of the fn that
+// runs on this goroutine (a call with fn's own key, whatever its context), or
+// from inside a DoTx fn, whose writer every leader needs. It is checked only
+// before a wait, never on the replay path.
+func (e *Engine) selfWait(f *flight) error {
+	if e.pipe.Holding() {
+		return errInsideDoTx
+	}
+	if r := f.runner.Load(); r != 0 && r == commit.GoroutineID() {
+		return errOwnKey
 	}
 	return nil
 }

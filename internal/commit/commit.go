@@ -9,20 +9,21 @@
 //
 // bbolt has no savepoints: when a request's function fails or panics, the
 // whole transaction is rolled back, that request gets its own error, and the
-// others are run again in a fresh transaction. A function may therefore run
-// more than once and must touch nothing but the transaction it is given.
+// others are run again in fresh transactions. A function may therefore run
+// more than once (at most MaxRuns times) and must touch nothing but the
+// transaction it is given.
 package commit
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem/internal/goid"
 )
 
 // ErrStopped is returned by Do after Stop.
@@ -32,6 +33,14 @@ var ErrStopped = errors.New("commit pipeline stopped")
 // (t.FailNow does): its transaction is rolled back and the other requests of
 // the batch are committed without it.
 var ErrGoexit = errors.New("commit: function called runtime.Goexit")
+
+// MaxRuns is the most times one request's function runs. A function that
+// has run MaxRuns-1 times in transactions rolled back for others' failures
+// runs its last time in a transaction of its own, so no other function's
+// failure can roll it back again; whatever it returns then is its outcome.
+// DESIGN.md: "no fn runs more than 3 times per call, whatever fails around
+// it".
+const MaxRuns = 3
 
 // Func writes into tx. A non-nil error rolls back every write of its batch;
 // the pipeline re-runs the other functions of the batch without it.
@@ -72,6 +81,7 @@ type Pipeline struct {
 type request struct {
 	fn   Func
 	err  error
+	runs int // times fn ran, in transactions of any batch
 	done chan struct{}
 }
 
@@ -96,7 +106,7 @@ var requestPool = sync.Pool{New: func() any { return &request{done: make(chan st
 // error of fn, of the commit, or ErrStopped.
 func (p *Pipeline) Do(fn Func) error {
 	r := requestPool.Get().(*request)
-	r.fn, r.err = fn, nil
+	r.fn, r.err, r.runs = fn, nil, 0
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
@@ -162,7 +172,7 @@ func (p *Pipeline) release() {
 // the current commit: a Do from there would wait for itself.
 func (p *Pipeline) Holding() bool {
 	w := p.writer.Load()
-	return w != 0 && w == goid()
+	return w != 0 && w == GoroutineID()
 }
 
 // runAndRelease runs batch and releases the writer, also when a function
@@ -224,7 +234,7 @@ func (p *Pipeline) run(batch []*request) {
 	if len(batch) == 0 {
 		return
 	}
-	p.writer.Store(goid())
+	p.writer.Store(GoroutineID())
 	var (
 		tx      *bbolt.Tx
 		pending = batch
@@ -259,7 +269,14 @@ func (p *Pipeline) run(batch []*request) {
 		}
 		p.mu.Unlock()
 	}()
+	// Each transaction takes a prefix of pending. When a function fails, the
+	// transaction rolls back and the failing request gets its error; the
+	// requests before it, which ran clean, run again in a transaction of
+	// their own (deterministic functions then commit on their second run),
+	// and the rest follow. A request on its last run (MaxRuns) runs alone.
+	upTo := len(pending)
 	for len(pending) > 0 {
+		group := pending[:groupSize(pending, upTo)]
 		var err error
 		if tx, err = p.db.Begin(true); err != nil {
 			tx = nil
@@ -267,8 +284,9 @@ func (p *Pipeline) run(batch []*request) {
 			break
 		}
 		failed := -1
-		for i, r := range pending {
+		for i, r := range group {
 			current = r
+			r.runs++
 			if err := call(r.fn, tx); err != nil {
 				r.err, failed = err, i
 				break
@@ -281,19 +299,41 @@ func (p *Pipeline) run(batch []*request) {
 			r := pending[failed]
 			pending = append(pending[:failed:failed], pending[failed+1:]...)
 			finish([]*request{r}, r.err)
+			upTo = failed
 			continue
 		}
 		err = commit(tx)
 		tx = nil
 		p.commits.Add(1)
-		p.requests.Add(uint64(len(pending)))
-		finish(pending, err)
-		if err == nil && p.onCommit != nil {
+		p.requests.Add(uint64(len(group)))
+		if err != nil {
+			finish(pending, err)
+			break
+		}
+		finish(group, nil)
+		if p.onCommit != nil {
 			p.onCommit()
 		}
-		break
+		pending = pending[len(group):]
+		upTo = len(pending)
 	}
 	normal = true
+}
+
+// groupSize is how many requests at the head of pending the next
+// transaction takes: at most upTo (all, if upTo is 0), stopping before a
+// request on its last run, which takes a transaction alone.
+func groupSize(pending []*request, upTo int) int {
+	n := upTo
+	if n <= 0 || n > len(pending) {
+		n = len(pending)
+	}
+	for i, r := range pending[:n] {
+		if r.runs >= MaxRuns-1 {
+			return max(i, 1)
+		}
+	}
+	return n
 }
 
 // commit commits tx, turning a panic of bbolt's (it asserts on a damaged
@@ -308,22 +348,9 @@ func commit(tx *bbolt.Tx) (err error) {
 	return tx.Commit()
 }
 
-// goid is the id of the calling goroutine, read from its stack header
-// ("goroutine 123 [running]:"). It costs about a microsecond: it is read once
-// per commit and by re-entrance checks, never per replay.
-func goid() uint64 {
-	var buf [32]byte
-	b := buf[:runtime.Stack(buf[:], false)]
-	b = bytes.TrimPrefix(b, []byte("goroutine "))
-	var id uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			break
-		}
-		id = id*10 + uint64(c-'0')
-	}
-	return id
-}
+// GoroutineID is the id of the calling goroutine (goid.ID: never 0, one
+// runtime.Stack call; read once per commit, never per replay).
+func GoroutineID() uint64 { return goid.ID() }
 
 func finish(rs []*request, err error) {
 	for _, r := range rs {
