@@ -132,6 +132,11 @@ type Options struct {
 	// Logger receives the engine's own events (pruning, recovery) at debug
 	// and warn level; keys and responses are never logged. Nil discards.
 	Logger *slog.Logger
+
+	// Observer receives the engine's events (executions, replays, commits,
+	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
+	// the cost of a nil check per event.
+	Observer Observer
 }
 
 // Result describes the answer of Do or DoTx. It is returned beside a non-nil
@@ -261,6 +266,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.pipe = commit.New(db, e.committed)
+	e.watchCommits()
 	if o.ReadOnly {
 		e.opts.Outbox.Dispatch = false
 	}
@@ -411,9 +417,11 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 				continue
 			}
 			if e.opts.InFlight == InFlightFail {
+				e.observe(Event{Kind: EventInProgress, Op: op})
 				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
 			}
 			fault.Point("do-wait")
+			e.observe(Event{Kind: EventWait, Op: op})
 			if err := f.wait(ctx); err != nil {
 				return Result{}, err
 			}
@@ -519,6 +527,7 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 		return Result{}, err
 	}
 
+	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
 	e.n.executions.Add(1)
 	c.flight.runner.Store(commit.GoroutineID()) // fn runs here: see selfWait
 	resp, ferr, ended := e.runFn(ctx, c, fn)
@@ -619,6 +628,7 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 		return Result{}, e.conflict(op, rec.Key, nil)
 	}
 	e.n.replays.Add(1)
+	e.observe(Event{Kind: EventReplay, Op: op})
 	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
 	if !shared {
 		if rec.Err != nil {
@@ -638,6 +648,7 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 // why (if not nil) as the detail.
 func (e *Engine) conflict(op, key string, why error) error {
 	e.n.conflicts.Add(1)
+	e.observe(Event{Kind: EventConflict, Op: op})
 	err := ErrFingerprintMismatch
 	if why != nil {
 		err = fmt.Errorf("%w: %v", ErrFingerprintMismatch, why)

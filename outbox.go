@@ -854,11 +854,13 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 			return
 		}
 		e.outbox().delivered.Add(1)
+		e.observe(Event{Kind: EventDelivery, Topic: m.Topic})
 		r.removed = true
 	case d.ctx.Err() != nil:
 		// Stopping: the attempt does not count.
 	default:
 		next, removed, err := e.recordFailure(m.Seq, herr)
+		e.observeFailure(m, removed && err == nil)
 		if err != nil {
 			e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 			next = e.now().Add(e.backoff(m.Attempt, rand.Float64()))

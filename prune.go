@@ -38,6 +38,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	defer e.pruneMu.Unlock()
 	total := 0
 	defer func() { e.n.pruned.Add(uint64(total)) }()
+	defer e.observePrune(&total, e.observeStart())
 	now := e.now()
 	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention
 

@@ -128,6 +128,7 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 		fnPanic *PanicError
 		done    *Record
 	)
+	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
 	e.n.executions.Add(1)
 	lost() // until the pipeline answers: fn may call runtime.Goexit
 	err := e.pipe.Do(func(btx *bbolt.Tx) error {

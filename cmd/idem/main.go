@@ -20,6 +20,13 @@
 // commands that only read (stats, ls, get, check, outbox ls and outbox get)
 // open the file read-only, with a shared lock, and never change it.
 //
+// With --url URL (or $IDEM_URL), stats, get, forget, resolve and outbox
+// ls|get|retry|drop talk to a running program's admin handler
+// (github.com/idemkit/idem/idemhttp's Admin, mounted at URL) instead: the same
+// output, the server's retention window, and --token (or $IDEM_TOKEN, which
+// keeps it out of ps) sent as "Authorization: Bearer" to the handler's
+// authorization function. The other commands need the file and refuse --url.
+//
 // Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
 // document on stdout instead of a table, and --retention and --recovery, which
 // must match the program's Options, since they decide which records have
@@ -101,6 +108,9 @@ type app struct {
 	stdin  io.Reader
 	stdout io.Writer
 	stderr io.Writer
+
+	// remote is --url and --token: online operation (remote.go).
+	remote remoteFlags
 
 	db        string
 	json      bool
@@ -237,6 +247,7 @@ Options: they decide which records have expired.`,
 	root.SetErr(a.stderr)
 	root.SetIn(a.stdin)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	a.addRemote(root)
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.db, "db", "idem.db", "path of the idem file; $IDEM_DB, if set, replaces the default")
@@ -271,7 +282,7 @@ func (a *app) resolveGlobals(cmd *cobra.Command) error {
 	if _, err := a.recoveryPolicy(); err != nil {
 		return &usageError{err}
 	}
-	return nil
+	return a.resolveRemote(cmd)
 }
 
 // missingValue refuses a flag whose value is the name of another flag:
@@ -462,7 +473,7 @@ func unprefix(s string) string {
 }
 
 // closeEngine closes e and keeps the first error.
-func closeEngine(e *idem.Engine, err *error) {
+func closeEngine(e interface{ Close() error }, err *error) {
 	if cerr := e.Close(); cerr != nil && *err == nil {
 		*err = fmt.Errorf("idem: close: %w", cerr)
 	}

@@ -161,6 +161,9 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 		n := len(m.Payload)
 		out.PayloadSize = &n
 	}
+	if n, ok := a.hiddenPayload(m.Seq); ok {
+		out.PayloadSize = &n
+	}
 	if m.Dead {
 		out.NextAttemptAt = nil
 		out.ExpiresAt = timePtr(m.DeadAt.Add(a.deadLetterRetention))
@@ -195,7 +198,7 @@ func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
 		return err
 	}
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -311,6 +314,8 @@ type outboxGetJSON struct {
 	messageJSON
 	Payload         *string `json:"payload"`          // null: nil payload
 	PayloadEncoding string  `json:"payload_encoding"` // "utf-8" or "base64"
+	// PayloadHidden: with --url, the server shows only the size.
+	PayloadHidden bool `json:"payload_hidden,omitempty"`
 }
 
 // errStop ends a walk of the messages early.
@@ -320,7 +325,7 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
 		return err
 	}
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -332,12 +337,17 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	if m == nil {
 		return fmt.Errorf("idem: outbox get %d: no such message (delivered, dropped, expired or never enqueued)", seq)
 	}
+	_, hidden := a.hiddenPayload(seq)
 	if raw {
+		if hidden {
+			return errHiddenByServer("payload")
+		}
 		_, err := a.stdout.Write(m.Payload)
 		return err
 	}
 	out := outboxGetJSON{messageJSON: a.messageJSON(m)}
 	out.Payload, out.PayloadEncoding = userBytes(m.Payload)
+	out.PayloadHidden = hidden
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -346,7 +356,10 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 
 // findMessage returns message seq, pending or dead; nil if there is none. A
 // message that fails to decode is an error.
-func findMessage(e *idem.Engine, seq uint64) (found *idem.Message, err error) {
+func findMessage(e operator, seq uint64) (found *idem.Message, err error) {
+	if r, ok := e.(*remote); ok {
+		return r.Message(seq)
+	}
 	err = e.Messages(func(m *idem.Message, merr error) error {
 		if m.Seq != seq {
 			return nil
@@ -389,6 +402,8 @@ func (a *app) printMessage(out *outboxGetJSON) error {
 	}
 	fmt.Fprintf(w, "last error\t%s\n", lastErr)
 	switch {
+	case out.PayloadHidden:
+		fmt.Fprintf(w, "payload\t%s, %s\n", fmtSize(out.PayloadSize), hiddenNote)
 	case out.Payload == nil:
 		fmt.Fprintf(w, "payload\tnone\n")
 	case out.PayloadEncoding == "base64":
@@ -407,16 +422,16 @@ func (a *app) printMessage(out *outboxGetJSON) error {
 
 // deadOp is retry or drop of one dead letter.
 type deadOp struct {
-	name string                           // as in the command line
-	past string                           // as in the output
-	do   func(*idem.Engine, uint64) error // the engine's call
-	done string                           // what became of the message, for humans
+	name string                       // as in the command line
+	past string                       // as in the output
+	do   func(operator, uint64) error // the engine's call
+	done string                       // what became of the message, for humans
 }
 
 var (
-	retryOp = deadOp{"retry", "retried", (*idem.Engine).RetryDead,
+	retryOp = deadOp{"retry", "retried", operator.RetryDead,
 		"pending again, attempts reset; the program's dispatcher delivers it"}
-	dropOp = deadOp{"drop", "dropped", (*idem.Engine).DropDead,
+	dropOp = deadOp{"drop", "dropped", operator.DropDead,
 		"deleted, never to be delivered"}
 )
 
@@ -441,7 +456,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
 		return err
 	}
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -479,7 +494,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 }
 
 // notDeadReason says why seq is not a dead letter.
-func notDeadReason(e *idem.Engine, seq uint64) string {
+func notDeadReason(e operator, seq uint64) string {
 	if m, err := findMessage(e, seq); err == nil && m != nil && !m.Dead {
 		return fmt.Sprintf("message %d is pending, not a dead letter", seq)
 	}

@@ -59,7 +59,7 @@ func (a *app) stats() error {
 	}
 	// The size on disk, which is what compact shrinks (Stats.FileSize is
 	// the size bbolt maps, up to the last page in use).
-	size, err := fileSize(a.db)
+	size, err := a.sizeOf(s)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func (a *app) stats() error {
 }
 
 func (a *app) engineStats() (s idem.Stats, err error) {
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return s, err
 	}
