@@ -89,6 +89,10 @@ type Options struct {
 	// pruning never holds many row locks at once. Zero means
 	// DefaultPruneBatch.
 	PruneBatch int
+
+	// clockOffset, if set, is added to the database's clock wherever the
+	// backend reads it (tests only: export_test.go).
+	clockOffset func() time.Duration
 }
 
 // schemaName is what Options.Schema accepts: an identifier that needs no
@@ -103,6 +107,21 @@ type settings struct {
 	Options
 	schema string // the quoted schema, for SQL text
 	mode   []any  // pgx.QueryExecModeExec in PollOnly mode, else nothing
+
+	// The engine's clock and retention window, for the claims the backend
+	// makes inside DoTx's transaction (an expired row may be replaced).
+	engineNow func() time.Time
+	retention time.Duration
+	// clockOffset, if set, moves the database's clock as the backend reads
+	// it (tests only: export_test.go).
+	clockOffset func() time.Duration
+}
+
+// channel is the NOTIFY channel of the schema's record changes; outbox
+// wakes use channel() + "_outbox".
+func (s *settings) channel() string {
+	// A channel is an identifier: at most 63 bytes, with "_outbox" added.
+	return "idem_" + s.Schema[:min(len(s.Schema), 50)]
 }
 
 // resolve fills in o's defaults and checks them.
@@ -154,6 +173,8 @@ func resolve(o *Options) (*settings, error) {
 		return nil, fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, s.PruneBatch)
 	}
 	s.schema = pgx.Identifier{s.Schema}.Sanitize()
+	s.clockOffset = s.Options.clockOffset
+	s.engineNow = time.Now
 	if s.PollOnly {
 		s.mode = []any{pgx.QueryExecModeExec}
 	}

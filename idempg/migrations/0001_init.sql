@@ -8,6 +8,11 @@
 --   * the database's clock (now()), in timestamptz columns: leases, which
 --     several processes judge and so must read from one clock.
 
+-- Fencing tokens of claims (records) and of deliveries (outbox): one
+-- sequence, so a token is never given out twice, even for a key deleted and
+-- claimed again.
+CREATE SEQUENCE {schema}.idem_fence AS bigint;
+
 CREATE TABLE {schema}.idem_records (
 	-- The idempotency key; byte order (COLLATE "C") for scans, as bbolt's.
 	key           text COLLATE "C" PRIMARY KEY,
@@ -17,19 +22,23 @@ CREATE TABLE {schema}.idem_records (
 	state         smallint NOT NULL CHECK (state IN (1, 2)),
 	-- Executions of fn for this key, from 1; a takeover adds one.
 	attempt       integer  NOT NULL CHECK (attempt >= 1),
-	-- Whether the current attempt recovers an interrupted execution.
-	recovered     boolean  NOT NULL DEFAULT false,
-	-- The fencing token: every claim (insert or takeover) bumps it, and a
-	-- renewal or completion names the token it holds, so a stale owner's
-	-- writes match no row.
-	fence         bigint   NOT NULL CHECK (fence >= 1),
+	-- The fencing token: every claim (insert or takeover) takes a new one
+	-- from idem_fence, and a renewal or completion names the token it
+	-- holds, so a stale owner's writes match no row.
+	fence         bigint   NOT NULL,
 	-- The claiming process (Options.Owner) and its lease, while started.
 	owner         text,
 	lease_until   timestamptz,
-	-- Engine clock, Unix ns: started, completed (0 while started), and the
-	-- end of the retention window (0: never, under the refuse policy).
+	-- Engine clock, Unix ns: started, completed (0 while started).
 	started_ns    bigint   NOT NULL,
 	completed_ns  bigint   NOT NULL DEFAULT 0,
+	-- Retention: the window the writer had (ns), whether a started record
+	-- is kept until resolved (the refuse policy), and the end of the
+	-- record's own window (completed or started + retention_ns; 0: never).
+	-- A reader with a longer window keeps the record longer (the engine
+	-- judges; the pruner deletes only past both).
+	retention_ns  bigint   NOT NULL,
+	kept_until_resolved boolean NOT NULL DEFAULT false,
 	expires_ns    bigint   NOT NULL,
 	-- fn's response: NULL for nil, '' for empty (they differ).
 	response      bytea,
@@ -83,8 +92,10 @@ CREATE TABLE {schema}.idem_dead_letters (
 	attempt      integer NOT NULL,
 	last_error   text NOT NULL DEFAULT '',
 	enqueued_ns  bigint NOT NULL,
-	-- Engine clock, Unix ns: when it died, and the end of its retention.
+	-- Engine clock, Unix ns: when it died, the dead-letter retention then
+	-- (ns), and the end of that retention.
 	dead_ns      bigint NOT NULL,
+	retention_ns bigint NOT NULL,
 	expires_ns   bigint NOT NULL
 );
 CREATE INDEX idem_dead_letters_order ON {schema}.idem_dead_letters (ordering_key, seq);
