@@ -51,6 +51,9 @@ var _ core.Backend[pgx.Tx] = (*backend)(nil)
 // newBackend returns the backend over pool with s; the schema must be at
 // SchemaVersion.
 func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool bool) (*backend, error) {
+	if m := pool.Config().ConnConfig.DefaultQueryExecMode; s.PollOnly && m != pgx.QueryExecModeExec && m != pgx.QueryExecModeSimpleProtocol {
+		return nil, fmt.Errorf("%w: PollOnly needs a pool whose DefaultQueryExecMode is QueryExecModeExec or QueryExecModeSimpleProtocol (no prepared statements), not %v", ErrOptions, m)
+	}
 	if err := checkVersion(ctx, pool, s); err != nil {
 		return nil, err
 	}
@@ -240,8 +243,8 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 			response = NULL, has_error = false, error_code = '', error_message = ''
 		WHERE ` + fmt.Sprintf(expiredSQL, "r", "$6::bigint", "$5::bigint") + `
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
-		err = b.pool.QueryRow(ctx, b.sql(q), b.s.args(st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
-			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st))...).Scan(&fence, &left)
+		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
+			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st)}, &fence, &left)
 	} else {
 		// Take over the interrupted execution, if it is still the stored
 		// version and its lease has lapsed.
@@ -251,8 +254,8 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 			started_ns = $5::bigint, retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
 		WHERE key = $1::text AND state = 1 AND attempt = $9::integer AND started_ns = $10::bigint AND lease_until <= {now}
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
-		err = b.pool.QueryRow(ctx, b.sql(q), b.s.args(st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
-			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st), p.Attempt, toNs(p.StartedAt))...).Scan(&fence, &left)
+		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
+			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st), p.Attempt, toNs(p.StartedAt)}, &fence, &left)
 	}
 	switch {
 	case err == nil:
@@ -291,9 +294,9 @@ func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
 	for {
 		before := time.Now()
 		var left int64
-		err := b.pool.QueryRow(ctx, b.sql(`UPDATE {schema}.idem_records SET lease_until = `+b.leaseSQL()+`
+		err := b.writeRow(ctx, `UPDATE {schema}.idem_records SET lease_until = `+b.leaseSQL()+`
 			WHERE key = $1::text AND fence = $2::bigint AND state = 1
-			RETURNING (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`), b.s.args(c.Key, int64(c.Token))...).Scan(&left)
+			RETURNING (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`, []any{c.Key, int64(c.Token)}, &left)
 		if err == nil {
 			c.LeaseUntil = before.Add(time.Duration(left) * time.Microsecond)
 			return nil
@@ -389,10 +392,43 @@ func (b *backend) notifying(q string) string {
 	return `WITH w AS (` + q + ` RETURNING key) SELECT pg_notify('` + b.s.channel() + `', key) FROM w`
 }
 
-// exec runs q with args and returns the rows it changed (a notifying
-// statement's rows count as its changed rows).
-func (b *backend) exec(ctx context.Context, q string, args ...any) (pgconn.CommandTag, error) {
-	return b.pool.Exec(ctx, b.sql(q), b.s.args(args...)...)
+// exec runs the write q with args (see write) and returns the rows it
+// changed (a notifying statement's rows count as its changed rows).
+func (b *backend) exec(ctx context.Context, q string, args ...any) (tag pgconn.CommandTag, err error) {
+	err = b.write(ctx, q, args, func(br pgx.BatchResults) error {
+		tag, err = br.Exec()
+		return err
+	})
+	return tag, err
+}
+
+// writeRow runs the write q with args (see write) and scans its one row
+// into dest; no row gives pgx.ErrNoRows.
+func (b *backend) writeRow(ctx context.Context, q string, args []any, dest ...any) error {
+	return b.write(ctx, q, args, func(br pgx.BatchResults) error { return br.QueryRow().Scan(dest...) })
+}
+
+// limitSQL sets lock_timeout and idle_in_transaction_session_timeout for the
+// current transaction only (is_local).
+const limitSQL = `SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true)`
+
+// write sends limitSQL and q in one batch: one round trip, and one implicit
+// transaction, so that q's wait for a row lock (a DoTx transaction of
+// another process holding the key) is bounded by Options.LockTimeout
+// without session state (PgBouncer in transaction pooling mode keeps none).
+func (b *backend) write(ctx context.Context, q string, args []any, read func(pgx.BatchResults) error) error {
+	batch := &pgx.Batch{}
+	batch.Queue(limitSQL, ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout))
+	batch.Queue(b.sql(q), args...)
+	br := b.pool.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	if err == nil {
+		err = read(br)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Release implements core.Backend.

@@ -132,11 +132,11 @@ func (b *backend) Failed(ctx context.Context, m *core.Message) error {
 	var n int64
 	var err error
 	if m.Dead {
-		err = b.pool.QueryRow(ctx, b.sql(`WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint RETURNING *),
+		err = b.writeRow(ctx, `WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint RETURNING *),
 			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns)
 				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::text, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
-			SELECT count(*) FROM i`),
-			b.s.args(int64(m.Seq), m.Attempt, m.LastError, toNs(m.DeadAt), int64(m.DeadLetterRetention))...).Scan(&n)
+			SELECT count(*) FROM i`,
+			[]any{int64(m.Seq), m.Attempt, m.LastError, toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
 	} else {
 		var tag interface{ RowsAffected() int64 }
 		tag, err = b.exec(ctx, `UPDATE {schema}.idem_outbox SET attempt = $2::integer, last_error = $3::text,
