@@ -458,7 +458,7 @@ func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Reco
 		// Back to the interrupted execution, with a lapsed lease and a
 		// token nobody holds.
 		tag, err = b.exec(ctx, b.notifying(`UPDATE {schema}.idem_records SET fingerprint = $3::bigint, attempt = $4::integer,
-			fence = nextval('{schema}.idem_fence'), lease_until = '-infinity', started_ns = $5::bigint,
+			fence = nextval('{schema}.idem_fence'), lease_until = 'epoch', started_ns = $5::bigint,
 			retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
 		WHERE key = $1::text AND fence = $2::bigint AND state = 1`), c.Key, int64(c.Token), int64(restore.Fingerprint),
 			restore.Attempt, toNs(restore.StartedAt), int64(restore.Retention), restore.KeptUntilResolved, expiresNs(restore))
@@ -561,7 +561,7 @@ func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *core.Record) error {
 	has, code, msg := errFields(rec)
 	var owner, lease any
 	if rec.State == core.StateStarted {
-		owner, lease = b.owner, "-infinity"
+		owner, lease = b.owner, "epoch"
 	}
 	_, err := tx.Exec(ctx, b.sql(b.notifying(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns, response, has_error, error_code, error_message)

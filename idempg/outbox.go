@@ -207,7 +207,7 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core
 			return err
 		}
 		q := `INSERT INTO {schema}.idem_outbox (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns)
-			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::bytea, $6::integer, $7::text, $8::bigint, $9::bigint)`
+			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::bytea, $7::integer, $8::text, $9::bigint, $10::bigint)`
 		if !b.s.PollOnly {
 			q = `WITH m AS (` + q + ` RETURNING seq) SELECT pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 		}

@@ -56,7 +56,9 @@ func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (
 	if _, err := tx.Exec(ctx, "SAVEPOINT idem_fn"); err != nil {
 		return err
 	}
+	txs.Store(tx, &txState{b: b, key: c.Key})
 	done, err := b.runFn(tx, fn)
+	txs.Delete(tx)
 	if err != nil {
 		return err
 	}
