@@ -18,6 +18,57 @@
 // own, idempotent, and safe to run from several processes at once without
 // advisory locks (so they also run on engines where those are stubs).
 //
+// # Guarantees
+//
+// The contract is the bbolt engine's (idem's doc.go and DESIGN.md), across
+// every process that shares the schema:
+//
+//   - Do is at least once across processes, and at most once while a claim
+//     is alive: fn runs again for a key only when the process that ran it
+//     left its started record behind (crashed, was stopped or lost the
+//     database) and its lease lapsed; the new run sees CallFrom's Recovered
+//     and the next attempt number. A process stopped or cut off holds a
+//     key at most Options.Lease after its last renewal, and renews every
+//     Options.Heartbeat: with the defaults, at most 30 s, plus at most one
+//     10 s heartbeat period since its fn started. Under RecoverRefuse a
+//     lapsed claim is refused with ErrIncomplete instead.
+//   - A stale owner never overwrites: every claim takes a new fencing
+//     token, and the owner's renewals and completion name it; a completion
+//     after a takeover is refused with ErrFenced. fn's context is cancelled
+//     with cause ErrLeaseLost when a renewal fails, so that fn can stop.
+//   - DoTx is exactly once for what fn writes through its pgx.Tx: fn's
+//     writes, its outbox messages and the done record commit in one
+//     transaction, or none of them (a crash, a stopped process past
+//     idle_in_transaction_session_timeout, a lost connection: the server
+//     rolls back). Effects outside the database are at least once, as in
+//     Do.
+//   - The outbox is at least once and never loses a message: several
+//     processes drain it, each message of an ordering key is delivered after
+//     the ones before it were delivered or died (only the head of an
+//     ordering key is claimable, FOR UPDATE SKIP LOCKED), and a dispatcher
+//     that dies mid-delivery lets the message go after one lease.
+//   - An ambiguous COMMIT (the connection dropped after the statement was
+//     sent) is resolved by reading the record back by its fencing token,
+//     never by writing it again.
+//
+// # Caveats
+//
+//   - Isolation: DoTx runs at READ COMMITTED, Postgres's default; fn raises
+//     it with SET TRANSACTION ISOLATION LEVEL as its first statement, or
+//     locks what it reads (SELECT … FOR UPDATE). Every transaction the
+//     backend runs sets lock_timeout (Options.LockTimeout) and
+//     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
+//     so that a stopped process holding row locks blocks the others for at
+//     most those.
+//   - A key held by another process's DoTx transaction (not yet committed)
+//     is in progress for others: their claim waits up to LockTimeout, then
+//     waits on (InFlightWait) or fails with an *InProgressError.
+//   - Waiters in other processes wake on LISTEN/NOTIFY, with a poll every
+//     Options.PollInterval as the fallback. PgBouncer in transaction pooling
+//     mode (tested in CI) and CockroachDB (documented, not tested here) need
+//     Options.PollOnly: no LISTEN, no prepared statements; the pool must use
+//     pgx.QueryExecModeExec or QueryExecModeSimpleProtocol.
+//
 // # Clocks
 //
 // Leases are judged by the database's clock (now()), never a client's, so
