@@ -28,10 +28,10 @@
 //     left its started record behind (crashed, was stopped or lost the
 //     database) and its lease lapsed; the new run sees CallFrom's Recovered
 //     and the next attempt number. A process stopped or cut off holds a
-//     key at most Options.Lease after its last renewal, and renews every
-//     Options.Heartbeat: with the defaults, at most 30 s, plus at most one
-//     10 s heartbeat period since its fn started. Under RecoverRefuse a
-//     lapsed claim is refused with ErrIncomplete instead.
+//     key for Options.Lease after its last renewal, which came at most
+//     Options.Heartbeat before it stopped: with the defaults, 20 to 30 s
+//     after it stopped. Under RecoverRefuse a lapsed claim is refused with
+//     ErrIncomplete instead.
 //   - A stale owner never overwrites: every claim takes a new fencing
 //     token, and the owner's renewals and completion name it; a completion
 //     after a takeover is refused with ErrFenced. fn's context is cancelled
