@@ -40,6 +40,8 @@ type EngineOptions struct {
 	Now func() time.Time
 	// Logger receives the engine's events; nil discards them.
 	Logger *slog.Logger
+	// Outbox configures the dispatcher.
+	Outbox OutboxOptions
 	// PruneInterval is how often the background pruner deletes expired
 	// records (in batches of Options.PruneBatch); zero means
 	// DefaultPruneInterval, negative disables it (call Prune).
@@ -50,8 +52,11 @@ type EngineOptions struct {
 // engine, over records that several processes share. It is safe for
 // concurrent use.
 type Engine struct {
-	c *core.Engine[pgx.Tx]
-	b *backend
+	c   *core.Engine[pgx.Tx]
+	b   *backend
+	ob  *outbox
+	lg  *slog.Logger
+	dwg sync.WaitGroup // the dispatcher started by OutboxOptions.Dispatch
 
 	closing   context.Context
 	cancel    context.CancelFunc
@@ -92,12 +97,23 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOpti
 		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes, Now: o.Now, Logger: o.Logger,
 	})}
 	e.closing, e.cancel = context.WithCancel(context.Background())
+	e.lg = o.Logger
+	if e.lg == nil {
+		e.lg = slog.New(slog.DiscardHandler)
+	}
+	e.ob = newOutbox(o.Outbox)
+	b.OnCommit(e.ob.poke)
+	if o.Outbox.Dispatch {
+		e.dwg.Go(func() { _ = e.Dispatch(e.closing) })
+	}
 	if o.PruneInterval >= 0 {
 		e.stopPrune, e.pruneDone = make(chan struct{}), make(chan struct{})
 		go e.pruner(max(o.PruneInterval, 0))
 	}
 	return e, nil
 }
+
+func (e *Engine) log() *slog.Logger { return e.lg }
 
 // pruneCtx ends when Close begins, so that a running prune stops between
 // batches.
@@ -119,6 +135,8 @@ func (e *Engine) pruner(every time.Duration) {
 			ctx, cancel := context.WithCancel(context.Background())
 			stop := context.AfterFunc(e.pruneCtx(), cancel)
 			_, _ = e.c.Prune(ctx)
+			now := e.c.Now()
+			_, _ = e.b.PruneDead(ctx, func(m *core.Message) bool { return !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) }, e.b.s.PruneBatch)
 			stop()
 			cancel()
 		}
@@ -179,6 +197,7 @@ func (e *Engine) Close() error {
 		e.cancel()
 		e.c.Stop()
 		e.c.Wait()
+		e.dwg.Wait()
 		if e.stopPrune != nil {
 			close(e.stopPrune)
 			<-e.pruneDone

@@ -1,0 +1,294 @@
+package idempg
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem/internal/core"
+)
+
+// Defaults for the zero values of OutboxOptions, as idem's.
+const (
+	DefaultOutboxWorkers       = 16
+	DefaultBaseBackoff         = time.Second
+	DefaultMaxBackoff          = 10 * time.Minute
+	DefaultMaxAttempts         = 20
+	DefaultDeadLetterRetention = 7 * 24 * time.Hour
+	DefaultOutboxPollInterval  = time.Second
+)
+
+// maxLastErrLen is the most bytes of a handler's error kept with a message.
+const maxLastErrLen = 4096
+
+// Handler delivers one outbox message, as idem.Handler does: nil once the
+// effect is done (the message is removed), or an error to try it again
+// after a backoff. Delivery is at least once (pass m.DownstreamKey on). ctx
+// ends on Close and when Dispatch's ctx ends; an error then does not count
+// as an attempt. A panic counts as a failed attempt.
+type Handler func(ctx context.Context, m core.Message) error
+
+// OutboxOptions configure the dispatcher; each field means what the
+// idem.OutboxOptions field of the same name means, zero values included.
+type OutboxOptions struct {
+	// Dispatch starts the dispatcher at Open, until Close.
+	Dispatch bool
+	// Handlers are the handlers by topic, copied at Open.
+	Handlers map[string]Handler
+	// Workers bounds the handlers running at once in this process.
+	Workers int
+	// BaseBackoff and MaxBackoff bound the jittered exponential wait
+	// between failed attempts (engine clock).
+	BaseBackoff, MaxBackoff time.Duration
+	// MaxAttempts is the number of failed attempts after which a message
+	// becomes a dead letter; negative retries for ever.
+	MaxAttempts int
+	// DeadLetterRetention is how long a dead letter is kept.
+	DeadLetterRetention time.Duration
+	// PollInterval is the longest the dispatcher sleeps without a wake (a
+	// commit here, a NOTIFY from another process); in PollOnly mode it is
+	// how often it looks for messages enqueued elsewhere.
+	PollInterval time.Duration
+}
+
+func (o *OutboxOptions) defaults() {
+	if o.Workers <= 0 {
+		o.Workers = DefaultOutboxWorkers
+	}
+	if o.BaseBackoff <= 0 {
+		o.BaseBackoff = DefaultBaseBackoff
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = DefaultMaxBackoff
+	}
+	o.MaxBackoff = max(o.MaxBackoff, o.BaseBackoff)
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultMaxAttempts
+	}
+	if o.DeadLetterRetention <= 0 {
+		o.DeadLetterRetention = DefaultDeadLetterRetention
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = DefaultOutboxPollInterval
+	}
+}
+
+// outbox is an engine's dispatcher state.
+type outbox struct {
+	opts     OutboxOptions
+	mu       sync.Mutex
+	handlers map[string]Handler
+	running  atomic.Bool
+	wake     chan struct{}
+}
+
+func newOutbox(o OutboxOptions) *outbox {
+	o.defaults()
+	ob := &outbox{opts: o, handlers: map[string]Handler{}, wake: make(chan struct{}, 1)}
+	for t, h := range o.Handlers {
+		ob.handlers[t] = h
+	}
+	return ob
+}
+
+func (ob *outbox) poke() {
+	select {
+	case ob.wake <- struct{}{}:
+	default:
+	}
+}
+
+// DownstreamKey is the key a message passes on to the downstream system,
+// as idem.DownstreamKey: key + "/" + index, or "sha256:" + the hex SHA-256
+// of key + "/" + index when that would exceed 255 bytes.
+func DownstreamKey(key string, index int) string {
+	s := key + "/" + strconv.Itoa(index)
+	if len(s) <= 255 {
+		return s
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:]) + "/" + strconv.Itoa(index)
+}
+
+// Handle registers h for topic's messages, replacing the previous handler; a
+// nil h removes it. Messages of a topic without a handler wait in the
+// outbox, holding back the later messages of their ordering key.
+func (e *Engine) Handle(topic string, h Handler) {
+	e.ob.mu.Lock()
+	if h == nil {
+		delete(e.ob.handlers, topic)
+	} else {
+		e.ob.handlers[topic] = h
+	}
+	e.ob.mu.Unlock()
+	e.ob.poke()
+}
+
+// Dispatch runs this process's dispatcher until ctx ends (ctx.Err()) or the
+// engine closes (ErrClosed). Dispatchers of several processes drain one
+// outbox together: each claims due heads of ordering keys (FOR UPDATE SKIP
+// LOCKED, then a claim for one Options.Lease), so the messages of one
+// ordering key are delivered one at a time, in enqueue order, at least
+// once. A second Dispatch in one engine fails with ErrInProgress. On return
+// every handler it started has returned.
+func (e *Engine) Dispatch(ctx context.Context) error {
+	if !e.ob.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("idempg: dispatch: %w: a dispatcher is running", core.ErrInProgress)
+	}
+	defer e.ob.running.Store(false)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(e.closing, cancel)
+	defer stop()
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	done := make(chan struct{}, e.ob.opts.Workers)
+	busy := 0
+	for {
+		if free := e.ob.opts.Workers - busy; free > 0 {
+			ms, err := e.b.ClaimDue(ctx, e.c.Now(), free)
+			if err != nil && ctx.Err() == nil {
+				e.log().Warn("idem: outbox: claiming messages failed", "err", err)
+			}
+			for _, m := range ms {
+				busy++
+				wg.Go(func() {
+					defer func() { done <- struct{}{} }()
+					e.deliver(ctx, m)
+				})
+			}
+		}
+		t := time.NewTimer(e.ob.opts.PollInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			if e.closing.Err() != nil {
+				return core.ErrClosed
+			}
+			return ctx.Err()
+		case <-e.ob.wake:
+		case <-done:
+			busy--
+		case <-t.C:
+		}
+		t.Stop()
+	drain:
+		for {
+			select {
+			case <-done:
+				busy--
+			default:
+				break drain
+			}
+		}
+	}
+}
+
+// deliver runs m's handler and records the outcome.
+func (e *Engine) deliver(ctx context.Context, m *core.Message) {
+	e.ob.mu.Lock()
+	h := e.ob.handlers[m.Topic]
+	e.ob.mu.Unlock()
+	wctx := context.WithoutCancel(ctx)
+	if h == nil {
+		// No handler: give the claim back without an attempt, and look
+		// again in a poll period (Handle wakes the dispatcher).
+		m.NextAttemptAt = e.c.Now().Add(e.ob.opts.PollInterval)
+		_ = e.b.Failed(wctx, m)
+		return
+	}
+	hm := *m
+	hm.Attempt = m.Attempt + 1
+	hm.DownstreamKey = DownstreamKey(m.Key, m.Index)
+	herr := callHandler(ctx, h, hm)
+	switch {
+	case herr == nil:
+		if err := e.b.Delivered(wctx, m); err != nil && !errors.Is(err, core.ErrNotFound) {
+			e.log().Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
+		}
+	case ctx.Err() != nil:
+		// Stopping: the attempt does not count; the claim lapses.
+		_ = e.b.Failed(wctx, m)
+	default:
+		msg := herr.Error()
+		if len(msg) > maxLastErrLen {
+			msg = msg[:maxLastErrLen]
+		}
+		now := e.c.Now()
+		m.Attempt++
+		m.LastError = msg
+		if o := e.ob.opts; o.MaxAttempts > 0 && m.Attempt >= o.MaxAttempts {
+			m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = time.Time{}, true, now, o.DeadLetterRetention
+		} else {
+			m.NextAttemptAt = now.Add(e.backoff(m.Attempt, rand.Float64()))
+		}
+		if err := e.b.Failed(wctx, m); err != nil && !errors.Is(err, core.ErrNotFound) {
+			e.log().Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+		}
+	}
+}
+
+// callHandler runs h, turning a panic into an error.
+func callHandler(ctx context.Context, h Handler, m core.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("handler panicked: %v\n\n%s", v, debug.Stack())
+		}
+	}()
+	return h(ctx, m)
+}
+
+// backoff is the wait after failed attempt n (from 1): BaseBackoff doubled
+// n-1 times, capped at MaxBackoff, jittered into [w/2, w).
+func (e *Engine) backoff(n int, jitter float64) time.Duration {
+	o := e.ob.opts
+	w := o.MaxBackoff
+	if n-1 < 62 && o.BaseBackoff <= o.MaxBackoff>>(n-1) {
+		w = o.BaseBackoff << (n - 1)
+	}
+	return w/2 + time.Duration(jitter*float64(w/2))
+}
+
+// Messages calls fn for every pending message by Seq, then every dead
+// letter inside its retention by Seq, in one snapshot.
+func (e *Engine) Messages(fn func(m *core.Message, err error) error) error {
+	now := e.c.Now()
+	return e.b.Messages(context.Background(), func(m *core.Message, err error) error {
+		if err == nil && m.Dead && !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) {
+			return nil
+		}
+		if m != nil {
+			m.DownstreamKey = DownstreamKey(m.Key, m.Index)
+		}
+		return fn(m, err)
+	})
+}
+
+// RetryDead puts dead letter seq back in the outbox at its old place, its
+// attempt count from 0; an expired or missing one gives ErrNotFound.
+func (e *Engine) RetryDead(seq uint64) error {
+	now := e.c.Now()
+	err := e.b.RetryDead(context.Background(), seq, func(m *core.Message) error {
+		if !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) {
+			return fmt.Errorf("%w: dead letter %d", core.ErrNotFound, seq)
+		}
+		m.Attempt, m.LastError, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, "", time.Time{}, false, time.Time{}, 0
+		return nil
+	})
+	if err == nil {
+		e.ob.poke()
+	}
+	return err
+}
+
+// DropDead deletes dead letter seq, or returns an error wrapping ErrNotFound.
+func (e *Engine) DropDead(seq uint64) error { return e.b.DropDead(context.Background(), seq) }
