@@ -168,6 +168,10 @@ func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn fu
 	return e.c.DoTx(ctx, key, fingerprint, fn)
 }
 
+// Schema is the schema that holds the engine's tables (Options.Schema). A
+// DoTx fn reads it as current_setting('idem.schema').
+func (e *Engine) Schema() string { return e.b.s.Schema }
+
 // Retention is the retention window the engine was opened with.
 func (e *Engine) Retention() time.Duration { return e.c.Options().Retention }
 
