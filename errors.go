@@ -2,8 +2,8 @@ package idem
 
 import (
 	"errors"
-	"fmt"
-	"time"
+
+	"github.com/idemkit/idem/internal/core"
 )
 
 // Input errors: nothing was stored, so the call can be corrected and retried.
@@ -22,12 +22,12 @@ var (
 	// characters). Inner white space is allowed. Get, Forget and Resolve
 	// check only the length and UTF-8, so that records stored under keys an
 	// earlier version accepted stay reachable.
-	ErrInvalidKey = errors.New("idem: invalid idempotency key")
+	ErrInvalidKey = core.ErrInvalidKey
 
 	// ErrFingerprintMismatch is returned when a key is reused with a different
 	// fingerprint, whatever state its record is in (the IETF Idempotency-Key
 	// draft answers this case with HTTP 422). The stored record is untouched.
-	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
+	ErrFingerprintMismatch = core.ErrFingerprintMismatch
 
 	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered for a
 	// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
@@ -43,32 +43,32 @@ var (
 var (
 	// ErrInProgress is returned, under InFlightFail, while another call with the
 	// same key runs in this process (the IETF draft's HTTP 409).
-	ErrInProgress = errors.New("idem: request in progress")
+	ErrInProgress = core.ErrInProgress
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
 	// that no live call owns (after a crash, a panic, an error fn returned once
 	// its own context had ended, or a failed commit) under RecoverRefuse, and to
 	// waiters whose leader left such a record behind. Resolve the key with
 	// Engine.Resolve or Forget.
-	ErrIncomplete = errors.New("idem: execution incomplete")
+	ErrIncomplete = core.ErrIncomplete
 
 	// ErrRetryable is wrapped by errors made with Retryable: fn promised that its
 	// effect did not happen, the started record was deleted and the key is free
 	// (unless the call recovered an interrupted execution: see Retryable).
-	ErrRetryable = errors.New("idem: retryable")
+	ErrRetryable = core.ErrRetryable
 
 	// ErrResponseTooLarge is returned when fn's response exceeds
 	// Options.MaxResponseSize. The key is done with this error stored: every
 	// replay returns it, fn does not run again, nothing is truncated.
-	ErrResponseTooLarge = errors.New("idem: response too large")
+	ErrResponseTooLarge = core.ErrResponseTooLarge
 
 	// ErrNotFound is returned by operator calls (Get, Forget, Resolve) for a key
 	// that has no live record.
-	ErrNotFound = errors.New("idem: record not found")
+	ErrNotFound = core.ErrNotFound
 
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
-	ErrState = errors.New("idem: record in the wrong state")
+	ErrState = core.ErrState
 )
 
 // InProgressError is the error, wrapped in an *OpError, of a duplicate refused
@@ -76,34 +76,22 @@ var (
 // It matches ErrInProgress with errors.Is. Adapters turn it into the IETF
 // Idempotency-Key draft's HTTP 409 with a Retry-After header, or an MCP
 // error with a retryAfter hint.
-type InProgressError struct {
-	// StartedAt is when the running call took the key (engine clock).
-	StartedAt time.Time
-	// RetryAfter is how long to wait before retrying: Options.RetryAfter.
-	RetryAfter time.Duration
-}
-
-func (e *InProgressError) Error() string {
-	return fmt.Sprintf("%s (started %s; retry after %v)", ErrInProgress.Error(), e.StartedAt.UTC().Format(time.RFC3339), e.RetryAfter)
-}
-
-// Is reports whether target is ErrInProgress.
-func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+type InProgressError = core.InProgressError
 
 // Engine errors.
 var (
 	// ErrCorrupt is returned for a stored record that fails to decode (bad
 	// checksum, truncated, unknown version). The error names the key.
-	ErrCorrupt = errors.New("idem: corrupt record")
+	ErrCorrupt = core.ErrCorrupt
 
 	// ErrClosed is returned by every call made after Close.
-	ErrClosed = errors.New("idem: engine closed")
+	ErrClosed = core.ErrClosed
 
 	// ErrReentrant is returned for a call that would wait for itself: any call
 	// of the engine from inside a DoTx fn (which holds the file's single
 	// writer), and a call with fn's own key from fn (passing fn's context,
 	// or any context from the goroutine running fn). The error says which.
-	ErrReentrant = errors.New("idem: re-entrant call")
+	ErrReentrant = core.ErrReentrant
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
@@ -113,55 +101,16 @@ var (
 // OpError reports which operation failed on which key, and why. Err is never
 // nil; errors.Is and errors.As see through it (bbolt's errors included, for
 // example bbolt's ErrTimeout from Open).
-type OpError struct {
-	Op  string // "do", "dotx", "get", "forget", "resolve", "open", ...
-	Key string // the idempotency key, or the file path for "open"
-	Err error
-}
-
-func (e *OpError) Error() string {
-	if e.Key == "" {
-		return "idem: " + e.Op + ": " + e.Err.Error()
-	}
-	return fmt.Sprintf("idem: %s %q: %v", e.Op, e.Key, e.Err)
-}
-
-func (e *OpError) Unwrap() error { return e.Err }
+type OpError = core.OpError
 
 // Error is the outcome of a call whose fn returned a permanent error. The first
 // call's Error wraps fn's own error, so errors.Is works on the user's sentinels;
 // a replay (also after a restart) carries only the stored Code and Message.
-type Error struct {
-	// Code is the machine-readable code: from WithCode, or from the first error
-	// in fn's chain with a Code() string method; empty otherwise.
-	Code string
-	// Message is the text of fn's error (err.Error()), as stored.
-	Message string
-	// Replayed tells that this error was answered from the stored record.
-	Replayed bool
-
-	err error // fn's error; nil on replays
-}
-
-func (e *Error) Error() string {
-	if e.Code == "" {
-		return e.Message
-	}
-	return e.Code + ": " + e.Message
-}
-
-// Unwrap returns fn's error on the first call, nil on a replay.
-func (e *Error) Unwrap() error { return e.err }
-
-// Is reports ErrResponseTooLarge for the stored outcome of an oversized
-// response, so the replay matches the sentinel as the first answer did.
-func (e *Error) Is(target error) bool {
-	return target == ErrResponseTooLarge && e.Code == CodeResponseTooLarge
-}
+type Error = core.Error
 
 // CodeResponseTooLarge is the Code of the Error stored when fn's response
 // exceeds Options.MaxResponseSize.
-const CodeResponseTooLarge = "idem_response_too_large"
+const CodeResponseTooLarge = core.CodeResponseTooLarge
 
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and
@@ -170,43 +119,8 @@ const CodeResponseTooLarge = "idem_response_too_large"
 // execution, whose effect is still unknown, the key keeps a started record
 // with this attempt's number, and the next call recovers again (DESIGN.md,
 // "what frees a key"). Retryable(nil) is nil.
-func Retryable(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &retryableError{err}
-}
-
-type retryableError struct{ err error }
-
-func (e *retryableError) Error() string        { return "retryable: " + e.err.Error() }
-func (e *retryableError) Unwrap() []error      { return []error{ErrRetryable, e.err} }
-func (e *retryableError) Is(target error) bool { return target == ErrRetryable }
+func Retryable(err error) error { return core.Retryable(err) }
 
 // WithCode attaches a machine-readable code to err, stored with the record and
 // replayed as Error.Code ("card_declined"). WithCode(nil, code) is nil.
-func WithCode(err error, code string) error {
-	if err == nil {
-		return nil
-	}
-	return &codedError{err: err, code: code}
-}
-
-type codedError struct {
-	err  error
-	code string
-}
-
-func (e *codedError) Error() string { return e.err.Error() }
-func (e *codedError) Unwrap() error { return e.err }
-func (e *codedError) Code() string  { return e.code }
-
-// errorCode returns the code of the first error in err's chain that has a
-// Code() string method.
-func errorCode(err error) string {
-	var c interface{ Code() string }
-	if errors.As(err, &c) {
-		return c.Code()
-	}
-	return ""
-}
+func WithCode(err error, code string) error { return core.WithCode(err, code) }

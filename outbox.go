@@ -21,6 +21,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
@@ -122,45 +123,30 @@ type OutboxStats struct {
 type Handler func(ctx context.Context, m Message) error
 
 // Message is an outbox message: as given to a Handler, and as listed by
-// Engine.Messages.
-type Message struct {
-	// Seq names the message in the file (RetryDead, DropDead, the CLI): it
-	// is unique and increases in enqueue order.
-	Seq uint64
-	// Topic selects the handler.
-	Topic string
-	// Key is the idempotency key of the DoTx call that enqueued the message.
-	Key string
-	// Index is the message's position among the messages of that call,
-	// from 0.
-	Index int
-	// DownstreamKey is DownstreamKey(Key, Index): the key to pass on to the
-	// downstream system. Retries of the message reuse it; other messages
-	// never share it.
-	DownstreamKey string
-	// OrderingKey groups the messages delivered in enqueue order, one at a
-	// time: by default Key, else the one given to Tx.EnqueueOrdered.
-	OrderingKey string
-	// Payload is the bytes given to Enqueue (nil and empty differ). The
-	// handler owns its copy.
-	Payload []byte
-	// Attempt counts delivery attempts: in a handler, the one in progress
-	// (1 on the first delivery); in Messages, the failed attempts so far.
-	// An attempt cut short by a crash is not counted.
-	Attempt int
-	// EnqueuedAt is when the call enqueued it (engine clock).
-	EnqueuedAt time.Time
-
-	// NextAttemptAt is when a message that failed may be tried again
-	// (engine clock); zero for at once.
-	NextAttemptAt time.Time
-	// LastError is the text of the last failed attempt's error (its first
-	// 4 KiB), empty if none.
-	LastError string
-	// Dead is true for a dead letter, DeadAt when it died (engine clock).
-	Dead   bool
-	DeadAt time.Time
-}
+// Engine.Messages. The type is the state machine's (internal/core), shared by
+// every backend; its fields:
+//
+//   - Seq names the message in the file (RetryDead, DropDead, the CLI): it is
+//     unique and increases in enqueue order.
+//   - Topic selects the handler.
+//   - Key is the idempotency key of the DoTx call that enqueued the message,
+//     Index its position among the messages of that call, from 0.
+//   - DownstreamKey is DownstreamKey(Key, Index): the key to pass on to the
+//     downstream system. Retries of the message reuse it; other messages
+//     never share it.
+//   - OrderingKey groups the messages delivered in enqueue order, one at a
+//     time: by default Key, else the one given to Tx.EnqueueOrdered.
+//   - Payload is the bytes given to Enqueue (nil and empty differ). The
+//     handler owns its copy.
+//   - Attempt counts delivery attempts: in a handler, the one in progress (1
+//     on the first delivery); in Messages, the failed attempts so far. An
+//     attempt cut short by a crash is not counted.
+//   - EnqueuedAt is when the call enqueued it (engine clock); NextAttemptAt
+//     when a message that failed may be tried again (zero for at once).
+//   - LastError is the text of the last failed attempt's error (its first 4
+//     KiB), empty if none.
+//   - Dead is true for a dead letter, DeadAt when it died (engine clock).
+type Message = core.Message
 
 // DownstreamKey is the key a message passes on to the downstream system
 // (Message.DownstreamKey): key + "/" + index, for example "order-42/0". If
@@ -206,14 +192,9 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if orderingKey == "" {
 		orderingKey = t.key
 	}
-	b := outboxBucket(t.tx)
-	seq, err := b.NextSequence()
-	if err != nil {
-		return err
-	}
-	m := &Message{Seq: seq, Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
+	m := &Message{Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
 		Payload: payload, EnqueuedAt: t.e.now()}
-	if err := b.Put(layout.U64(seq), encodeMessage(nil, m)); err != nil {
+	if err := t.e.b.Enqueue(t, m); err != nil {
 		return err
 	}
 	t.msgs++
@@ -261,13 +242,13 @@ func (e *Engine) Handle(topic string, h Handler) {
 // ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. On
 // return every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error {
-	if err := e.reentrant(ctx, ""); err != nil {
+	if err := e.core.Reentrant(ctx, ""); err != nil {
 		return &OpError{Op: "dispatch", Err: err}
 	}
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "dispatch", Err: err}
 	}
-	defer e.calls.Done()
+	defer e.exitOp()
 	if e.opts.ReadOnly {
 		return &OpError{Op: "dispatch", Err: fmt.Errorf("the file is open read-only: %w", bolterrors.ErrDatabaseReadOnly)}
 	}
@@ -298,7 +279,7 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "messages", Err: err}
 	}
-	defer e.calls.Done()
+	defer e.exitOp()
 	now := e.now()
 	return e.db.View(func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
@@ -374,7 +355,7 @@ func (e *Engine) operateDead(op string, fn func(tx *bbolt.Tx) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: op, Err: err}
 	}
-	defer e.calls.Done()
+	defer e.exitOp()
 	if err := e.pipe.Do(fn); err != nil {
 		return e.writeErr(op, "", err)
 	}

@@ -29,7 +29,7 @@ func (e *Engine) Prune(ctx context.Context) (int, error) {
 	if err := e.enterOp(); err != nil {
 		return 0, &OpError{Op: "prune", Err: err}
 	}
-	defer e.calls.Done()
+	defer e.exitOp()
 	return e.prune(ctx)
 }
 
@@ -37,7 +37,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	e.pruneMu.Lock() // Prune and the background pruner take turns
 	defer e.pruneMu.Unlock()
 	total := 0
-	defer func() { e.n.pruned.Add(uint64(total)) }()
+	defer func() { e.core.Counters().Pruned.Add(uint64(total)) }()
 	defer e.observePrune(&total, e.observeStart())
 	now := e.now()
 	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention

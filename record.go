@@ -4,31 +4,22 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/idemkit/idem/internal/core"
 	"hash/crc32"
 	"time"
 )
 
 // State is the state of a stored record.
-type State uint8
+type State = core.State
 
 const (
 	// StateStarted: the record was committed before fn ran and fn's outcome is
 	// not recorded yet. Without a live call that owns it, it is an interrupted
 	// execution.
-	StateStarted State = 1
+	StateStarted = core.StateStarted
 	// StateDone: fn returned and its response and error are recorded.
-	StateDone State = 2
+	StateDone = core.StateDone
 )
-
-func (s State) String() string {
-	switch s {
-	case StateStarted:
-		return "started"
-	case StateDone:
-		return "done"
-	}
-	return fmt.Sprintf("State(%d)", uint8(s))
-}
 
 // ParseState is the inverse of State.String ("started", "done").
 func ParseState(s string) (State, error) {
@@ -41,34 +32,15 @@ func ParseState(s string) (State, error) {
 	return 0, fmt.Errorf("idem: unknown state %q (want started or done)", s)
 }
 
-// Record is the stored outcome of one idempotency key, as Get returns it.
-type Record struct {
-	Key   string
-	State State
-	// Fingerprint is the 64-bit xxhash of the fingerprint bytes of the call that
-	// created the record.
-	Fingerprint uint64
-	// Attempt counts executions of fn for this key, starting at 1; a recovered
-	// interrupted execution increments it.
-	Attempt int
-	// StartedAt is when the current attempt's started record was committed
-	// (engine clock). CompletedAt is when it became done; zero while started.
-	StartedAt   time.Time
-	CompletedAt time.Time
-	// Response is fn's response; nil and empty differ and stay different.
-	Response []byte
-	// Err is the stored permanent error, nil if fn succeeded.
-	Err *Error
-}
-
-// ExpiresAt is when the record leaves the retention window: retention after it
-// completed, or after it started for a started record.
-func (r *Record) ExpiresAt(retention time.Duration) time.Time {
-	if r.State == StateDone {
-		return r.CompletedAt.Add(retention)
-	}
-	return r.StartedAt.Add(retention)
-}
+// Record is the stored outcome of one idempotency key, as Get returns it:
+// its key, State, Fingerprint (the 64-bit xxhash of the fingerprint bytes of
+// the call that created it), Attempt (executions of fn, from 1), StartedAt and
+// CompletedAt (engine clock; CompletedAt zero while started), Response (nil
+// and empty differ) and Err (the stored permanent error, nil if fn
+// succeeded). Record.ExpiresAt(retention) is when it leaves the retention
+// window. The type is the state machine's (internal/core), shared by every
+// backend.
+type Record = core.Record
 
 // Record encoding, version 1 (little endian):
 //

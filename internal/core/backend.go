@@ -381,5 +381,5 @@ type PanicError struct {
 }
 
 func (p *PanicError) Error() string {
-	return fmt.Sprintf("DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
+	return fmt.Sprintf("idem: DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
 }

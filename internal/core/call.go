@@ -267,7 +267,10 @@ func (e *Engine[T]) claim(ctx context.Context, c *leading, started *Record) (*Cl
 		c.claim = cr.Claim
 		return cr.Claim, nil
 	case ClaimOwned:
-		c.current = c.prev
+		// Taken meanwhile by a live owner elsewhere: wait for it or refuse,
+		// as for a record Owner reports owned.
+		_, err := e.ownedElsewhere(ctx, c, c.prev)
+		return nil, err
 	default:
 		c.current = cr.Current
 	}

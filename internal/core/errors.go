@@ -21,7 +21,7 @@ var (
 	ErrState               = errors.New("idem: record in the wrong state")
 	ErrCorrupt             = errors.New("idem: corrupt record")
 	ErrClosed              = errors.New("idem: engine closed")
-	ErrReentrant           = errors.New("idem: engine called from inside DoTx")
+	ErrReentrant           = errors.New("idem: re-entrant call")
 
 	// ErrGoexit is returned by Backend.RunTx when fn called runtime.Goexit
 	// (t.FailNow does): nothing fn wrote committed.

@@ -130,3 +130,7 @@ func (e *Engine[T]) Prune(ctx context.Context) (n int, err error) {
 	}
 	return r.Deleted, nil
 }
+
+// Uncache drops key's entry from the replay cache, so the next replay reads
+// the backend (tests that change a stored record behind the engine's back).
+func (e *Engine[T]) Uncache(key string) { e.cache.forget(key) }
