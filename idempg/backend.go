@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -179,8 +180,16 @@ func errFields(r *core.Record) (has bool, code, msg string) {
 	return true, r.Err.Code, r.Err.Message
 }
 
+// storable reports whether key can be stored in a text column: valid UTF-8
+// without NUL. Any other key (an operator's call for a key of the old rules)
+// has no record here.
+func storable(key string) bool { return utf8.ValidString(key) && strings.IndexByte(key, 0) < 0 }
+
 // Lookup implements core.Backend: one SELECT by key.
 func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, error) {
+	if !storable(q.Key) {
+		return nil, nil
+	}
 	var r scanned
 	err := b.pool.QueryRow(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(q.Key)...).Scan(r.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -214,7 +223,11 @@ func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, 
 	if err != nil {
 		return core.Ownership{}, err
 	}
-	if left <= 0 {
+	if left <= 0 || owner == b.owner {
+		// Lapsed; or claimed by this engine, whose calls the engine knows:
+		// none runs for the key while it asks (it holds the key), so the
+		// record is an interrupted execution of this engine's, recovered at
+		// once, as on bbolt.
 		return core.Ownership{Owner: owner}, nil
 	}
 	return core.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
@@ -260,7 +273,7 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 		q := `UPDATE {schema}.idem_records SET fingerprint = $2::bigint, attempt = $3::integer,
 			fence = nextval('{schema}.idem_fence'), owner = $4::text, lease_until = ` + b.leaseSQL() + `,
 			started_ns = $5::bigint, retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
-		WHERE key = $1::text AND state = 1 AND attempt = $9::integer AND started_ns = $10::bigint AND lease_until <= {now}
+		WHERE key = $1::text AND state = 1 AND attempt = $9::integer AND started_ns = $10::bigint AND (lease_until <= {now} OR owner = $4::text)
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
 		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
 			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st), p.Attempt, toNs(p.StartedAt)}, &fence, &left)
@@ -517,6 +530,9 @@ func (b *backend) Holding() bool {
 
 // Forget implements core.Backend.
 func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
+	if !storable(key) {
+		return false, nil
+	}
 	tag, err := b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text`), key)
 	if err != nil {
 		return false, err
@@ -528,6 +544,13 @@ func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 // UPDATE); its record replaces the row with a new token, so that a claim
 // still running is fenced off.
 func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Record) (*core.Record, error)) error {
+	if !storable(key) {
+		_, err := fn(nil)
+		if err == nil {
+			err = fmt.Errorf("%w: key %q cannot be stored in Postgres", core.ErrInvalidKey, key)
+		}
+		return err
+	}
 	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var (
 			r   scanned

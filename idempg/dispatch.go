@@ -88,11 +88,15 @@ type outbox struct {
 	handlers map[string]Handler
 	running  atomic.Bool
 	wake     chan struct{}
+	// parked are claimed messages whose topic has no handler: their
+	// claims are kept (holding back their ordering keys) until Handle
+	// registers one or the dispatcher stops, then given back.
+	parked map[uint64]*core.Message
 }
 
 func newOutbox(o OutboxOptions) *outbox {
 	o.defaults()
-	ob := &outbox{opts: o, handlers: map[string]Handler{}, wake: make(chan struct{}, 1)}
+	ob := &outbox{opts: o, handlers: map[string]Handler{}, wake: make(chan struct{}, 1), parked: map[uint64]*core.Message{}}
 	for t, h := range o.Handlers {
 		ob.handlers[t] = h
 	}
@@ -128,8 +132,24 @@ func (e *Engine) Handle(topic string, h Handler) {
 	} else {
 		e.ob.handlers[topic] = h
 	}
+	var back []*core.Message
+	for seq, m := range e.ob.parked {
+		if h != nil && m.Topic == topic {
+			back = append(back, m)
+			delete(e.ob.parked, seq)
+		}
+	}
 	e.ob.mu.Unlock()
+	e.unpark(back)
 	e.ob.poke()
+}
+
+// unpark gives the claims of ms back, unchanged, so that a dispatcher
+// claims them again.
+func (e *Engine) unpark(ms []*core.Message) {
+	for _, m := range ms {
+		_ = e.b.Failed(context.Background(), m)
+	}
 }
 
 // Dispatch runs this process's dispatcher until ctx ends (ctx.Err()) or the
@@ -150,7 +170,17 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	defer stop()
 
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	defer func() {
+		wg.Wait()
+		e.ob.mu.Lock()
+		var back []*core.Message
+		for seq, m := range e.ob.parked {
+			back = append(back, m)
+			delete(e.ob.parked, seq)
+		}
+		e.ob.mu.Unlock()
+		e.unpark(back)
+	}()
 	done := make(chan struct{}, e.ob.opts.Workers)
 	busy := 0
 	for {
@@ -197,15 +227,17 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 	e.ob.mu.Lock()
 	h := e.ob.handlers[m.Topic]
-	e.ob.mu.Unlock()
-	wctx := context.WithoutCancel(ctx)
 	if h == nil {
-		// No handler: give the claim back without an attempt, and look
-		// again in a poll period (Handle wakes the dispatcher).
-		m.NextAttemptAt = e.c.Now().Add(e.ob.opts.PollInterval)
-		_ = e.b.Failed(wctx, m)
+		// No handler: keep the claim (the message holds back its ordering
+		// key) until Handle registers one.
+		cp := *m
+		e.ob.parked[m.Seq] = &cp
+	}
+	e.ob.mu.Unlock()
+	if h == nil {
 		return
 	}
+	wctx := context.WithoutCancel(ctx)
 	hm := *m
 	hm.Attempt = m.Attempt + 1
 	hm.DownstreamKey = DownstreamKey(m.Key, m.Index)

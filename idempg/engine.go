@@ -73,6 +73,12 @@ type Engine struct {
 // set its DefaultQueryExecMode to pgx.QueryExecModeExec or
 // QueryExecModeSimpleProtocol, for fn's statements in DoTx too.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOptions) (*Engine, error) {
+	return open(ctx, pool, opts, eo, nil)
+}
+
+// open is Open with the state machine over wrap(backend) if wrap is set
+// (the conformance suite's test backends); the outbox uses the backend.
+func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOptions, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
 	s, err := resolve(opts)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", err)
@@ -92,7 +98,11 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOpti
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", err)
 	}
-	e := &Engine{b: b, c: core.New[pgx.Tx](b, core.Options{
+	var cb core.Backend[pgx.Tx] = b
+	if wrap != nil {
+		cb = wrap(b)
+	}
+	e := &Engine{b: b, c: core.New[pgx.Tx](cb, core.Options{
 		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
 		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes, Now: o.Now, Logger: o.Logger,
 	})}

@@ -23,7 +23,9 @@ import (
 
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 const (
@@ -36,7 +38,8 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(envChild); role != "" {
 		os.Exit(childMain(role))
 	}
-	os.Exit(m.Run())
+	idemtest.ChildMain()
+	os.Exit(testkit.Main(m, nil))
 }
 
 // childMain runs a child's role and returns its exit status. It reports on
