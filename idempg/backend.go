@@ -721,8 +721,16 @@ func (b *backend) WaitChange(ctx context.Context, key string) error {
 }
 
 // Close implements core.Backend.
+//
+// The engine calls it after its last call returned, so every started record
+// this backend claimed is an interrupted execution: Close ends their leases
+// (lease_until in the past), so that other processes recover them at once
+// instead of waiting a lease out.
 func (b *backend) Close() error {
 	b.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), b.s.LockTimeout)
+		_, _ = b.exec(ctx, `UPDATE {schema}.idem_records SET lease_until = 'epoch' WHERE owner = $1::text AND state = 1`, b.owner)
+		cancel()
 		if b.l != nil {
 			b.l.close()
 		}
