@@ -237,10 +237,11 @@ func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, 
 // unqualified, or qualified by the table name in ON CONFLICT) may be
 // replaced by a new claim: outside its retention window at the engine's now
 // ($now, ns) with the longer of its window and the engine's ($ret, ns), and
-// not held by a live lease.
+// not held by a live lease of another engine ($me, %[4]s: this engine's own
+// are interrupted executions).
 const expiredSQL = `NOT (%[1]s.state = 1 AND %[1]s.kept_until_resolved)
 	AND (CASE WHEN %[1]s.state = 2 THEN %[1]s.completed_ns ELSE %[1]s.started_ns END) + GREATEST(%[1]s.retention_ns, %[2]s) <= %[3]s
-	AND (%[1]s.state = 2 OR %[1]s.lease_until <= {now})`
+	AND (%[1]s.state = 2 OR %[1]s.lease_until <= {now} OR %[1]s.owner = %[4]s)`
 
 // Claim implements core.Backend.
 func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
@@ -262,7 +263,7 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
 			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
 			response = NULL, has_error = false, error_code = '', error_message = ''
-		WHERE ` + fmt.Sprintf(expiredSQL, "r", "$6::bigint", "$5::bigint") + `
+		WHERE ` + fmt.Sprintf(expiredSQL, "r", "$6::bigint", "$5::bigint", "$4::text") + `
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
 		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
 			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st)}, &fence, &left)
@@ -644,9 +645,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 		rows, err := b.pool.Query(ctx, b.sql(`DELETE FROM {schema}.idem_records WHERE key IN (
 				SELECT key FROM {schema}.idem_records AS r
 				WHERE expires_ns > 0 AND expires_ns <= $1::bigint AND (NOT $3::boolean OR state = 2)
-					AND `+fmt.Sprintf(expiredSQL, "r", "$2::bigint", "$1::bigint")+`
+					AND `+fmt.Sprintf(expiredSQL, "r", "$2::bigint", "$1::bigint", "$5::text")+`
 				ORDER BY expires_ns LIMIT $4::integer FOR UPDATE SKIP LOCKED)
-			RETURNING state`), b.s.args(now, int64(req.Retention), req.KeepStarted, limit)...)
+			RETURNING state`), b.s.args(now, int64(req.Retention), req.KeepStarted, limit, b.owner)...)
 		if err != nil {
 			return res, err
 		}

@@ -185,9 +185,17 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	busy := 0
 	for {
 		if free := e.ob.opts.Workers - busy; free > 0 {
-			ms, err := e.b.ClaimDue(ctx, e.c.Now(), free)
+			// Not cut short by ctx: a claim that committed but whose answer
+			// was dropped would hold its messages for a lease.
+			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), e.b.s.LockTimeout)
+			ms, err := e.b.ClaimDue(cctx, e.c.Now(), free)
+			ccancel()
 			if err != nil && ctx.Err() == nil {
 				e.log().Warn("idem: outbox: claiming messages failed", "err", err)
+			}
+			if ctx.Err() != nil {
+				e.unpark(ms) // stopping: give the claims back
+				ms = nil
 			}
 			for _, m := range ms {
 				busy++

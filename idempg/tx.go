@@ -41,7 +41,7 @@ func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (
 			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, `+b.leaseSQL()+`, 0, 0, 0, false, 0)
 			ON CONFLICT (key) DO UPDATE SET state = 1, fence = EXCLUDED.fence, owner = EXCLUDED.owner,
 				lease_until = EXCLUDED.lease_until, response = NULL, has_error = false
-			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "$5::bigint")+`
+			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "$5::bigint", "$3::text")+`
 			RETURNING fence`), b.s.args(c.Key, int64(c.Fingerprint), b.owner, int64(b.s.retention), toNs(b.s.engineNow()))...).Scan(&fence)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
