@@ -83,16 +83,9 @@ func (h *pgHarness) options(store string) *idempg.Options {
 }
 
 func engineOptions(o idemtest.Options) *idempg.EngineOptions {
-	handlers := map[string]idempg.Handler{}
-	for topic, hd := range o.Outbox.Handlers {
-		handlers[topic] = idempg.Handler(hd)
-	}
 	return &idempg.EngineOptions{
 		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
-		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Logger: o.Logger, PruneInterval: -1,
-		Outbox: idempg.OutboxOptions{Dispatch: o.Outbox.Dispatch, Handlers: handlers, Workers: o.Outbox.Workers,
-			BaseBackoff: o.Outbox.BaseBackoff, MaxBackoff: o.Outbox.MaxBackoff, MaxAttempts: o.Outbox.MaxAttempts,
-			DeadLetterRetention: o.Outbox.DeadLetterRetention, PollInterval: o.Outbox.PollInterval},
+		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Logger: o.Logger, PruneInterval: -1, Outbox: o.Outbox,
 	}
 }
 

@@ -2,88 +2,53 @@ package idempg
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/core"
-)
-
-// Defaults for the zero values of OutboxOptions, as idem's.
-const (
-	DefaultOutboxWorkers       = 16
-	DefaultBaseBackoff         = time.Second
-	DefaultMaxBackoff          = 10 * time.Minute
-	DefaultMaxAttempts         = 20
-	DefaultDeadLetterRetention = 7 * 24 * time.Hour
-	DefaultOutboxPollInterval  = time.Second
 )
 
 // maxLastErrLen is the most bytes of a handler's error kept with a message.
 const maxLastErrLen = 4096
 
-// Handler delivers one outbox message, as idem.Handler does: nil once the
-// effect is done (the message is removed), or an error to try it again
-// after a backoff. Delivery is at least once (pass m.DownstreamKey on). ctx
-// ends on Close and when Dispatch's ctx ends; an error then does not count
-// as an attempt. A panic counts as a failed attempt.
-type Handler func(ctx context.Context, m core.Message) error
+// Handler delivers one outbox message: idem.Handler, with the same contract
+// (nil once the effect is done; an error to try again after a backoff;
+// delivery at least once, so pass m.DownstreamKey on).
+type Handler = idem.Handler
 
-// OutboxOptions configure the dispatcher; each field means what the
-// idem.OutboxOptions field of the same name means, zero values included.
-type OutboxOptions struct {
-	// Dispatch starts the dispatcher at Open, until Close.
-	Dispatch bool
-	// Handlers are the handlers by topic, copied at Open.
-	Handlers map[string]Handler
-	// Workers bounds the handlers running at once in this process.
-	Workers int
-	// BaseBackoff and MaxBackoff bound the jittered exponential wait
-	// between failed attempts (engine clock).
-	BaseBackoff, MaxBackoff time.Duration
-	// MaxAttempts is the number of failed attempts after which a message
-	// becomes a dead letter; negative retries for ever.
-	MaxAttempts int
-	// DeadLetterRetention is how long a dead letter is kept.
-	DeadLetterRetention time.Duration
-	// PollInterval is the longest the dispatcher sleeps without a wake (a
-	// commit here, a NOTIFY from another process); in PollOnly mode it is
-	// how often it looks for messages enqueued elsewhere.
-	PollInterval time.Duration
-}
-
-func (o *OutboxOptions) defaults() {
+// defaults fills in the zero values of an idem.OutboxOptions, as the bbolt
+// engine does (idem.DefaultOutboxWorkers and the other idem.Default*).
+func outboxDefaults(o *idem.OutboxOptions) {
 	if o.Workers <= 0 {
-		o.Workers = DefaultOutboxWorkers
+		o.Workers = idem.DefaultOutboxWorkers
 	}
 	if o.BaseBackoff <= 0 {
-		o.BaseBackoff = DefaultBaseBackoff
+		o.BaseBackoff = idem.DefaultBaseBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
+		o.MaxBackoff = idem.DefaultMaxBackoff
 	}
 	o.MaxBackoff = max(o.MaxBackoff, o.BaseBackoff)
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultMaxAttempts
+		o.MaxAttempts = idem.DefaultMaxAttempts
 	}
 	if o.DeadLetterRetention <= 0 {
-		o.DeadLetterRetention = DefaultDeadLetterRetention
+		o.DeadLetterRetention = idem.DefaultDeadLetterRetention
 	}
 	if o.PollInterval <= 0 {
-		o.PollInterval = DefaultOutboxPollInterval
+		o.PollInterval = idem.DefaultPollInterval
 	}
 }
 
 // outbox is an engine's dispatcher state.
 type outbox struct {
-	opts     OutboxOptions
+	opts     idem.OutboxOptions
 	mu       sync.Mutex
 	handlers map[string]Handler
 	running  atomic.Bool
@@ -94,8 +59,8 @@ type outbox struct {
 	parked map[uint64]*core.Message
 }
 
-func newOutbox(o OutboxOptions) *outbox {
-	o.defaults()
+func newOutbox(o idem.OutboxOptions) *outbox {
+	outboxDefaults(&o)
 	ob := &outbox{opts: o, handlers: map[string]Handler{}, wake: make(chan struct{}, 1), parked: map[uint64]*core.Message{}}
 	for t, h := range o.Handlers {
 		ob.handlers[t] = h
@@ -108,18 +73,6 @@ func (ob *outbox) poke() {
 	case ob.wake <- struct{}{}:
 	default:
 	}
-}
-
-// DownstreamKey is the key a message passes on to the downstream system,
-// as idem.DownstreamKey: key + "/" + index, or "sha256:" + the hex SHA-256
-// of key + "/" + index when that would exceed 255 bytes.
-func DownstreamKey(key string, index int) string {
-	s := key + "/" + strconv.Itoa(index)
-	if len(s) <= 255 {
-		return s
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:]) + "/" + strconv.Itoa(index)
 }
 
 // Handle registers h for topic's messages, replacing the previous handler; a
@@ -248,7 +201,7 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 	wctx := context.WithoutCancel(ctx)
 	hm := *m
 	hm.Attempt = m.Attempt + 1
-	hm.DownstreamKey = DownstreamKey(m.Key, m.Index)
+	hm.DownstreamKey = idem.DownstreamKey(m.Key, m.Index)
 	herr := callHandler(ctx, h, hm)
 	switch {
 	case herr == nil:
@@ -278,7 +231,7 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 }
 
 // callHandler runs h, turning a panic into an error.
-func callHandler(ctx context.Context, h Handler, m core.Message) (err error) {
+func callHandler(ctx context.Context, h Handler, m idem.Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("handler panicked: %v\n\n%s", v, debug.Stack())
@@ -300,14 +253,14 @@ func (e *Engine) backoff(n int, jitter float64) time.Duration {
 
 // Messages calls fn for every pending message by Seq, then every dead
 // letter inside its retention by Seq, in one snapshot.
-func (e *Engine) Messages(fn func(m *core.Message, err error) error) error {
+func (e *Engine) Messages(fn func(m *idem.Message, err error) error) error {
 	now := e.c.Now()
 	return e.b.Messages(context.Background(), func(m *core.Message, err error) error {
 		if err == nil && m.Dead && !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) {
 			return nil
 		}
 		if m != nil {
-			m.DownstreamKey = DownstreamKey(m.Key, m.Index)
+			m.DownstreamKey = idem.DownstreamKey(m.Key, m.Index)
 		}
 		return fn(m, err)
 	})

@@ -11,6 +11,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
+
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
@@ -32,7 +34,7 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				fails     = map[string]int{}
 				total     = make(chan struct{}, 100)
 			)
-			handler := func(ctx context.Context, m core.Message) error {
+			handler := func(ctx context.Context, m idem.Message) error {
 				mu.Lock()
 				defer mu.Unlock()
 				if string(m.Payload) == "poison" {
@@ -45,7 +47,7 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				return nil
 			}
 			eo := func() *idempg.EngineOptions {
-				return &idempg.EngineOptions{Outbox: idempg.OutboxOptions{Dispatch: true, Handlers: map[string]idempg.Handler{"t": handler},
+				return &idempg.EngineOptions{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
 					BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 3, PollInterval: 20 * time.Millisecond}}
 			}
 			a, b := st.open(t, eo()), st.open(t, eo())

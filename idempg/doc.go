@@ -53,9 +53,11 @@
 //
 // # Caveats
 //
-//   - Isolation: DoTx runs at READ COMMITTED, Postgres's default; fn raises
-//     it with SET TRANSACTION ISOLATION LEVEL as its first statement, or
-//     locks what it reads (SELECT … FOR UPDATE). Every transaction the
+//   - Isolation: DoTx runs at READ COMMITTED, Postgres's default: each of
+//     fn's statements sees what committed before it began. fn cannot raise
+//     the level (the backend's own statements come first in the
+//     transaction); it locks what it reads instead (SELECT … FOR UPDATE).
+//     Every transaction the
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
 //     so that a stopped process holding row locks blocks the others for at

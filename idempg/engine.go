@@ -10,11 +10,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/core"
 )
-
-// DefaultPruneInterval is how often the background pruner runs.
-const DefaultPruneInterval = time.Minute
 
 // EngineOptions are the engine's settings, each meaning what the
 // idem.Options field of the same name means, zero values included.
@@ -22,12 +20,12 @@ type EngineOptions struct {
 	// Retention is the retention window, wall-clock; zero means 24 h.
 	Retention time.Duration
 	// Recovery is the policy for interrupted executions: re-execute
-	// (default; at least once) or refuse (core.RecoverRefuse).
-	Recovery core.RecoveryPolicy
+	// (default; at least once) or refuse (idem.RecoverRefuse).
+	Recovery idem.RecoveryPolicy
 	// InFlight is the policy for a call whose key another call holds, in
 	// this process or another: wait (default) or fail with an
-	// *InProgressError.
-	InFlight core.InFlightPolicy
+	// *idem.InProgressError (idem.InFlightFail).
+	InFlight idem.InFlightPolicy
 	// RetryAfter is the wait an InProgressError suggests; zero means 1 s.
 	RetryAfter time.Duration
 	// MaxResponseSize is the most bytes stored for an outcome; zero means
@@ -40,11 +38,13 @@ type EngineOptions struct {
 	Now func() time.Time
 	// Logger receives the engine's events; nil discards them.
 	Logger *slog.Logger
-	// Outbox configures the dispatcher.
-	Outbox OutboxOptions
+	// Outbox configures the dispatcher, as for the bbolt engine. Its
+	// PollInterval is also how often a dispatcher looks for messages that
+	// other processes enqueued when no NOTIFY comes (PollOnly mode).
+	Outbox idem.OutboxOptions
 	// PruneInterval is how often the background pruner deletes expired
 	// records (in batches of Options.PruneBatch); zero means
-	// DefaultPruneInterval, negative disables it (call Prune).
+	// idem.DefaultPruneInterval, negative disables it (call Prune).
 	PruneInterval time.Duration
 }
 
@@ -133,7 +133,7 @@ func (e *Engine) pruneCtx() context.Context { return e.closing }
 func (e *Engine) pruner(every time.Duration) {
 	defer close(e.pruneDone)
 	if every == 0 {
-		every = DefaultPruneInterval
+		every = idem.DefaultPruneInterval
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -163,7 +163,7 @@ func (e *Engine) pruner(every time.Duration) {
 // lapsed (its process died or stalled) is taken over as an interrupted
 // execution: fn runs again with CallFrom's Recovered set, and the stalled
 // owner's completion is refused (ErrFenced) and never overwrites.
-func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (core.Result, error) {
+func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (idem.Result, error) {
 	return e.c.Do(ctx, key, fingerprint, fn)
 }
 
@@ -174,7 +174,7 @@ func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func
 // connection or a stopped process leaves nothing behind (the server rolls
 // the transaction back), so no interrupted execution exists to take over.
 // fn must use only tx for the database, and not keep it after returning.
-func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (core.Result, error) {
+func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (idem.Result, error) {
 	return e.c.DoTx(ctx, key, fingerprint, fn)
 }
 
@@ -186,7 +186,7 @@ func (e *Engine) Schema() string { return e.b.s.Schema }
 func (e *Engine) Retention() time.Duration { return e.c.Options().Retention }
 
 // Get returns key's live record, or an error wrapping ErrNotFound.
-func (e *Engine) Get(key string) (*core.Record, error) { return e.c.Get(key) }
+func (e *Engine) Get(key string) (*idem.Record, error) { return e.c.Get(key) }
 
 // Forget deletes key's record in any state; a running claim's completion is
 // then refused.
@@ -198,7 +198,7 @@ func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error
 }
 
 // Records walks every live record, by key, in one snapshot.
-func (e *Engine) Records(fn func(r *core.Record, err error) error) error { return e.c.Records(fn) }
+func (e *Engine) Records(fn func(r *idem.Record, err error) error) error { return e.c.Records(fn) }
 
 // Prune deletes expired records now, in batches of Options.PruneBatch.
 func (e *Engine) Prune(ctx context.Context) (int, error) { return e.c.Prune(ctx) }

@@ -1,21 +1,15 @@
 package idempg
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/core"
 )
-
-// ErrInvalidMessage is wrapped by Enqueue's error for a topic or ordering key
-// it refuses; nothing is enqueued. (It means what idem.ErrInvalidMessage
-// means; the two become one sentinel when the root package re-exports the
-// core's.)
-var ErrInvalidMessage = errors.New("invalid outbox message")
 
 // maxTopicLen is the longest topic, in bytes.
 const maxTopicLen = 255
@@ -35,8 +29,8 @@ var txs sync.Map // pgx.Tx → *txState
 // DoTx fn: it commits with the call's done record and fn's writes, or not
 // at all. Its ordering key is the call's idempotency key; payload is stored
 // as given (nil and empty differ). topic is 1 to 255 bytes of UTF-8, else
-// the error wraps ErrInvalidMessage. A tx that is not a running DoTx fn's
-// gives an error wrapping core's ErrClosed.
+// the error wraps idem.ErrInvalidMessage. A tx that is not a running DoTx fn's
+// gives an error wrapping idem.ErrClosed.
 func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 	return EnqueueOrdered(tx, topic, "", payload)
 }
@@ -45,7 +39,7 @@ func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 // id): the messages of one ordering key are delivered one at a time, in
 // enqueue order, by however many processes drain the outbox. An empty
 // orderingKey means the call's idempotency key; it is at most 255 bytes of
-// UTF-8, else ErrInvalidMessage.
+// UTF-8, else idem.ErrInvalidMessage.
 func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error {
 	v, ok := txs.Load(tx)
 	if !ok {
@@ -54,9 +48,9 @@ func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error 
 	st := v.(*txState)
 	switch {
 	case topic == "" || len(topic) > maxTopicLen || !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)
+		return fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", idem.ErrInvalidMessage, maxTopicLen)
 	case len(orderingKey) > 255 || !utf8.ValidString(orderingKey):
-		return fmt.Errorf("%w: ordering key must be at most 255 bytes of UTF-8", ErrInvalidMessage)
+		return fmt.Errorf("%w: ordering key must be at most 255 bytes of UTF-8", idem.ErrInvalidMessage)
 	}
 	if orderingKey == "" {
 		orderingKey = st.key

@@ -15,8 +15,7 @@ import (
 // RunTx implements core.Backend for DoTx: one transaction per call, at
 // READ COMMITTED (Postgres's default: each statement of fn sees what
 // committed before it began; fn that needs more takes row locks with SELECT
-// … FOR UPDATE, or raises the level with SET TRANSACTION ISOLATION LEVEL as
-// its first statement), with lock_timeout and
+// … FOR UPDATE), with lock_timeout and
 // idle_in_transaction_session_timeout set for the transaction. For a new
 // key (c.Token zero) a started row is inserted first, so that another
 // process's claim of the key waits for this transaction's end (bounded by
