@@ -17,7 +17,7 @@ import (
 func TestContenders(t *testing.T) {
 	for _, c := range bench.DriverContenders() {
 		t.Run(c.Name, func(t *testing.T) {
-			if c.Name == "postgres" {
+			if c.Name == "postgres" || c.Name == "idempg" {
 				requirePostgresInCI(t)
 			}
 			t.Run("dedupe", func(t *testing.T) { benchtest.Dedupe(t, c) })
@@ -31,7 +31,7 @@ func TestContendersOrder(t *testing.T) {
 	for _, c := range bench.Contenders() {
 		names = append(names, c.Name)
 	}
-	want := []string{benchkit.Reference, "bare", benchkit.Fallback, "sqlite-full", "sqlite-normal", "postgres"}
+	want := []string{benchkit.Reference, "bare", benchkit.Fallback, "sqlite-full", "sqlite-normal", "postgres", "idempg"}
 	if !slices.Equal(names, want) {
 		t.Errorf("contenders %q, want %q", names, want)
 	}
