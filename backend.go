@@ -156,7 +156,7 @@ func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) erro
 // Enqueue puts m in the outbox bucket inside the DoTx transaction.
 func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
 	if tx.tx == nil {
-		return fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+		return ErrTxClosed
 	}
 	ob := outboxBucket(tx.tx)
 	seq, err := ob.NextSequence()
@@ -212,7 +212,7 @@ func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		ob, k := outboxBucket(tx), layout.U64(m.Seq)
 		if ob.Get(k) == nil {
-			return fmt.Errorf("message %d: %w", m.Seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 		}
 		return ob.Delete(k)
 	})
@@ -223,7 +223,7 @@ func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		ob, k := outboxBucket(tx), layout.U64(m.Seq)
 		if ob.Get(k) == nil {
-			return fmt.Errorf("message %d: %w", m.Seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 		}
 		if m.Dead {
 			if err := deadBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
@@ -245,10 +245,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 			}
 			c := bk.Cursor()
 			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, ok := layout.ParseU64(k)
-				if !ok {
-					continue
-				}
+				seq, _ := layout.ParseU64(k)
 				m, err := decodeMessage(seq, v)
 				if err != nil {
 					m = &core.Message{Seq: seq, Dead: dead}
@@ -268,7 +265,7 @@ func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *co
 		k := layout.U64(seq)
 		v := deadBucket(tx).Get(k)
 		if v == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
 		m, err := decodeMessage(seq, v)
 		if err != nil {
@@ -289,7 +286,7 @@ func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		k := layout.U64(seq)
 		if deadBucket(tx).Get(k) == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
 		return deadBucket(tx).Delete(k)
 	})

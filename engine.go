@@ -12,6 +12,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/core"
 )
@@ -44,7 +45,13 @@ type Engine struct {
 // Open opens or creates the idem file at path. One Engine holds a file at a
 // time: another Open of the same file, in this process or another, fails after
 // opts.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
-// of another format version fails with ErrFormat and is left as it is.
+// of format version 1 (the first) is read as it is and, unless opts.ReadOnly,
+// migrated to version 2 in Open's first transaction (its records keep their
+// windows; its interrupted executions are kept until resolved, since version 1
+// did not record the policy); a file of a newer version fails with ErrFormat
+// and is left as it is. A damaged file (truncated below its last page in use,
+// or a page bbolt panics on) fails with an error wrapping ErrCorrupt and is
+// released: a later Open of the repaired file succeeds.
 func Open(path string, opts *Options) (*Engine, error) {
 	return open(path, opts, nil)
 }
@@ -83,7 +90,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 			err = fmt.Errorf("%w: the file is empty", ErrFormat)
 		}
 		if err != nil {
-			return nil, &OpError{Op: "open", Key: path, Err: err}
+			return nil, &OpError{Op: "open", Path: path, Err: err}
 		}
 	}
 	db, err := openBolt(path, &bbolt.Options{
@@ -100,23 +107,21 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			err = fmt.Errorf("file is in use by another program or engine (no lock after %v): %w", o.LockTimeout, err)
 		}
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
-	if err := initFile(db, o.ReadOnly); err != nil {
-		_ = db.Close()
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e := &Engine{
 		db:       db,
 		opts:     o,
-		st:       store{width: o.Retention},
+		st:       store{width: o.Retention, refuse: o.Recovery == RecoverRefuse},
 		log:      o.Logger,
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
-	if err := db.View(e.st.loadSlots); err != nil {
-		_ = db.Close()
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.ReadOnly}
@@ -138,7 +143,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	}
 	if err := e.startOutbox(); err != nil {
 		_ = e.Close()
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	if o.PruneInterval > 0 && !o.ReadOnly {
 		e.bg.Add(1)
@@ -147,15 +152,32 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	return e, nil
 }
 
-// openBolt is bbolt.Open, with the panics bbolt raises on a damaged file
-// (its freelist or meta pages) turned into an error wrapping ErrCorrupt.
-func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
+// openBolt is bbolt.Open through internal/boltfile: a file whose meta pages
+// contradict it (truncated below its last page, which bbolt would map and
+// fault on) is refused before bbolt maps it, and a panic of bbolt's on a
+// damaged page releases the file; both are errors wrapping ErrCorrupt.
+func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
+	db, err := boltfile.Open(path, 0o600, o)
+	if errors.Is(err, boltfile.ErrDamaged) {
+		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
+	}
+	return db, err
+}
+
+// firstRead runs one of Open's first transactions on db, which read pages
+// bbolt.Open did not: a panic of bbolt's on a damaged page there is an error
+// wrapping ErrCorrupt, as in openBolt, and on any failure db is closed (the
+// transaction rolled back first), so the file is released.
+func firstRead(db *bbolt.DB, read func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
+			err = fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+		}
+		if err != nil {
+			_ = db.Close()
 		}
 	}()
-	return bbolt.Open(path, 0o600, o)
+	return read()
 }
 
 // Do runs fn once per idempotency key and records its outcome, so that every
@@ -272,7 +294,7 @@ func (e *Engine) writeErr(op, key string, err error) error {
 	if errors.Is(err, commit.ErrStopped) {
 		err = ErrClosed
 	}
-	return &OpError{Op: op, Key: key, Err: err}
+	return opError(op, key, err)
 }
 
 func cloneBytes(b []byte) []byte { return core.CloneBytes(b) }

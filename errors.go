@@ -33,10 +33,10 @@ var (
 	// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
 	// ordering key longer than MaxKeyLen bytes or not valid UTF-8. Nothing is
 	// enqueued.
-	ErrInvalidMessage = errors.New("idem: invalid outbox message")
+	ErrInvalidMessage = errors.New("invalid outbox message")
 
 	// ErrReservedBucket is returned by Tx.Bucket for the engine's own bucket name.
-	ErrReservedBucket = errors.New("idem: bucket name is reserved")
+	ErrReservedBucket = errors.New("bucket name is reserved")
 )
 
 // State errors: the key exists but cannot be answered now.
@@ -62,9 +62,19 @@ var (
 	// replay returns it, fn does not run again, nothing is truncated.
 	ErrResponseTooLarge = core.ErrResponseTooLarge
 
-	// ErrNotFound is returned by operator calls (Get, Forget, Resolve) for a key
-	// that has no live record.
+	// ErrNotFound is returned by the record operator calls (Get, Forget,
+	// Resolve) for a key that has no live record. Outbox messages have their
+	// own: ErrMessageNotFound.
 	ErrNotFound = core.ErrNotFound
+
+	// ErrMessageNotFound is returned by RetryDead and DropDead for a sequence
+	// number that names no dead letter (none, a pending message, or a dead
+	// letter past its retention).
+	ErrMessageNotFound = core.ErrMessageNotFound
+
+	// ErrDispatcherRunning is returned by Dispatch while another dispatcher
+	// runs on the same engine (one dispatcher per engine).
+	ErrDispatcherRunning = core.ErrDispatcherRunning
 
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
@@ -87,6 +97,10 @@ var (
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = core.ErrClosed
 
+	// ErrTxClosed is returned by the methods of a Tx used after its DoTx fn
+	// returned (bbolt's ErrTxClosed is the model); nothing is written.
+	ErrTxClosed = core.ErrTxClosed
+
 	// ErrReentrant is returned for a call that would wait for itself: any call
 	// of the engine from inside a DoTx fn (which holds the file's single
 	// writer), and a call with fn's own key from fn (passing fn's context,
@@ -95,22 +109,39 @@ var (
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
-	ErrFormat = errors.New("idem: unsupported file format")
+	ErrFormat = errors.New("unsupported file format")
 )
 
-// OpError reports which operation failed on which key, and why. Err is never
-// nil; errors.Is and errors.As see through it (bbolt's errors included, for
-// example bbolt's ErrTimeout from Open).
+// OpError reports which operation failed on which key, and why; every error
+// the engine composes reaches the caller as one, so its text carries the
+// prefix "idem: " once, as io/fs.PathError and litestream's LTXError do:
+//
+//	idem: do "order-1": fingerprint mismatch
+//	idem: open /var/lib/app.idem: unsupported file format: ...
+//	idem: records: corrupt record: ...
+//
+// The sentinels carry bare text. An error fn returned is the exception: a
+// permanent one comes back as *Error with fn's text (which may hold its own
+// prefix, if it came from another idem call). Err is never nil; errors.Is
+// and errors.As see through it (bbolt's errors included, for example
+// bbolt's ErrTimeout from Open).
 type OpError = core.OpError
+
+// opError wraps err for op on key, so that its text carries the prefix once
+// (core.OpErr): nil stays nil; fn's stored outcome (*Error) is fn's and stays
+// as it is; an *OpError made deeper down takes op and key.
+func opError(op, key string, err error) error { return core.OpErr(op, key, err) }
 
 // Error is the outcome of a call whose fn returned a permanent error. The first
 // call's Error wraps fn's own error, so errors.Is works on the user's sentinels;
 // a replay (also after a restart) carries only the stored Code and Message.
 type Error = core.Error
 
-// CodeResponseTooLarge is the Code of the Error stored when fn's response
-// exceeds Options.MaxResponseSize.
-const CodeResponseTooLarge = core.CodeResponseTooLarge
+// codeResponseTooLarge is the Code of the Error stored for an oversized
+// outcome: one over Options.MaxResponseSize, or an error of fn's that wraps
+// ErrResponseTooLarge (an adapter that streamed a response too large to
+// store). Error.Is matches it to ErrResponseTooLarge on replays.
+const codeResponseTooLarge = core.CodeResponseTooLarge
 
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and

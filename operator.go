@@ -25,16 +25,40 @@ func (e *Engine) Get(key string) (*Record, error) { return e.core.Get(key) }
 func (e *Engine) Forget(key string) error { return e.core.Forget(key) }
 
 // Resolve completes an interrupted execution by hand: key's started record
-// becomes done with response (and, if code or errMsg is not empty, a stored
-// *Error with them), as if fn had returned them. It fails with ErrNotFound if
-// key has no live record, with ErrState if its record is done, and with
-// ErrInProgress while a call with the key runs.
-func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error {
-	return e.core.Resolve(key, response, code, errMsg)
+// becomes done with response and, if outcome is not nil, a stored *Error
+// with outcome's Code and Message (its Replayed is ignored), as if fn had returned
+// them. It fails with ErrNotFound if key has no live record, with ErrState if
+// its record is done, and with ErrInProgress while a call with the key runs.
+func (e *Engine) Resolve(key string, response []byte, outcome *Error) error {
+	return e.core.Resolve(key, response, outcome)
 }
 
-// Stats counts the records in the file and the engine's work since Open.
+// Stats counts the engine's work since Open, from counters in memory: Stats
+// reads no file and takes no lock. What the file holds is FileStats.
 type Stats struct {
+	// Since Open: records pruned, answers replayed from storage, executions of
+	// fn, and calls refused for a fingerprint mismatch.
+	Pruned, Replays, Executions, Conflicts uint64
+	// Commits made and the writes they carried since Open (their ratio is the
+	// group-commit batch size).
+	Commits, Writes uint64
+}
+
+// Stats returns the engine's counters since Open, at the cost of a few
+// atomic loads; it works after Close too (the final counts). ScanFile
+// counts the records and messages in the file.
+func (e *Engine) Stats() Stats {
+	n := e.core.Counters()
+	s := Stats{
+		Pruned: n.Pruned.Load(), Replays: n.Replays.Load(),
+		Executions: n.Executions.Load(), Conflicts: n.Conflicts.Load(),
+	}
+	s.Commits, s.Writes = e.pipe.Stats()
+	return s
+}
+
+// FileStats counts what the file holds, as ScanFile found it.
+type FileStats struct {
 	// Records by state, inside the retention window.
 	Started, Done int
 	// ExpiredPending counts records past the retention window that the pruner
@@ -42,12 +66,6 @@ type Stats struct {
 	ExpiredPending int
 	// Corrupt counts records that fail to decode (see `idem check`).
 	Corrupt int
-	// Since Open: records pruned, answers replayed from storage, executions of
-	// fn, and calls refused for a fingerprint mismatch.
-	Pruned, Replays, Executions, Conflicts uint64
-	// Commits made and the writes they carried since Open (their ratio is the
-	// group-commit batch size).
-	Commits, Writes uint64
 	// FileSize is the bytes of the file in use by bbolt's pages (its
 	// Tx.Size); the file on disk may be larger, preallocated for growth.
 	FileSize int64
@@ -55,19 +73,16 @@ type Stats struct {
 	Outbox OutboxStats
 }
 
-// Stats scans the file (one read transaction, linear in the records stored)
-// and returns the counts.
-func (e *Engine) Stats() (Stats, error) {
+// ScanFile reads every record and message of the file (one read
+// transaction, linear in what is stored: for a dashboard or `idem stats`,
+// not for a metrics scrape, which Stats serves) and returns the counts. It
+// fails with ErrClosed after Close.
+func (e *Engine) ScanFile() (FileStats, error) {
 	if err := e.enterOp(); err != nil {
-		return Stats{}, &OpError{Op: "stats", Err: err}
+		return FileStats{}, &OpError{Op: "scan", Err: err}
 	}
 	defer e.exitOp()
-	n := e.core.Counters()
-	s := Stats{
-		Pruned: n.Pruned.Load(), Replays: n.Replays.Load(),
-		Executions: n.Executions.Load(), Conflicts: n.Conflicts.Load(),
-	}
-	s.Commits, s.Writes = e.pipe.Stats()
+	var s FileStats
 	now := e.now()
 	err := e.db.View(func(tx *bbolt.Tx) error {
 		s.FileSize = tx.Size()
@@ -88,7 +103,7 @@ func (e *Engine) Stats() (Stats, error) {
 			return nil
 		})
 	})
-	return s, err
+	return s, opError("scan", "", err)
 }
 
 // Records calls fn for every live record in the file (one read transaction),
@@ -123,7 +138,7 @@ func (e *Engine) Backup(w io.Writer) (int64, error) {
 		n, err = tx.WriteTo(w)
 		return err
 	})
-	return n, err
+	return n, opError("backup", "", err)
 }
 
 // BackupFile is Backup into a new file at path (created with mode 0600; an
@@ -132,7 +147,7 @@ func (e *Engine) Backup(w io.Writer) (int64, error) {
 func (e *Engine) BackupFile(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return &OpError{Op: "backup", Key: path, Err: err}
+		return &OpError{Op: "backup", Path: path, Err: err}
 	}
 	_, err = e.Backup(f)
 	if err == nil {
@@ -143,7 +158,10 @@ func (e *Engine) BackupFile(path string) error {
 	}
 	if err != nil {
 		_ = os.Remove(path) // no half-written backup left to be mistaken for one
-		return &OpError{Op: "backup", Key: path, Err: err}
+		if oe, ok := err.(*OpError); ok {
+			err = oe.Err
+		}
+		return &OpError{Op: "backup", Path: path, Err: err}
 	}
 	return nil
 }

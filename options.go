@@ -24,6 +24,9 @@ const (
 	DefaultLockTimeout = time.Second
 	// DefaultRetryAfter is the wait an InProgressError suggests (Options.RetryAfter).
 	DefaultRetryAfter = time.Second
+	// DefaultReplayCacheBytes bounds the memory of the replay cache: 16 MiB of
+	// recently completed records (their keys, responses and errors).
+	DefaultReplayCacheBytes = core.DefaultReplayCacheBytes
 	// DefaultMaxResponseSize is the largest response stored, in bytes (1 MiB).
 	DefaultMaxResponseSize = 1 << 20
 )
@@ -51,7 +54,9 @@ const (
 	RecoverReexecute = core.RecoverReexecute
 	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
 	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
-	// expire.
+	// expire: each started record is written marked kept until resolved
+	// (Record.KeptUntilResolved), so a later Open with RecoverReexecute, or
+	// `idem prune`, keeps it too (and recovers it on the next call).
 	RecoverRefuse = core.RecoverRefuse
 )
 
@@ -60,7 +65,10 @@ const (
 type Options struct {
 	// Retention is the retention window, wall-clock: a record expires this long
 	// after it completed (an orphaned started record, after it started). Zero
-	// means DefaultRetention. It is a floor: space may be reclaimed later.
+	// means DefaultRetention. It is a floor: space may be reclaimed later. It
+	// is recorded with every record written (Record.Retention): a record
+	// written under a longer window by an earlier Open keeps that window, and
+	// one written under a shorter window lives this one.
 	Retention time.Duration
 
 	// PruneInterval is the period of the background pruner. Zero means
@@ -92,7 +100,8 @@ type Options struct {
 
 	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
 	// completed records that answers replays without a read transaction
-	// (keys, responses and error texts, plus about 160 bytes an entry). Zero
+	// (keys, responses and error texts, plus 352 bytes an entry for the
+	// record, its index and its queue slots, and 64 for a stored error). Zero
 	// means DefaultReplayCacheBytes; negative disables the cache.
 	ReplayCacheBytes int
 

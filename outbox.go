@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"container/heap"
 	"context"
 	"crypto/sha256"
@@ -10,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"math/rand/v2"
 	"runtime/debug"
 	"strconv"
@@ -26,24 +28,25 @@ import (
 	"github.com/idemkit/idem/internal/layout"
 )
 
-// Defaults for the zero values of OutboxOptions.
+// Defaults for the zero values of OutboxOptions, each named DefaultOutbox and
+// its field.
 const (
 	// DefaultOutboxWorkers bounds the handlers running at once.
 	DefaultOutboxWorkers = 16
-	// DefaultBaseBackoff is the wait after a message's first failed attempt.
-	DefaultBaseBackoff = time.Second
-	// DefaultMaxBackoff caps the wait between two attempts.
-	DefaultMaxBackoff = 10 * time.Minute
-	// DefaultMaxAttempts is the number of failed attempts after which a
+	// DefaultOutboxBaseBackoff is the wait after a message's first failed attempt.
+	DefaultOutboxBaseBackoff = time.Second
+	// DefaultOutboxMaxBackoff caps the wait between two attempts.
+	DefaultOutboxMaxBackoff = 10 * time.Minute
+	// DefaultOutboxMaxAttempts is the number of failed attempts after which a
 	// message becomes a dead letter. With the default backoff, the last
 	// attempt comes between about 53 minutes and 1 hour 47 minutes after the
 	// first.
-	DefaultMaxAttempts = 20
-	// DefaultDeadLetterRetention is how long a dead letter is kept.
-	DefaultDeadLetterRetention = 7 * 24 * time.Hour
-	// DefaultPollInterval is the longest the dispatcher sleeps while a
+	DefaultOutboxMaxAttempts = 20
+	// DefaultOutboxDeadLetterRetention is how long a dead letter is kept.
+	DefaultOutboxDeadLetterRetention = 7 * 24 * time.Hour
+	// DefaultOutboxPollInterval is the longest the dispatcher sleeps while a
 	// message waits for its backoff.
-	DefaultPollInterval = time.Second
+	DefaultOutboxPollInterval = time.Second
 )
 
 const (
@@ -72,11 +75,11 @@ type OutboxOptions struct {
 	// doubles after each further failure, up to MaxBackoff (raised to
 	// BaseBackoff if lower). Each wait w is jittered uniformly into
 	// [w/2, w). Wall-clock, measured with Options.Now. Zero means
-	// DefaultBaseBackoff and DefaultMaxBackoff respectively.
+	// DefaultOutboxBaseBackoff and DefaultOutboxMaxBackoff respectively.
 	BaseBackoff, MaxBackoff time.Duration
 
 	// MaxAttempts is the number of failed attempts after which a message
-	// becomes a dead letter. Zero means DefaultMaxAttempts; a negative value
+	// becomes a dead letter. Zero means DefaultOutboxMaxAttempts; a negative value
 	// retries forever.
 	MaxAttempts int
 
@@ -84,16 +87,18 @@ type OutboxOptions struct {
 	// (wall-clock, Options.Now) before the pruner deletes it; like
 	// Options.Retention it is a floor, and an expired dead letter is absent
 	// to Messages and RetryDead at once. Zero means
-	// DefaultDeadLetterRetention.
+	// DefaultOutboxDeadLetterRetention. It is recorded with each dead letter when it
+	// dies (Message.DeadLetterRetention): a later Open with a shorter one, or
+	// `idem prune`, does not expire it early; a longer one lengthens it.
 	DeadLetterRetention time.Duration
 
 	// PollInterval is the longest the dispatcher sleeps (real time) while a
 	// message waits for its backoff; it wakes at once on every commit. Zero
-	// means DefaultPollInterval.
+	// means DefaultOutboxPollInterval.
 	PollInterval time.Duration
 }
 
-// OutboxStats counts outbox messages, as Engine.Stats returns them.
+// OutboxStats counts outbox messages, as Engine.ScanFile returns them (FileStats.Outbox).
 type OutboxStats struct {
 	// Pending counts the messages not delivered yet and not dead: the
 	// outbox's length. Retrying and Waiting are among them.
@@ -138,14 +143,22 @@ type Handler func(ctx context.Context, m Message) error
 //     time: by default Key, else the one given to Tx.EnqueueOrdered.
 //   - Payload is the bytes given to Enqueue (nil and empty differ). The
 //     handler owns its copy.
-//   - Attempt counts delivery attempts: in a handler, the one in progress (1
-//     on the first delivery); in Messages, the failed attempts so far. An
-//     attempt cut short by a crash is not counted.
+//   - Attempt is, in a handler, the delivery attempt in progress: 1 on the
+//     first delivery, Failures+1. Zero in Messages.
+//   - Failures counts the failed delivery attempts recorded so far (a
+//     handler's error or panic); an attempt cut short by a crash or by the
+//     end of Dispatch is not counted. RetryDead resets it to 0.
 //   - EnqueuedAt is when the call enqueued it (engine clock); NextAttemptAt
 //     when a message that failed may be tried again (zero for at once).
 //   - LastError is the text of the last failed attempt's error (its first 4
 //     KiB), empty if none.
 //   - Dead is true for a dead letter, DeadAt when it died (engine clock).
+//   - DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
+//     when the message died, recorded with it: a dead letter lives at least
+//     this long after DeadAt (or a later Open's longer retention), whatever a
+//     later Open passes. Zero for a message that is not dead, and for a dead
+//     letter that died before the file recorded it (format version 1), which
+//     lives at least DefaultOutboxDeadLetterRetention.
 type Message = core.Message
 
 // DownstreamKey is the key a message passes on to the downstream system
@@ -181,13 +194,13 @@ func (t *Tx) Enqueue(topic string, payload []byte) error {
 // MaxKeyLen bytes of UTF-8, else ErrInvalidMessage.
 func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if t.tx == nil {
-		return fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
 	switch {
 	case topic == "" || len(topic) > maxTopicLen || !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)
+		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)}
 	case len(orderingKey) > MaxKeyLen || !utf8.ValidString(orderingKey):
-		return fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)
+		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)}
 	}
 	if orderingKey == "" {
 		orderingKey = t.key
@@ -195,7 +208,7 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	m := &Message{Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
 		Payload: payload, EnqueuedAt: t.e.now()}
 	if err := t.e.b.Enqueue(t, m); err != nil {
-		return err
+		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	t.msgs++
 	return nil
@@ -237,10 +250,11 @@ func (e *Engine) Handle(topic string, h Handler) {
 //
 // It wakes on every commit, so a message is dispatched right after the DoTx
 // that enqueued it commits. Only one dispatcher runs per engine: a second
-// Dispatch, or Dispatch with OutboxOptions.Dispatch set, fails with an error
-// wrapping ErrInProgress; called from inside a DoTx fn it returns
-// ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. On
-// return every handler it started has returned.
+// Dispatch, or Dispatch with OutboxOptions.Dispatch set, fails with
+// ErrDispatcherRunning; called from inside a DoTx fn it returns
+// ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. Every
+// error is an *OpError with Op "dispatch" (ctx's error too: errors.Is
+// matches it). On return every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error {
 	if err := e.core.Reentrant(ctx, ""); err != nil {
 		return &OpError{Op: "dispatch", Err: err}
@@ -254,7 +268,7 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	}
 	ob := e.outbox()
 	if !ob.running.CompareAndSwap(false, true) {
-		return &OpError{Op: "dispatch", Err: fmt.Errorf("%w: a dispatcher is already running", ErrInProgress)}
+		return &OpError{Op: "dispatch", Err: ErrDispatcherRunning}
 	}
 	defer ob.running.Store(false)
 	dctx, cancel := context.WithCancel(ctx)
@@ -265,7 +279,7 @@ func (e *Engine) Dispatch(ctx context.Context) error {
 	if e.ctx.Err() != nil {
 		return &OpError{Op: "dispatch", Err: ErrClosed}
 	}
-	return ctx.Err()
+	return opError("dispatch", "", ctx.Err())
 }
 
 // Messages calls fn for every message in the file, in one read transaction:
@@ -281,55 +295,37 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	}
 	defer e.exitOp()
 	now := e.now()
-	return e.db.View(func(tx *bbolt.Tx) error {
-		for _, dead := range []bool{false, true} {
-			b := outboxBucket(tx)
-			if dead {
-				b = deadBucket(tx)
-			}
-			c := b.Cursor()
-			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, _ := layout.ParseU64(k)
-				m, err := decodeMessage(seq, v)
-				if err != nil {
-					m = &Message{Seq: seq, Dead: dead}
-				} else if dead && e.deadExpired(m, now) {
-					continue
-				}
-				if err := fn(m, err); err != nil {
-					return err
-				}
-			}
+	var fnErr error // fn's own error, returned as it is
+	err := e.b.Messages(context.Background(), func(m *Message, err error) error {
+		if err != nil {
+			err = opError("messages", "", err)
+		} else if m.Dead && e.deadExpired(m, now) {
+			return nil
 		}
-		return nil
+		fnErr = fn(m, err)
+		return fnErr
 	})
+	if err != nil && err == fnErr {
+		return err
+	}
+	return opError("messages", "", err)
 }
 
 // RetryDead puts dead letter seq back in the outbox at its old place: its
 // attempt count starts again from 0, and as the oldest message of its
 // ordering key it is delivered before that key's later pending messages. It
-// fails with ErrNotFound if seq is not a dead letter (or expired), with
+// fails with ErrMessageNotFound if seq is not a dead letter (or expired), with
 // ErrCorrupt if it does not decode. Like every engine call, it returns
 // ErrReentrant from inside a DoTx fn (which holds the writer).
 func (e *Engine) RetryDead(seq uint64) error {
-	err := e.operateDead("retry dead", func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
-		v := deadBucket(tx).Get(k)
-		if v == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
-		}
-		m, err := decodeMessage(seq, v)
-		if err != nil {
-			return err
-		}
-		if e.deadExpired(m, e.now()) {
-			return fmt.Errorf("message %d: %w (expired)", seq, ErrNotFound)
-		}
-		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt = 0, time.Time{}, false, time.Time{}
-		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
-			return err
-		}
-		return deadBucket(tx).Delete(k)
+	err := e.operateDead("retry dead", func() error {
+		return e.b.RetryDead(context.Background(), seq, func(m *Message) error {
+			if e.deadExpired(m, e.now()) {
+				return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
+			}
+			m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
+			return nil
+		})
 	})
 	if err == nil {
 		ob := e.outbox()
@@ -340,23 +336,17 @@ func (e *Engine) RetryDead(seq uint64) error {
 }
 
 // DropDead deletes dead letter seq, also one that fails to decode. It fails
-// with ErrNotFound if seq is not a dead letter.
+// with ErrMessageNotFound if seq is not a dead letter.
 func (e *Engine) DropDead(seq uint64) error {
-	return e.operateDead("drop dead", func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
-		if deadBucket(tx).Get(k) == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
-		}
-		return deadBucket(tx).Delete(k)
-	})
+	return e.operateDead("drop dead", func() error { return e.b.DropDead(context.Background(), seq) })
 }
 
-func (e *Engine) operateDead(op string, fn func(tx *bbolt.Tx) error) error {
+func (e *Engine) operateDead(op string, fn func() error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: op, Err: err}
 	}
 	defer e.exitOp()
-	if err := e.pipe.Do(fn); err != nil {
+	if err := fn(); err != nil {
 		return e.writeErr(op, "", err)
 	}
 	return nil
@@ -403,22 +393,22 @@ func (e *Engine) startOutbox() error {
 		o.Workers = DefaultOutboxWorkers
 	}
 	if o.BaseBackoff <= 0 {
-		o.BaseBackoff = DefaultBaseBackoff
+		o.BaseBackoff = DefaultOutboxBaseBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
+		o.MaxBackoff = DefaultOutboxMaxBackoff
 	}
 	if o.MaxBackoff < o.BaseBackoff {
 		o.MaxBackoff = o.BaseBackoff
 	}
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultMaxAttempts
+		o.MaxAttempts = DefaultOutboxMaxAttempts
 	}
 	if o.DeadLetterRetention <= 0 {
-		o.DeadLetterRetention = DefaultDeadLetterRetention
+		o.DeadLetterRetention = DefaultOutboxDeadLetterRetention
 	}
 	if o.PollInterval <= 0 {
-		o.PollInterval = DefaultPollInterval
+		o.PollInterval = DefaultOutboxPollInterval
 	}
 	ob := &outbox{handlers: make(map[string]Handler, len(o.Handlers)), wake: make(chan struct{}, 1)}
 	for topic, h := range o.Handlers {
@@ -448,7 +438,7 @@ func (e *Engine) committed() {
 	}
 }
 
-// outboxStats counts the messages in tx for Engine.Stats.
+// outboxStats counts the messages in tx for Engine.ScanFile.
 func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	ob := e.outbox()
 	s.Delivered = ob.delivered.Load()
@@ -461,7 +451,7 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 			return nil
 		}
 		s.Pending++
-		if m.Attempt > 0 {
+		if m.Failures > 0 {
 			s.Retrying++
 		}
 		if ob.handler(m.Topic) == nil {
@@ -485,8 +475,11 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	})
 }
 
+// deadExpired reports whether dead letter m is past its retention at now:
+// the longer of the one it died under (DefaultOutboxDeadLetterRetention if the file
+// did not record it) and this engine's.
 func (e *Engine) deadExpired(m *Message, now time.Time) bool {
-	return !now.Before(m.DeadAt.Add(e.outbox().opts.DeadLetterRetention))
+	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultOutboxDeadLetterRetention), e.outbox().opts.DeadLetterRetention)))
 }
 
 // pruneDeadLetters deletes the dead letters past their retention, in
@@ -768,7 +761,7 @@ func (d *dispatcher) dispatchReady() {
 			d.remove(ok, seq)
 			continue
 		}
-		m.Attempt++ // the one in progress
+		m.Attempt = m.Failures + 1 // the one in progress
 		q.busy, q.gen = true, d.gen
 		d.busy++
 		d.wg.Add(1)
@@ -855,7 +848,7 @@ func (d *dispatcher) call(h Handler, m Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			d.e.log.Warn("idem: outbox handler panicked", "topic", m.Topic, "seq", m.Seq)
-			err = fmt.Errorf("idem: handler panicked: %v\n\n%s", v, debug.Stack())
+			err = fmt.Errorf("handler panicked: %v\n\n%s", v, debug.Stack())
 		}
 	}()
 	return h(d.ctx, m)
@@ -884,17 +877,18 @@ func (e *Engine) recordFailure(seq uint64, herr error) (next time.Time, removed 
 			removed = true
 			return moveRaw(tx, k)
 		}
-		m.Attempt++
+		m.Failures++
 		m.LastError = msg
-		if o.MaxAttempts > 0 && m.Attempt >= o.MaxAttempts {
+		if o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
 			removed = true
 			m.NextAttemptAt, m.Dead, m.DeadAt = time.Time{}, true, now
+			m.DeadLetterRetention = o.DeadLetterRetention
 			if err := deadBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
 				return err
 			}
 			return ob.Delete(k)
 		}
-		next = now.Add(e.backoff(m.Attempt, jitter))
+		next = now.Add(e.backoff(m.Failures, jitter))
 		m.NextAttemptAt = next
 		return ob.Put(k, encodeMessage(nil, m))
 	})
@@ -973,7 +967,7 @@ func (h *timerHeap) Pop() any {
 //
 //	version   u8 = 1
 //	flags     u8   (1: ordering key differs from key, 2: payload non-nil,
-//	                4: last error stored)
+//	                4: last error stored, 8: dead-letter retention stored)
 //	index     uvarint
 //	attempts  uvarint  failed attempts so far
 //	enqueued  i64  unix nanoseconds
@@ -984,6 +978,8 @@ func (h *timerHeap) Pop() any {
 //	topic     uvarint length, bytes
 //	payload   uvarint length, bytes   (if flag 2)
 //	lasterr   uvarint length, bytes   (if flag 4)
+//	deadret   uvarint nanoseconds     (if flag 8: the dead-letter retention
+//	                                   in force when it died; format version 2)
 //	crc       u32  CRC-32C of every byte before it
 const (
 	messageVersion = 1
@@ -992,6 +988,7 @@ const (
 	msgFlagOrdering = 1 << 0
 	msgFlagPayload  = 1 << 1
 	msgFlagLastErr  = 1 << 2
+	msgFlagDeadRet  = 1 << 3
 )
 
 // encodeMessage appends m's encoding to dst. Seq and DownstreamKey are not
@@ -1008,9 +1005,12 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	if m.LastError != "" {
 		flags |= msgFlagLastErr
 	}
+	if m.Dead && m.DeadLetterRetention > 0 {
+		flags |= msgFlagDeadRet
+	}
 	dst = append(dst, messageVersion, flags)
 	dst = binary.AppendUvarint(dst, uint64(m.Index))
-	dst = binary.AppendUvarint(dst, uint64(m.Attempt))
+	dst = binary.AppendUvarint(dst, uint64(m.Failures))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.EnqueuedAt)))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.NextAttemptAt)))
 	dead := int64(0)
@@ -1032,6 +1032,9 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	if flags&msgFlagLastErr != 0 {
 		dst = appendBytes(dst, []byte(m.LastError))
 	}
+	if flags&msgFlagDeadRet != 0 {
+		dst = binary.AppendUvarint(dst, uint64(m.DeadLetterRetention))
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
 }
 
@@ -1046,7 +1049,7 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 		return nil, corrupt(why)
 	}
 	flags := body[1]
-	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr) != 0 {
+	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr|msgFlagDeadRet) != 0 {
 		return nil, corrupt(fmt.Sprintf("unknown flags %#x", flags))
 	}
 	rest := body[2:]
@@ -1061,7 +1064,7 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 	if len(rest) < 24 {
 		return nil, corrupt("truncated times")
 	}
-	m := &Message{Seq: seq, Index: int(vals[0]), Attempt: int(vals[1])}
+	m := &Message{Seq: seq, Index: int(vals[0]), Failures: int(vals[1])}
 	m.EnqueuedAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest)))
 	m.NextAttemptAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest[8:])))
 	if dead := int64(binary.LittleEndian.Uint64(rest[16:])); dead != 0 {
@@ -1098,6 +1101,13 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 		if m.LastError, err = field("last error"); err != nil {
 			return nil, err
 		}
+	}
+	if flags&msgFlagDeadRet != 0 {
+		v, n := binary.Uvarint(rest)
+		if n <= 0 || v == 0 || v > math.MaxInt64 || !m.Dead {
+			return nil, corrupt("bad dead-letter retention")
+		}
+		m.DeadLetterRetention, rest = time.Duration(v), rest[n:]
 	}
 	if len(rest) != 0 {
 		return nil, corrupt(fmt.Sprintf("%d trailing bytes", len(rest)))

@@ -26,16 +26,17 @@ type Tx struct {
 // record, or not at all.
 func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 	if t.tx == nil {
-		return nil, fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+		return nil, &OpError{Op: "bucket", Key: t.key, Err: ErrTxClosed}
 	}
 	if bytes.Equal(name, layout.Root) {
-		return nil, fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)
+		return nil, &OpError{Op: "bucket", Key: t.key, Err: fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)}
 	}
-	return t.tx.CreateBucketIfNotExists(name)
+	b, err := t.tx.CreateBucketIfNotExists(name)
+	if err != nil {
+		return nil, &OpError{Op: "bucket", Key: t.key, Err: err}
+	}
+	return b, nil
 }
-
-// Key is the idempotency key of the call fn belongs to.
-func (t *Tx) Key() string { return t.key }
 
 // DoTx is Do for effects that live in the same file: fn writes its own data
 // through tx (user buckets, outbox messages) in the bbolt write transaction
@@ -74,6 +75,12 @@ func (t *Tx) Key() string { return t.key }
 // the transaction ends. A bucket's Tx method reaches the raw bbolt
 // transaction: do not use it (to commit, roll back, or reach the engine's
 // bucket); the engine's records are not an API.
+//
+// DoTx's shape is the same for every backend of the state machine
+// (internal/core): fn receives the backend's own transaction, here *Tx (a
+// bbolt write transaction; idempg's is a pgx.Tx), in which fn's writes, its
+// outbox messages and the done record commit together, with the outcomes
+// above whichever the backend.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
 	return e.core.DoTx(ctx, key, fingerprint, fn)
 }

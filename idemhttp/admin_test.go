@@ -281,7 +281,7 @@ func TestAdminForget(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status)
 	require.JSONEq(t, `{"key":"order-1","forgotten":true}`, string(r.body))
 	p := adminProblemOf(t, adminCall(t, http.MethodGet, adminKeyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
-	require.Equal(t, idemhttp.AdminProblem{Type: p.Type, Title: "Not Found", Status: 404, Detail: "idem: record not found",
+	require.Equal(t, idemhttp.AdminProblem{Type: p.Type, Title: "Not Found", Status: 404, Detail: "record not found",
 		Code: "not_found", Op: "get", Key: "order-1"}, p)
 	adminProblemOf(t, adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
 
@@ -420,7 +420,7 @@ func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 	require.NoError(t, err)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Dead == len(keys) {
 			return e
@@ -472,12 +472,12 @@ func TestAdminOutbox(t *testing.T) {
 	seqURL := func(seq uint64) string { return hidden + "/outbox/" + adminItoa(seq) }
 	one := adminDecode[idemhttp.AdminMessage](t, adminCall(t, http.MethodGet, seqURL(first.Seq), adminToken, nil))
 	require.Equal(t, first.Key, one.Key)
-	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/999", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/999", adminToken, nil), http.StatusNotFound, "message_not_found")
 	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/x", adminToken, nil), http.StatusBadRequest, "bad_request")
 
 	// A pending message is neither retried nor dropped.
-	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(mail.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
-	adminProblemOf(t, adminCall(t, http.MethodDelete, seqURL(mail.Seq), adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(mail.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "message_not_found")
+	adminProblemOf(t, adminCall(t, http.MethodDelete, seqURL(mail.Seq), adminToken, nil), http.StatusNotFound, "message_not_found")
 
 	r := adminCall(t, http.MethodDelete, seqURL(dead.Messages[0].Seq), adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
@@ -489,7 +489,7 @@ func TestAdminOutbox(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Delivered == 1 {
 			require.Zero(t, s.Outbox.Dead)
@@ -499,7 +499,7 @@ func TestAdminOutbox(t *testing.T) {
 		require.False(t, time.Now().After(deadline), "the retried dead letter was not delivered: %+v", s.Outbox)
 		time.Sleep(time.Millisecond)
 	}
-	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "message_not_found")
 }
 
 func adminItoa(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/goid"
+	"github.com/idemkit/idem/internal/layout"
 )
 
 // backend is the Postgres storage of one engine: core.Backend over pgx, with
@@ -169,7 +170,11 @@ func expiresNs(r *core.Record) int64 {
 	if r.State == core.StateStarted && r.KeptUntilResolved {
 		return 0
 	}
-	return toNs(r.ExpiresAt(0))
+	at := r.StartedAt
+	if r.State == core.StateDone {
+		at = r.CompletedAt
+	}
+	return toNs(layout.Expiry(false, at, r.Retention, 0))
 }
 
 // errFields are the stored error columns of r.

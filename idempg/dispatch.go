@@ -29,20 +29,20 @@ func outboxDefaults(o *idem.OutboxOptions) {
 		o.Workers = idem.DefaultOutboxWorkers
 	}
 	if o.BaseBackoff <= 0 {
-		o.BaseBackoff = idem.DefaultBaseBackoff
+		o.BaseBackoff = idem.DefaultOutboxBaseBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = idem.DefaultMaxBackoff
+		o.MaxBackoff = idem.DefaultOutboxMaxBackoff
 	}
 	o.MaxBackoff = max(o.MaxBackoff, o.BaseBackoff)
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = idem.DefaultMaxAttempts
+		o.MaxAttempts = idem.DefaultOutboxMaxAttempts
 	}
 	if o.DeadLetterRetention <= 0 {
-		o.DeadLetterRetention = idem.DefaultDeadLetterRetention
+		o.DeadLetterRetention = idem.DefaultOutboxDeadLetterRetention
 	}
 	if o.PollInterval <= 0 {
-		o.PollInterval = idem.DefaultPollInterval
+		o.PollInterval = idem.DefaultOutboxPollInterval
 	}
 }
 
@@ -110,11 +110,11 @@ func (e *Engine) unpark(ms []*core.Message) {
 // outbox together: each claims due heads of ordering keys (FOR UPDATE SKIP
 // LOCKED, then a claim for one Options.Lease), so the messages of one
 // ordering key are delivered one at a time, in enqueue order, at least
-// once. A second Dispatch in one engine fails with ErrInProgress. On return
+// once. A second Dispatch in one engine fails with idem.ErrDispatcherRunning. On return
 // every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error {
 	if !e.ob.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("idempg: dispatch: %w: a dispatcher is running", core.ErrInProgress)
+		return fmt.Errorf("idempg: dispatch: %w", core.ErrDispatcherRunning)
 	}
 	defer e.ob.running.Store(false)
 	ctx, cancel := context.WithCancel(ctx)
@@ -200,12 +200,12 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 	}
 	wctx := context.WithoutCancel(ctx)
 	hm := *m
-	hm.Attempt = m.Attempt + 1
+	hm.Attempt = m.Failures + 1
 	hm.DownstreamKey = idem.DownstreamKey(m.Key, m.Index)
 	herr := callHandler(ctx, h, hm)
 	switch {
 	case herr == nil:
-		if err := e.b.Delivered(wctx, m); err != nil && !errors.Is(err, core.ErrNotFound) {
+		if err := e.b.Delivered(wctx, m); err != nil && !errors.Is(err, core.ErrMessageNotFound) {
 			e.log().Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	case ctx.Err() != nil:
@@ -217,14 +217,14 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 			msg = msg[:maxLastErrLen]
 		}
 		now := e.c.Now()
-		m.Attempt++
+		m.Failures++
 		m.LastError = msg
-		if o := e.ob.opts; o.MaxAttempts > 0 && m.Attempt >= o.MaxAttempts {
+		if o := e.ob.opts; o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
 			m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = time.Time{}, true, now, o.DeadLetterRetention
 		} else {
-			m.NextAttemptAt = now.Add(e.backoff(m.Attempt, rand.Float64()))
+			m.NextAttemptAt = now.Add(e.backoff(m.Failures, rand.Float64()))
 		}
-		if err := e.b.Failed(wctx, m); err != nil && !errors.Is(err, core.ErrNotFound) {
+		if err := e.b.Failed(wctx, m); err != nil && !errors.Is(err, core.ErrMessageNotFound) {
 			e.log().Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	}
@@ -267,14 +267,14 @@ func (e *Engine) Messages(fn func(m *idem.Message, err error) error) error {
 }
 
 // RetryDead puts dead letter seq back in the outbox at its old place, its
-// attempt count from 0; an expired or missing one gives ErrNotFound.
+// failure count from 0; an expired or missing one gives ErrMessageNotFound.
 func (e *Engine) RetryDead(seq uint64) error {
 	now := e.c.Now()
 	err := e.b.RetryDead(context.Background(), seq, func(m *core.Message) error {
 		if !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) {
-			return fmt.Errorf("%w: dead letter %d", core.ErrNotFound, seq)
+			return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
 		}
-		m.Attempt, m.LastError, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, "", time.Time{}, false, time.Time{}, 0
+		m.Failures, m.LastError, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, "", time.Time{}, false, time.Time{}, 0
 		return nil
 	})
 	if err == nil {
@@ -283,5 +283,6 @@ func (e *Engine) RetryDead(seq uint64) error {
 	return err
 }
 
-// DropDead deletes dead letter seq, or returns an error wrapping ErrNotFound.
+// DropDead deletes dead letter seq, or returns an error wrapping
+// idem.ErrMessageNotFound.
 func (e *Engine) DropDead(seq uint64) error { return e.b.DropDead(context.Background(), seq) }

@@ -110,13 +110,13 @@ func TestDispatchAcrossEngines(t *testing.T) {
 			if dead == nil {
 				t.Fatal("the poisoned message never died")
 			}
-			if dead.Attempt != 3 || dead.LastError != "poison" || dead.DownstreamKey != "poisoned/0" {
+			if dead.Failures != 3 || dead.LastError != "poison" || dead.DownstreamKey != "poisoned/0" {
 				t.Fatalf("dead letter %+v", dead)
 			}
 			if err := b.DropDead(dead.Seq); err != nil {
 				t.Fatal(err)
 			}
-			if err := b.DropDead(dead.Seq); !errors.Is(err, core.ErrNotFound) {
+			if err := b.DropDead(dead.Seq); !errors.Is(err, core.ErrMessageNotFound) {
 				t.Fatalf("second DropDead: %v", err)
 			}
 		})

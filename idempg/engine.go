@@ -192,9 +192,10 @@ func (e *Engine) Get(key string) (*idem.Record, error) { return e.c.Get(key) }
 // then refused.
 func (e *Engine) Forget(key string) error { return e.c.Forget(key) }
 
-// Resolve completes key's interrupted execution by hand.
-func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error {
-	return e.c.Resolve(key, response, code, errMsg)
+// Resolve completes key's interrupted execution by hand, as
+// idem.Engine.Resolve: outcome nil for no stored error.
+func (e *Engine) Resolve(key string, response []byte, outcome *idem.Error) error {
+	return e.c.Resolve(key, response, outcome)
 }
 
 // Records walks every live record, by key, in one snapshot.

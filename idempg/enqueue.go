@@ -30,7 +30,7 @@ var txs sync.Map // pgx.Tx → *txState
 // at all. Its ordering key is the call's idempotency key; payload is stored
 // as given (nil and empty differ). topic is 1 to 255 bytes of UTF-8, else
 // the error wraps idem.ErrInvalidMessage. A tx that is not a running DoTx fn's
-// gives an error wrapping idem.ErrClosed.
+// gives an error wrapping idem.ErrTxClosed.
 func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 	return EnqueueOrdered(tx, topic, "", payload)
 }
@@ -43,7 +43,7 @@ func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error {
 	v, ok := txs.Load(tx)
 	if !ok {
-		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", core.ErrClosed)
+		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", core.ErrTxClosed)
 	}
 	st := v.(*txState)
 	switch {

@@ -22,7 +22,7 @@ func scanMessage(row pgx.Row) (*core.Message, error) {
 		m             core.Message
 		seq, enq, nxt int64
 	)
-	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Attempt, &m.LastError, &enq, &nxt); err != nil {
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &m.LastError, &enq, &nxt); err != nil {
 		return nil, err
 	}
 	m.Seq, m.EnqueuedAt, m.NextAttemptAt = uint64(seq), fromNs(enq), fromNs(nxt)
@@ -34,7 +34,7 @@ func scanDead(row pgx.Row) (*core.Message, error) {
 		m                   core.Message
 		seq, enq, dead, ret int64
 	)
-	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Attempt, &m.LastError, &enq, &dead, &ret); err != nil {
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &m.LastError, &enq, &dead, &ret); err != nil {
 		return nil, err
 	}
 	m.Seq, m.EnqueuedAt, m.DeadAt, m.DeadLetterRetention, m.Dead = uint64(seq), fromNs(enq), fromNs(dead), time.Duration(ret), true
@@ -120,7 +120,7 @@ func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: outbox message %d", core.ErrNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }
@@ -136,12 +136,12 @@ func (b *backend) Failed(ctx context.Context, m *core.Message) error {
 			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns)
 				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::text, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
 			SELECT count(*) FROM i`,
-			[]any{int64(m.Seq), m.Attempt, m.LastError, toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
+			[]any{int64(m.Seq), m.Failures, m.LastError, toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
 	} else {
 		var tag interface{ RowsAffected() int64 }
 		tag, err = b.exec(ctx, `UPDATE {schema}.idem_outbox SET attempt = $2::integer, last_error = $3::text,
 			next_attempt_ns = $4::bigint, claimed_by = NULL, claim_until = NULL WHERE seq = $1::bigint`,
-			int64(m.Seq), m.Attempt, m.LastError, toNs(m.NextAttemptAt))
+			int64(m.Seq), m.Failures, m.LastError, toNs(m.NextAttemptAt))
 		if err == nil {
 			n = tag.RowsAffected()
 		}
@@ -150,7 +150,7 @@ func (b *backend) Failed(ctx context.Context, m *core.Message) error {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: outbox message %d", core.ErrNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }
@@ -195,7 +195,7 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core
 	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		m, err := scanDead(tx.QueryRow(ctx, b.sql(`SELECT `+deadColumns+` FROM {schema}.idem_dead_letters WHERE seq = $1::bigint FOR UPDATE`), b.s.args(int64(seq))...))
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: dead letter %d", core.ErrNotFound, seq)
+			return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
 		}
 		if err != nil {
 			return err
@@ -211,7 +211,7 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core
 		if !b.s.PollOnly {
 			q = `WITH m AS (` + q + ` RETURNING seq) SELECT pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 		}
-		_, err = tx.Exec(ctx, b.sql(q), b.s.args(int64(seq), m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, m.Attempt, m.LastError,
+		_, err = tx.Exec(ctx, b.sql(q), b.s.args(int64(seq), m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, m.Failures, m.LastError,
 			toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))...)
 		return err
 	})
@@ -224,7 +224,7 @@ func (b *backend) DropDead(ctx context.Context, seq uint64) error {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: dead letter %d", core.ErrNotFound, seq)
+		return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
 	}
 	return nil
 }

@@ -136,7 +136,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("after the claims lapsed: %v, %v; want m1 and n0 again", seqsOf(ms), err)
 	}
 	// n0 dies: n1 overtakes it.
-	if err := b.Failed(ctx, &core.Message{Seq: n0, Attempt: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
+	if err := b.Failed(ctx, &core.Message{Seq: n0, Failures: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err = a.ClaimDue(ctx, time.Now(), 10)
@@ -144,7 +144,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("after n0 died: %v, %v; want n1", seqsOf(ms), err)
 	}
 	// Retried, n0 is o2's head again once n1's claim lapses.
-	if err := a.RetryDead(ctx, n0, func(m *core.Message) error { m.Attempt = 0; return nil }); err != nil {
+	if err := a.RetryDead(ctx, n0, func(m *core.Message) error { m.Failures = 0; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	offset.Add(int64(3 * time.Second))
@@ -154,7 +154,7 @@ func TestOutboxHeads(t *testing.T) {
 	}
 	// A failed attempt waits for its next attempt time.
 	later := time.Now().Add(time.Hour)
-	if err := a.Failed(ctx, &core.Message{Seq: m1, Attempt: 1, LastError: "later", NextAttemptAt: later}); err != nil {
+	if err := a.Failed(ctx, &core.Message{Seq: m1, Failures: 1, LastError: "later", NextAttemptAt: later}); err != nil {
 		t.Fatal(err)
 	}
 	if ms, _ := b.ClaimDue(ctx, time.Now(), 10); len(ms) != 0 {

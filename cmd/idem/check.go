@@ -84,8 +84,19 @@ func (a *app) check() error {
 	return nil
 }
 
-// checkPages runs bbolt's Tx.Check on the file opened read-only.
+// checkPages runs bbolt's Tx.Check on the file opened read-only, after its
+// meta pages were found to fit the file (a file bbolt cannot map safely is
+// reported as one page-level error, and not opened).
 func checkPages(path string, out *checkJSON) error {
+	var damaged *damagedError
+	if err := mustExist(path); err != nil {
+		return err
+	}
+	if err := checkFile(path); errors.As(err, &damaged) {
+		out.Pages.Total = 1
+		out.Pages.Errors = append(out.Pages.Errors, damaged.err.Error())
+		return nil
+	}
 	db, err := openReadOnly(path)
 	if err != nil {
 		return err
@@ -132,7 +143,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 				out.Records.Done++
 			}
 		case errors.Is(rerr, idem.ErrCorrupt) && errors.As(rerr, &op):
-			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: unprefix(op.Err.Error())})
+			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: op.Err.Error()})
 		default:
 			return rerr
 		}
@@ -142,7 +153,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 		return err
 	}
 	slices.SortFunc(out.Records.Corrupt, func(x, y corruptJSON) int { return strings.Compare(x.Key, y.Key) })
-	s, err := e.Stats()
+	s, err := e.ScanFile()
 	if err != nil {
 		return err
 	}

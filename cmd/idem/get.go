@@ -76,6 +76,11 @@ func (a *app) printRecord(r *idem.Record, out getJSON) error {
 	fmt.Fprintf(w, "started\t%s\n", fmtTime(&out.StartedAt, "-"))
 	fmt.Fprintf(w, "completed\t%s\n", fmtTime(out.CompletedAt, "-"))
 	fmt.Fprintf(w, "expires\t%s\n", fmtTime(out.ExpiresAt, "never"))
+	retention := out.Retention
+	if out.KeptUntilResolved {
+		retention += ", kept until resolved"
+	}
+	fmt.Fprintf(w, "retention\t%s\n", retention)
 	if out.Error != nil {
 		fmt.Fprintf(w, "error\t%s\n", r.Err.Error())
 	} else {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,13 +31,12 @@ named by its sequence number (SEQ), unique in the file.
 
 The tool registers no handlers and delivers nothing: a retried dead letter is
 delivered by the program once it runs its dispatcher again.
---dead-letter-retention must match the program's
-OutboxOptions.DeadLetterRetention: it decides which dead letters have expired.`,
+Each dead letter carries the dead-letter retention it died under: which have
+expired is read from the file. --dead-letter-retention can only lengthen that.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	c.PersistentFlags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", idem.DefaultDeadLetterRetention,
-		"dead-letter retention of the program (OutboxOptions.DeadLetterRetention)")
+	c.PersistentFlags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", 0, deadLetterRetentionUsage)
 	c.AddCommand(newOutboxLsCmd(a), newOutboxGetCmd(a), newOutboxRetryCmd(a), newOutboxDropCmd(a))
 	for _, sub := range c.Commands() {
 		sub.Args = usageArgs(sub.Args)
@@ -147,7 +147,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 		Index:         m.Index,
 		DownstreamKey: m.DownstreamKey,
 		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Attempt,
+		Attempt:       m.Failures,
 		EnqueuedAt:    m.EnqueuedAt.UTC(),
 		NextAttemptAt: timePtr(m.NextAttemptAt),
 		Dead:          m.Dead,
@@ -166,7 +166,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 	}
 	if m.Dead {
 		out.NextAttemptAt = nil
-		out.ExpiresAt = timePtr(m.DeadAt.Add(a.deadLetterRetention))
+		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultOutboxDeadLetterRetention), a.deadLetterRetention)))
 	}
 	return out
 }
@@ -184,9 +184,12 @@ type outboxLsJSON struct {
 	Others int `json:"others"`
 }
 
+// deadLetterRetentionUsage is the help of --dead-letter-retention.
+const deadLetterRetentionUsage = "keep dead letters at least this long (0: each one's own retention, recorded in the file; a shorter value changes nothing)"
+
 func (a *app) checkDeadLetterRetention() error {
-	if a.deadLetterRetention <= 0 {
-		return &usageError{fmt.Errorf("--dead-letter-retention must be positive, not %v", a.deadLetterRetention)}
+	if a.deadLetterRetention < 0 {
+		return &usageError{fmt.Errorf("--dead-letter-retention must not be negative, not %v", a.deadLetterRetention)}
 	}
 	return nil
 }
@@ -332,6 +335,10 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	defer closeEngine(e, &err)
 	m, err := findMessage(e, seq)
 	if err != nil {
+		var op *idem.OpError
+		if errors.As(err, &op) {
+			err = op.Err // the command names the operation, once
+		}
 		return fmt.Errorf("idem: outbox get %d: %w", seq, err)
 	}
 	if m == nil {
@@ -467,7 +474,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 		switch err := op.do(e, seq); {
 		case err == nil:
 			out.Done = append(out.Done, seq)
-		case errors.Is(err, idem.ErrNotFound):
+		case errors.Is(err, idem.ErrMessageNotFound):
 			out.Failed = append(out.Failed, seqErrorJSON{seq, notDeadReason(e, seq)})
 		case errors.Is(err, idem.ErrCorrupt):
 			out.Failed = append(out.Failed, seqErrorJSON{seq, fmt.Sprintf("dead letter %d fails to decode; it can only be dropped", seq)})

@@ -110,10 +110,14 @@ type Backend[T any] interface {
 	// and returns the done record to store in it, or an error. On (done,
 	// nil) the backend stores done in T and commits fn's writes and done
 	// together, or nothing; on (nil, err) it rolls T back and returns err
-	// itself (unwrapped: the engine matches its own values). If fn panics,
-	// nothing commits and RunTx returns a *PanicError with fn's value and
-	// stack (fn may run on another goroutine: bbolt's committer); if fn
-	// calls runtime.Goexit, an error wrapping ErrGoexit.
+	// itself (unwrapped: the engine matches its own values). The engine's
+	// wrapper recovers a panic of the user's fn itself (as a *PanicError it
+	// re-raises in DoTx's caller, wherever fn ran: bbolt may run it on its
+	// committer goroutine), so a panic that reaches the backend is its own:
+	// nothing commits and RunTx returns it as an error. If fn calls
+	// runtime.Goexit on a goroutine of the backend's, RunTx returns an error
+	// (ErrGoexit; bbolt: its pipeline's own); on the caller's goroutine, the engine's
+	// deferred handlers see it.
 	//
 	// c.Token zero asks the backend to claim the key inside T before fn
 	// runs (the engine found it free): bbolt needs nothing (the engine's
@@ -291,7 +295,10 @@ type Claim struct {
 // ClaimRequest is a Backend.Claim request.
 type ClaimRequest struct {
 	// Started is the started record to store: Key, Fingerprint, Attempt,
-	// StartedAt, Retention and KeptUntilResolved set by the engine.
+	// StartedAt, Retention (the engine's window) and KeptUntilResolved (set
+	// under RecoverRefuse) set by the engine. When Prev is set the backend
+	// stores the longer of the two windows, and the mark if either has it:
+	// a recovering attempt interrupted in turn keeps both.
 	Started *Record
 	// Prev is the interrupted execution to take over, as Lookup returned
 	// it; nil claims a key without a live record.
@@ -372,14 +379,14 @@ type PruneResult struct {
 	Deleted, Interrupted int
 }
 
-// PanicError is the error RunTx returns when fn panicked, and the value the
-// engine re-raises in DoTx's caller: fn's panic value and the stack where it
-// panicked (idem.PanicError is this type once the engine delegates here).
+// PanicError is the value the engine re-raises in DoTx's caller when fn
+// panicked: fn's panic value and the stack where it panicked (idem.PanicError
+// is this type).
 type PanicError struct {
 	Value any
 	Stack []byte
 }
 
 func (p *PanicError) Error() string {
-	return fmt.Sprintf("idem: DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
+	return fmt.Sprintf("DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
 }

@@ -32,18 +32,20 @@ type leading struct {
 
 // Do runs fn once per idempotency key (idem.Engine.Do gives the contract).
 func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
-	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
 	})
+	return res, OpErr("do", key, err)
 }
 
 // DoTx is Do with fn running inside the backend's own transaction T, in
 // which fn's writes, its outbox messages and the done record commit together
 // (idem.Engine.DoTx gives the contract; the backend's RunTx how).
 func (e *Engine[T]) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(context.Context, T) ([]byte, error)) (Result, error) {
-	return e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.executeTx(ctx, c, fn)
 	})
+	return res, OpErr("dotx", key, err)
 }
 
 // call is the part of Do and DoTx before execution: validation, the replay
@@ -243,15 +245,10 @@ func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record)
 
 // startedRecord is the started record of c's attempt.
 func (e *Engine[T]) startedRecord(c *leading) *Record {
-	r := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now(),
+	// The backend carries over the mark and the longer window of the
+	// interrupted execution a claim takes over (ClaimRequest.Prev).
+	return &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now(),
 		Retention: e.opts.Retention, KeptUntilResolved: e.opts.Recovery == RecoverRefuse}
-	if p := c.prev; p != nil {
-		// A recovering attempt interrupted in turn keeps the mark and the
-		// longer window of the one it recovers.
-		r.KeptUntilResolved = r.KeptUntilResolved || p.KeptUntilResolved
-		r.Retention = max(r.Retention, p.Retention)
-	}
-	return r
 }
 
 // claim takes c's key with started (Backend.Claim). A claim the backend
@@ -500,6 +497,7 @@ func callTx[T any](ctx context.Context, tx T, fn func(context.Context, T) ([]byt
 func (e *Engine[T]) doneRecord(started *Record, resp []byte, ferr error) *Record {
 	done := *started
 	done.State, done.CompletedAt, done.Response = StateDone, e.now(), resp
+	done.KeptUntilResolved = false
 	var code, msg string
 	if ferr != nil {
 		code, msg = errorCode(ferr), ferr.Error()
@@ -596,5 +594,5 @@ func (e *Engine[T]) lookup(ctx context.Context, key string, fp uint64, check boo
 
 // writeErr wraps a backend's write error for op on key.
 func (e *Engine[T]) writeErr(op, key string, err error) error {
-	return &OpError{Op: op, Key: key, Err: err}
+	return OpErr(op, key, err)
 }

@@ -184,7 +184,7 @@ func (e *Engine[T]) Live(r *Record, now time.Time) bool {
 	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
 	}
-	return now.Before(r.ExpiresAt(e.opts.Retention))
+	return now.Before(Expiry(r, e.opts.Retention))
 }
 
 func (e *Engine[T]) live(r *Record, now time.Time) bool { return e.Live(r, now) }

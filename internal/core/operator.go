@@ -19,7 +19,7 @@ func (e *Engine[T]) Get(key string) (*Record, error) {
 	defer e.calls.Done()
 	rec, err := e.lookup(context.Background(), key, 0, false, e.now())
 	if err != nil {
-		return nil, err
+		return nil, OpErr("get", key, err)
 	}
 	if rec == nil {
 		return nil, &OpError{Op: "get", Key: key, Err: ErrNotFound}
@@ -39,8 +39,10 @@ func (e *Engine[T]) Forget(key string) error {
 	})
 }
 
-// Resolve completes an interrupted execution by hand (idem.Engine.Resolve).
-func (e *Engine[T]) Resolve(key string, response []byte, code, errMsg string) error {
+// Resolve completes an interrupted execution by hand (idem.Engine.Resolve):
+// done with response and, if outcome is not nil, a stored *Error with its
+// Code and Message.
+func (e *Engine[T]) Resolve(key string, response []byte, outcome *Error) error {
 	return e.operate("resolve", key, func(ctx context.Context) error {
 		return e.b.Resolve(ctx, key, func(rec *Record) (*Record, error) {
 			if rec == nil || !e.live(rec, e.now()) {
@@ -51,8 +53,8 @@ func (e *Engine[T]) Resolve(key string, response []byte, code, errMsg string) er
 			}
 			done := *rec
 			done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
-			if errMsg != "" || code != "" {
-				done.Err = &Error{Code: code, Message: errMsg}
+			if outcome != nil {
+				done.Err = &Error{Code: outcome.Code, Message: outcome.Message}
 			}
 			return &done, nil
 		})
@@ -92,12 +94,21 @@ func (e *Engine[T]) Records(fn func(r *Record, err error) error) error {
 	}
 	defer e.calls.Done()
 	now := e.now()
-	return e.b.Scan(context.Background(), func(r *Record, err error) error {
+	var fnErr error // fn's own error, returned as it is
+	err := e.b.Scan(context.Background(), func(r *Record, err error) error {
 		if err == nil && !e.live(r, now) {
 			return nil
 		}
-		return fn(r, err)
+		if err != nil {
+			err = OpErr("records", r.Key, err)
+		}
+		fnErr = fn(r, err)
+		return fnErr
 	})
+	if err != nil && err == fnErr {
+		return err
+	}
+	return OpErr("records", "", err)
 }
 
 // PruneBatch bounds the records a backend deletes per write transaction

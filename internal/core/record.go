@@ -3,10 +3,12 @@ package core
 import (
 	"fmt"
 	"time"
+
+	"github.com/idemkit/idem/internal/layout"
 )
 
 // State is the state of a stored record. The root package re-exports it as
-// idem.State once the engine delegates to this package.
+// idem.State.
 type State uint8
 
 const (
@@ -59,27 +61,17 @@ type Record struct {
 	KeptUntilResolved bool
 }
 
-// ExpiresAt is when the record leaves the retention window: the longer of
-// r.Retention and retention (pass 0 for the record's own) after it completed,
-// or after it started for a started record; the zero time (never) for a
-// started record kept until resolved.
-func (r *Record) ExpiresAt(retention time.Duration) time.Time {
-	if r.State == StateStarted && r.KeptUntilResolved {
-		return time.Time{}
-	}
-	t := r.StartedAt
+// Expiry is when r leaves the retention window (layout.Expiry): the longer
+// of r.Retention and retention (pass 0 for the record's own) after it
+// completed, or after it started for a started record; the zero time (never)
+// for a started record kept until resolved. It is a function, not a method,
+// so that idem.Record (this type) keeps no ExpiresAt in its API.
+func Expiry(r *Record, retention time.Duration) time.Time {
+	at := r.StartedAt
 	if r.State == StateDone {
-		t = r.CompletedAt
+		at = r.CompletedAt
 	}
-	return t.Add(max(r.Retention, retention))
-}
-
-// Live reports whether r is inside its retention window at now, with
-// retention the engine's window (see ExpiresAt). A started record kept until
-// resolved is always live.
-func (r *Record) Live(now time.Time, retention time.Duration) bool {
-	exp := r.ExpiresAt(retention)
-	return exp.IsZero() || now.Before(exp)
+	return layout.Expiry(r.State == StateStarted && r.KeptUntilResolved, at, r.Retention, retention)
 }
 
 // Error is the outcome of a call whose fn returned a permanent error, as
@@ -119,7 +111,7 @@ func (e *Error) Is(target error) bool {
 const CodeResponseTooLarge = "idem_response_too_large"
 
 // Message is an outbox message, as a Backend stores it and the dispatcher
-// delivers it (idem.Message is this type once the engine delegates here).
+// delivers it (idem.Message is this type).
 type Message struct {
 	// Seq names the message in its store (RetryDead, DropDead, the CLI): the
 	// backend assigns it at Enqueue; it is unique and increases in enqueue
@@ -141,9 +133,11 @@ type Message struct {
 	OrderingKey string
 	// Payload is the bytes given to Enqueue (nil and empty differ).
 	Payload []byte
-	// Attempt counts failed delivery attempts so far (as stored); the
-	// dispatcher hands a handler Attempt+1, the attempt in progress.
+	// Attempt is, in a handler, the delivery attempt in progress
+	// (Failures+1); zero as stored.
 	Attempt int
+	// Failures counts the failed delivery attempts recorded so far.
+	Failures int
 	// EnqueuedAt is when the call enqueued it (engine clock).
 	EnqueuedAt time.Time
 	// NextAttemptAt is when a message that failed may be tried again
