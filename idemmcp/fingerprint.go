@@ -72,6 +72,20 @@ func Fingerprint(p *mcp.CallToolParamsRaw) ([]byte, error) {
 // a JSON object.
 var ErrInvalidArguments = errors.New("idemmcp: invalid arguments")
 
+// CanonicalJSON returns the canonical text of the single JSON value in data,
+// the form Fingerprint gives the arguments: object keys sorted (by their
+// UTF-8 bytes) at every depth, no insignificant space, strings re-encoded,
+// numbers as normalised decimals (1, 1.0 and 10e-1 are one number; large
+// integers stay distinct). idem mcp-proxy builds natural keys from it. It
+// fails on input that is not one JSON value.
+func CanonicalJSON(data []byte) ([]byte, error) {
+	var b bytes.Buffer
+	if err := canonical(&b, data); err != nil {
+		return nil, fmt.Errorf("canonical JSON: %w", err)
+	}
+	return b.Bytes(), nil
+}
+
 // canonical writes the canonical form of the single JSON value in raw.
 func canonical(b *bytes.Buffer, raw []byte) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
