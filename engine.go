@@ -662,10 +662,19 @@ func (e *Engine) live(r *Record, now time.Time) bool {
 }
 
 func (e *Engine) writeErr(op, key string, err error) error {
-	if errors.Is(err, commit.ErrStopped) {
-		err = ErrClosed
+	return &OpError{Op: op, Key: key, Err: storageErr(err)}
+}
+
+// storageErr maps the commit pipeline's errors onto the engine's sentinels,
+// keeping the cause in the chain.
+func storageErr(err error) error {
+	switch {
+	case errors.Is(err, commit.ErrStopped):
+		return ErrClosed
+	case errors.Is(err, commit.ErrFailed):
+		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
 	}
-	return &OpError{Op: op, Key: key, Err: err}
+	return err
 }
 
 // enterOp is enter for every method but Do and DoTx (which check before they
@@ -684,6 +693,9 @@ func (e *Engine) enter() error {
 	defer e.mu.RUnlock()
 	if e.closed {
 		return ErrClosed
+	}
+	if err := e.pipe.Failed(); err != nil {
+		return storageErr(err)
 	}
 	e.calls.Add(1)
 	return nil

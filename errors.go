@@ -104,6 +104,15 @@ var (
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
 	ErrFormat = errors.New("idem: unsupported file format")
+
+	// ErrStorageFailed is returned when a commit failed to write or sync the
+	// file (an I/O error, a full disk, a failed fsync: the cause is wrapped
+	// too), and by every later call of the engine but Close: the kernel may
+	// have dropped the pages it could not write, so the engine no longer knows
+	// what the file holds, and it fails closed (as PostgreSQL does after an
+	// fsync error). Close the engine and open the file again: Open reads what
+	// reached the disk, and every answer given before the failure is there.
+	ErrStorageFailed = errors.New("idem: storage failed; close and reopen the engine")
 )
 
 // OpError reports which operation failed on which key, and why. Err is never

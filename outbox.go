@@ -842,8 +842,15 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 	defer d.wg.Done()
 	r := result{seq: m.Seq, ok: m.OrderingKey}
 	defer func() { d.results <- r }()
-	herr := d.call(h, m)
 	e := d.e
+	if e.pipe.Failed() != nil {
+		// Failed closed (ErrStorageFailed): the message may come from a
+		// commit that never reached the disk; nothing is delivered until a
+		// reopen reads what did.
+		r.retryAt = e.now().Add(d.ob.opts.MaxBackoff)
+		return
+	}
+	herr := d.call(h, m)
 	switch {
 	case herr == nil:
 		fault.Point("outbox-after-handler")
