@@ -119,6 +119,15 @@ type Options struct {
 	// duplicate execution. For tests and benchmarks.
 	NoSync bool
 
+	// MaxSize bounds the file, in bytes (bbolt's MaxSize), so that callers
+	// minting new keys cannot fill the disk: a commit that would grow the file
+	// past it fails with ErrFileFull and stores nothing. bbolt grows the file
+	// in steps (doubling up to 1 GiB, then 16 MiB at a time), so the file
+	// stops at the last step under MaxSize. Zero or negative means no limit.
+	// A file already larger opens, and commits that fit in its free pages go
+	// on.
+	MaxSize int
+
 	// Now is the clock, for expiry and record times. Nil means time.Now.
 	Now func() time.Time
 
@@ -228,6 +237,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		// every page at Open in a goroutine of its own, where a damaged page
 		// panics beyond recovery and kills the program: not worth it.
 		NoStatistics: true,
+		MaxSize:      max(o.MaxSize, 0),
 	})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
@@ -662,17 +672,19 @@ func (e *Engine) live(r *Record, now time.Time) bool {
 }
 
 func (e *Engine) writeErr(op, key string, err error) error {
-	return &OpError{Op: op, Key: key, Err: storageErr(err)}
+	return &OpError{Op: op, Key: key, Err: storageErr(err, e.opts.MaxSize)}
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,
 // keeping the cause in the chain.
-func storageErr(err error) error {
+func storageErr(err error, maxSize int) error {
 	switch {
 	case errors.Is(err, commit.ErrStopped):
 		return ErrClosed
 	case errors.Is(err, commit.ErrFailed):
 		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
+	case errors.Is(err, bolterrors.ErrMaxSizeReached):
+		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
 	}
 	return err
 }
@@ -695,7 +707,7 @@ func (e *Engine) enter() error {
 		return ErrClosed
 	}
 	if err := e.pipe.Failed(); err != nil {
-		return storageErr(err)
+		return storageErr(err, e.opts.MaxSize)
 	}
 	e.calls.Add(1)
 	return nil

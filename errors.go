@@ -105,6 +105,14 @@ var (
 	// version of the record layout; the file is not modified.
 	ErrFormat = errors.New("idem: unsupported file format")
 
+	// ErrFileFull is returned when a commit would grow the file past
+	// Options.MaxSize (bbolt's ErrMaxSizeReached, which it also wraps).
+	// Nothing of that commit is stored: a call whose started record did not
+	// fit ran no fn; one whose done record did not fit leaves an interrupted
+	// execution. The engine goes on: Prune, Forget and expiry free pages that
+	// later commits reuse.
+	ErrFileFull = errors.New("idem: file reached its maximum size")
+
 	// ErrStorageFailed is returned when a commit failed to write or sync the
 	// file (an I/O error, a full disk, a failed fsync: the cause is wrapped
 	// too), and by every later call of the engine but Close: the kernel may
