@@ -1,0 +1,105 @@
+package robustness
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/idemkit/idem"
+)
+
+// The tests re-execute their own binary as a child (envChild names which);
+// the child runs until it is killed.
+const envChild = "IDEM_ROBUSTNESS_CHILD"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(envChild) {
+	case "":
+		os.Exit(m.Run())
+	case "workload":
+		workloadChild()
+	case "open":
+		openChild()
+	default:
+		fmt.Fprintf(os.Stderr, "no child %q\n", os.Getenv(envChild))
+		os.Exit(3)
+	}
+	os.Exit(0)
+}
+
+// child returns the command that runs the named child of this binary.
+func child(t *testing.T, name string, env ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), append([]string{envChild + "=" + name}, env...)...)
+	return cmd
+}
+
+// workloadChild runs the workload on IDEM_DB with 8 goroutines until it is
+// killed, appending every answer to IDEM_ACKS and every Do execution to
+// IDEM_LEDGER; it stops starting calls at key IDEM_KEYS.
+func workloadChild() {
+	// IDEM_NOSYNC (UNSAFE) shows that the power-cut test catches lost
+	// answers: with it the test fails.
+	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{PruneInterval: -1, NoSync: os.Getenv("IDEM_NOSYNC") != ""})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		os.Exit(5)
+	}
+	l, err := openLedger(os.Getenv("IDEM_LEDGER"))
+	if err != nil {
+		os.Exit(5)
+	}
+	acks, err := os.OpenFile(os.Getenv("IDEM_ACKS"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		os.Exit(5)
+	}
+	n, _ := strconv.Atoi(os.Getenv("IDEM_KEYS"))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := w; i < n; i += 8 {
+				res, err := call(context.Background(), e, l, i)
+				if err != nil {
+					continue
+				}
+				mu.Lock()
+				fmt.Fprintf(acks, "%s %s\n", workKey(i), res.Response)
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("done")
+	select {} // wait for the kill
+}
+
+// openChild opens IDEM_DB with the options IDEM_READONLY asks for and makes
+// one call, printing the error (or "ok") on stdout and exiting 0: the parent
+// judges the error.
+func openChild() {
+	ro := os.Getenv("IDEM_READONLY") != ""
+	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{ReadOnly: ro, PruneInterval: -1})
+	if err != nil {
+		fmt.Println("open:", err)
+		printSentinels(err)
+		return
+	}
+	defer e.Close()
+	_, err = e.Do(context.Background(), "child", nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+	if err != nil {
+		fmt.Println("do:", err)
+		printSentinels(err)
+		return
+	}
+	fmt.Println("ok")
+}
