@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 	"unsafe"
 
@@ -224,6 +226,9 @@ func Open(path string, opts *Options) (*Engine, error) {
 		if err == nil && fi.Size() == 0 {
 			err = fmt.Errorf("%w: the file is empty", ErrFormat)
 		}
+		if err == nil && fi.IsDir() {
+			err = &fs.PathError{Op: "open", Path: path, Err: syscall.EISDIR}
+		}
 		if err != nil {
 			return nil, &OpError{Op: "open", Key: path, Err: err}
 		}
@@ -288,7 +293,14 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
 		}
 	}()
-	return bbolt.Open(path, 0o600, o)
+	db, err = bbolt.Open(path, 0o600, o)
+	switch {
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch):
+		err = fmt.Errorf("%w: not a bbolt file of a version this engine reads: %w", ErrFormat, err)
+	case errors.Is(err, bolterrors.ErrChecksum):
+		err = fmt.Errorf("%w: the file is damaged: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
+	}
+	return db, err
 }
 
 // Do runs fn once per idempotency key and records its outcome, so that every

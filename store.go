@@ -3,6 +3,7 @@ package idem
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,10 +42,35 @@ type knownSlot struct {
 	name []byte
 }
 
+// checkLength refuses a file shorter than the pages its meta page counts.
+func checkLength(db *bbolt.DB) error {
+	fi, err := os.Stat(db.Path())
+	if err != nil {
+		return err
+	}
+	return db.View(func(tx *bbolt.Tx) error {
+		if want := tx.Size(); fi.Size() < want {
+			return fmt.Errorf("%w: the file is cut short (%d bytes, its meta page counts %d); run `idem check` and restore from a backup", ErrCorrupt, fi.Size(), want)
+		}
+		return nil
+	})
+}
+
 // initFile creates the engine's buckets in a new file, or checks the format
 // version of an existing one. A read-only open only checks, and refuses a file
-// that lacks the engine's buckets.
-func initFile(db *bbolt.DB, readOnly bool) error {
+// that lacks the engine's buckets. A file shorter than its meta page says
+// (cut short: a copy that stopped, a full disk) is refused with ErrCorrupt
+// before any page is read, since pages past its end fault; a panic of bbolt's
+// on a damaged page becomes ErrCorrupt too.
+func initFile(db *bbolt.DB, readOnly bool) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
+		}
+	}()
+	if err := checkLength(db); err != nil {
+		return err
+	}
 	if readOnly {
 		return db.View(func(tx *bbolt.Tx) error {
 			root := tx.Bucket(layout.Root)
