@@ -1,14 +1,17 @@
 package robustness
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -209,4 +212,113 @@ func TestDamagedFiles(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestLockedByAnotherProcess: while a child process holds the file, Open
+// gives up after LockTimeout with bbolt's ErrTimeout and says why; once the
+// child dies (SIGKILL: the kernel drops its lock), Open works.
+func TestLockedByAnotherProcess(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "idem.db")
+	cmd := child(t, "hold", "IDEM_DB="+path)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "held\n", line)
+
+	_, err = idem.Open(path, &idem.Options{LockTimeout: 100 * time.Millisecond})
+	require.ErrorIs(t, err, bolterrors.ErrTimeout)
+	require.ErrorContains(t, err, "in use by another program")
+	_, err = idem.Open(path, &idem.Options{LockTimeout: 100 * time.Millisecond, ReadOnly: true})
+	require.ErrorIs(t, err, bolterrors.ErrTimeout, "a reader waits for the writer too")
+
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	e, err := idem.Open(path, &idem.Options{LockTimeout: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+}
+
+// TestReadOnlyMount remounts a tmpfs read-only under a file with answers:
+// opening it to write fails with EROFS (no panic, nothing changed); opened
+// ReadOnly it replays every answer and refuses new calls with bbolt's
+// ErrDatabaseReadOnly.
+func TestReadOnlyMount(t *testing.T) {
+	dir := mountTmpfs(t, 8<<20)
+	path := filepath.Join(dir, "idem.db")
+	ctx := context.Background()
+	e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
+	require.NoError(t, err)
+	for i := range 50 {
+		_, err := e.Do(ctx, fmt.Sprintf("k%d", i), nil, func(context.Context) ([]byte, error) { return []byte("v"), nil })
+		require.NoError(t, err)
+	}
+	require.NoError(t, e.Close())
+	require.NoError(t, syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_REMOUNT|syscall.MS_RDONLY, ""))
+	defer func() { _ = syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_REMOUNT, "") }()
+
+	_, err = idem.Open(path, nil)
+	require.ErrorIs(t, err, syscall.EROFS)
+	e, err = idem.Open(path, &idem.Options{ReadOnly: true})
+	require.NoError(t, err)
+	defer e.Close()
+	for i := range 50 {
+		res, err := e.Do(ctx, fmt.Sprintf("k%d", i), nil, mustNotRun(t))
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+	}
+	_, err = e.Do(ctx, "new", nil, mustNotRun(t))
+	require.ErrorIs(t, err, bolterrors.ErrDatabaseReadOnly)
+}
+
+// TestChildAsNobody runs a child as the user nobody against files root
+// owns (file modes do not stop root itself): a 0600 file is EACCES to open,
+// to write or to read; a 0644 file opens ReadOnly and replays, and refuses
+// to write (ErrDatabaseReadOnly), and opening it to write is EACCES.
+func TestChildAsNobody(t *testing.T) {
+	needRoot(t)
+	dir, err := os.MkdirTemp("", "idem-nobody-")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	require.NoError(t, os.Chmod(dir, 0o755))
+	// The test binary may sit in a directory nobody cannot enter: copy it.
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	bin, err := os.ReadFile(exe)
+	require.NoError(t, err)
+	nobodyExe := filepath.Join(dir, "robustness.test")
+	require.NoError(t, os.WriteFile(nobodyExe, bin, 0o755))
+
+	path := filepath.Join(dir, "idem.db")
+	e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
+	require.NoError(t, err)
+	_, err = e.Do(context.Background(), "child", nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	run := func(mode os.FileMode, readOnly bool) string {
+		require.NoError(t, os.Chmod(path, mode))
+		cmd := exec.Command(nobodyExe)
+		cmd.Env = append(os.Environ(), envChild+"=open", "IDEM_DB="+path)
+		if readOnly {
+			cmd.Env = append(cmd.Env, "IDEM_READONLY=1")
+		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		return string(out)
+	}
+	require.Contains(t, run(0o600, false), "is:EACCES")
+	require.Contains(t, run(0o600, true), "is:EACCES")
+	require.Contains(t, run(0o644, false), "is:EACCES")
+	out := run(0o644, true)
+	require.Contains(t, out, "child: ok replayed=true\n", "the answer replays")
+	require.Contains(t, out, "child-new: ", "the new call fails")
+	require.Contains(t, out, "is:ErrDatabaseReadOnly")
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "nobody changed nothing")
 }

@@ -24,6 +24,8 @@ func TestMain(m *testing.M) {
 		workloadChild()
 	case "open":
 		openChild()
+	case "hold":
+		holdChild()
 	default:
 		fmt.Fprintf(os.Stderr, "no child %q\n", os.Getenv(envChild))
 		os.Exit(3)
@@ -83,9 +85,9 @@ func workloadChild() {
 	select {} // wait for the kill
 }
 
-// openChild opens IDEM_DB with the options IDEM_READONLY asks for and makes
-// one call, printing the error (or "ok") on stdout and exiting 0: the parent
-// judges the error.
+// openChild opens IDEM_DB with the options IDEM_READONLY asks for, replays
+// the key "child" and calls the new key "child-new", printing each error (or
+// "ok") on stdout and exiting 0: the parent judges the errors.
 func openChild() {
 	ro := os.Getenv("IDEM_READONLY") != ""
 	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{ReadOnly: ro, PruneInterval: -1})
@@ -95,11 +97,25 @@ func openChild() {
 		return
 	}
 	defer e.Close()
-	_, err = e.Do(context.Background(), "child", nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
-	if err != nil {
-		fmt.Println("do:", err)
-		printSentinels(err)
-		return
+	for _, k := range []string{"child", "child-new"} {
+		res, err := e.Do(context.Background(), k, nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+		if err != nil {
+			fmt.Printf("%s: %v\n", k, err)
+			printSentinels(err)
+			continue
+		}
+		fmt.Printf("%s: ok replayed=%t\n", k, res.Replayed)
 	}
-	fmt.Println("ok")
+}
+
+// holdChild opens IDEM_DB, says "held" and holds the file until killed.
+func holdChild() {
+	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{PruneInterval: -1})
+	if err != nil {
+		fmt.Println("open:", err)
+		os.Exit(5)
+	}
+	defer e.Close()
+	fmt.Println("held")
+	select {}
 }
