@@ -293,6 +293,9 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
 		}
 	}()
+	if err := checkLength(path); err != nil {
+		return nil, err
+	}
 	db, err = bbolt.Open(path, 0o600, o)
 	switch {
 	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch):

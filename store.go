@@ -3,6 +3,7 @@ package idem
 import (
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"slices"
 	"sync"
@@ -42,35 +43,68 @@ type knownSlot struct {
 	name []byte
 }
 
-// checkLength refuses a file shorter than the pages its meta page counts.
-func checkLength(db *bbolt.DB) error {
-	fi, err := os.Stat(db.Path())
+// checkLength refuses, before bbolt maps it, a file shorter than the pages
+// its newest valid meta page counts: bbolt reads its freelist and pages
+// through the memory map, and a read past the end of the file faults and
+// kills the program (no recover). A file with no valid meta page is left to
+// bbolt, which refuses it with ErrInvalid. The meta page's layout is bbolt's
+// (internal/common/meta.go): a 16-byte page header, then magic, version,
+// page size, flags, the root bucket (16 bytes), the freelist's page, the
+// page count, the transaction id and an FNV-1a checksum of what precedes it.
+func checkLength(path string) error {
+	f, err := os.Open(path)
 	if err != nil {
-		return err
+		return nil // bbolt reports it
 	}
-	return db.View(func(tx *bbolt.Tx) error {
-		if want := tx.Size(); fi.Size() < want {
-			return fmt.Errorf("%w: the file is cut short (%d bytes, its meta page counts %d); run `idem check` and restore from a backup", ErrCorrupt, fi.Size(), want)
-		}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
 		return nil
-	})
+	}
+	meta := func(off int64) (pageSize, pages, txid uint64, ok bool) {
+		var b [16 + 64]byte
+		if _, err := f.ReadAt(b[:], off); err != nil {
+			return 0, 0, 0, false
+		}
+		m := b[16:]
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if binary.LittleEndian.Uint32(m[0:]) != 0xED0CDAED || h.Sum64() != binary.LittleEndian.Uint64(m[56:]) {
+			return 0, 0, 0, false
+		}
+		return uint64(binary.LittleEndian.Uint32(m[8:])), binary.LittleEndian.Uint64(m[40:]), binary.LittleEndian.Uint64(m[48:]), true
+	}
+	ps0, pages0, tx0, ok0 := meta(0)
+	second := int64(os.Getpagesize())
+	if ok0 {
+		second = int64(ps0)
+	}
+	ps1, pages1, tx1, ok1 := meta(second)
+	var need uint64
+	switch {
+	case ok0 && (!ok1 || tx0 >= tx1):
+		need = ps0 * pages0
+	case ok1:
+		need = ps1 * pages1
+	default:
+		return nil
+	}
+	if uint64(fi.Size()) < need {
+		return fmt.Errorf("%w: the file is cut short (%d bytes, its meta page counts %d); run `idem check` and restore from a backup", ErrCorrupt, fi.Size(), need)
+	}
+	return nil
 }
 
 // initFile creates the engine's buckets in a new file, or checks the format
 // version of an existing one. A read-only open only checks, and refuses a file
-// that lacks the engine's buckets. A file shorter than its meta page says
-// (cut short: a copy that stopped, a full disk) is refused with ErrCorrupt
-// before any page is read, since pages past its end fault; a panic of bbolt's
-// on a damaged page becomes ErrCorrupt too.
+// that lacks the engine's buckets. A panic of bbolt's on a damaged page
+// becomes ErrCorrupt.
 func initFile(db *bbolt.DB, readOnly bool) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
 		}
 	}()
-	if err := checkLength(db); err != nil {
-		return err
-	}
 	if readOnly {
 		return db.View(func(tx *bbolt.Tx) error {
 			root := tx.Bucket(layout.Root)

@@ -138,7 +138,7 @@ func TestDamagedFiles(t *testing.T) {
 	valid := func(t *testing.T, path string) {
 		e, err := idem.Open(path, &idem.Options{PruneInterval: -1, NoSync: true})
 		require.NoError(t, err)
-		for i := range 2000 {
+		for i := range 600 {
 			_, err := e.Do(ctx, fmt.Sprintf("k%d", i), nil, func(context.Context) ([]byte, error) { return bytes.Repeat([]byte("v"), 100), nil })
 			require.NoError(t, err)
 		}

@@ -37,7 +37,9 @@ func TestPowerCut(t *testing.T) {
 	dropped := 0
 	for round := range rounds(4) {
 		f := mountFaultFS(t)
+		f.mu.Lock()
 		f.syncDelay = time.Millisecond
+		f.mu.Unlock()
 		dir := t.TempDir()
 		ackPath, ledgerPath := filepath.Join(dir, "acks"), filepath.Join(dir, "ledger")
 		const n = 400
