@@ -84,6 +84,9 @@ func (f *faultFS) unmount(t *testing.T) {
 	}
 	if err := f.server.Unmount(); err != nil {
 		t.Errorf("unmount %s: %v", f.mnt, err)
+		if err := syscall.Unmount(f.mnt, syscall.MNT_DETACH); err != nil {
+			t.Errorf("unmount -l %s: %v", f.mnt, err)
+		}
 	}
 	f.server.Wait()
 	f.server = nil

@@ -1,11 +1,15 @@
 package robustness
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 
@@ -26,6 +30,8 @@ func TestMain(m *testing.M) {
 		openChild()
 	case "hold":
 		holdChild()
+	case "script":
+		scriptChild()
 	default:
 		fmt.Fprintf(os.Stderr, "no child %q\n", os.Getenv(envChild))
 		os.Exit(3)
@@ -118,4 +124,47 @@ func holdChild() {
 	defer e.Close()
 	fmt.Println("held")
 	select {}
+}
+
+// scriptChild opens IDEM_DB and runs the commands read from stdin, one a
+// line, answering each with one line on stdout: "do KEY" and "dotx KEY"
+// (fn returns "v"; the answer is "ok replayed=BOOL ran=N" or "err ERROR"
+// followed by the sentinels it matches), "close" ("closed"). It exits at the
+// end of its input. Tests that put the engine on the FUSE layer run it in
+// such a child: an engine in the process that serves the FUSE mount can
+// deadlock it (a goroutine faulting on the mmap cannot be stopped for the
+// garbage collector, which stops the goroutines that would serve the fault).
+func scriptChild() {
+	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{PruneInterval: -1})
+	if err != nil {
+		fmt.Println("err", err)
+		os.Exit(5)
+	}
+	ran := 0
+	sc := bufio.NewScanner(os.Stdin)
+	for sc.Scan() {
+		op, key, _ := strings.Cut(sc.Text(), " ")
+		var res idem.Result
+		switch op {
+		case "do":
+			res, err = e.Do(context.Background(), key, nil, func(context.Context) ([]byte, error) { ran++; return []byte("v"), nil })
+		case "dotx":
+			res, err = e.DoTx(context.Background(), key, nil, func(context.Context, *idem.Tx) ([]byte, error) { ran++; return []byte("v"), nil })
+		case "close":
+			fmt.Println("closed", e.Close())
+			continue
+		}
+		if err != nil {
+			var is []string
+			for name, s := range sentinels {
+				if errors.Is(err, s) {
+					is = append(is, "is:"+name)
+				}
+			}
+			slices.Sort(is)
+			fmt.Printf("err ran=%d %s %v\n", ran, strings.Join(is, " "), err)
+			continue
+		}
+		fmt.Printf("ok replayed=%t ran=%d\n", res.Replayed, ran)
+	}
 }

@@ -1,7 +1,9 @@
 package robustness
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -77,12 +79,12 @@ func TestPowerCut(t *testing.T) {
 }
 
 // TestFsyncAndWriteErrorsFailClosed fails the file's fsyncs (then, in a
-// second case, its writes) under a live engine on the FUSE layer: the call
-// whose commit fails gets ErrStorageFailed wrapping the EIO, and every later
-// call fails closed with ErrStorageFailed, even once the disk works again,
-// until the engine is closed and reopened; then, after a power cut that drops
-// whatever the failed commit wrote, every answer given before the failure
-// replays.
+// second case, its writes) under a live engine on the FUSE layer (in a child:
+// see scriptChild): the call whose commit fails gets ErrStorageFailed
+// wrapping the EIO, and every later call fails closed with ErrStorageFailed,
+// even once the disk works again, until the engine is closed and reopened;
+// then, after a power cut that drops whatever the failed commit wrote, every
+// answer given before the failure replays.
 func TestFsyncAndWriteErrorsFailClosed(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
@@ -90,41 +92,53 @@ func TestFsyncAndWriteErrorsFailClosed(t *testing.T) {
 	}{{"fsync fails", false, true}, {"write fails", true, false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := mountFaultFS(t)
-			ctx := context.Background()
-			e, err := idem.Open(filepath.Join(f.mnt, "idem.db"), &idem.Options{PruneInterval: -1})
+			cmd := child(t, "script", "IDEM_DB="+filepath.Join(f.mnt, "idem.db"))
+			in, err := cmd.StdinPipe()
 			require.NoError(t, err)
-			ran := 0
-			fn := func(context.Context) ([]byte, error) { ran++; return []byte("v"), nil }
-			for _, k := range []string{"a", "b", "c"} {
-				_, err := e.Do(ctx, k, nil, fn)
+			outPipe, err := cmd.StdoutPipe()
+			require.NoError(t, err)
+			cmd.Stderr = os.Stderr
+			require.NoError(t, cmd.Start())
+			t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }) // before the unmount
+			out := bufio.NewReader(outPipe)
+			send := func(line string) string {
+				_, err := fmt.Fprintln(in, line)
 				require.NoError(t, err)
+				answer, err := out.ReadString('\n')
+				require.NoError(t, err, "the child answers %q", line)
+				return answer
+			}
+			for _, k := range []string{"a", "b", "c"} {
+				require.Equal(t, "ok replayed=false ran="+strconv.Itoa(int(k[0]-'a'+1))+"\n", send("do "+k))
 			}
 			f.set(tc.writes, tc.syncs)
-			_, err = e.Do(ctx, "lost", nil, fn)
-			require.ErrorIs(t, err, idem.ErrStorageFailed)
-			require.ErrorIs(t, err, syscall.EIO)
-			require.Equal(t, 3, ran, "fn did not run: its started record did not commit")
+			a := send("do lost")
+			require.Contains(t, a, "is:ErrStorageFailed")
+			require.Contains(t, a, "input/output error", "the cause, EIO, is kept")
 			f.set(false, false)
-			_, err = e.Do(ctx, "a", nil, fn)
-			require.ErrorIs(t, err, idem.ErrStorageFailed, "failed closed: even a replay, with the disk back")
-			_, err = e.Do(ctx, "new", nil, fn)
-			require.ErrorIs(t, err, idem.ErrStorageFailed)
-			_, err = e.DoTx(ctx, "tx", nil, func(context.Context, *idem.Tx) ([]byte, error) { return nil, nil })
-			require.ErrorIs(t, err, idem.ErrStorageFailed)
-			_ = e.Close() // its error, if any, is the failure's
+			require.Contains(t, send("do a"), "is:ErrStorageFailed", "failed closed: even a replay, with the disk back")
+			require.Contains(t, send("do new"), "is:ErrStorageFailed")
+			require.Contains(t, send("dotx tx"), "is:ErrStorageFailed")
+			a = send("do lost")
+			require.Contains(t, a, "is:ErrStorageFailed")
+			require.Contains(t, a, "ran=3", "fn never ran for a call whose started record did not commit")
+			send("close")
+			require.NoError(t, in.Close())
+			require.NoError(t, cmd.Wait())
 
 			f.powerCut(t, rand.New(rand.NewPCG(1, 2)), false)
 			path := filepath.Join(f.under, "idem.db")
 			testkit.Check(t, path)
-			e, err = idem.Open(path, &idem.Options{PruneInterval: -1})
+			ctx := context.Background()
+			e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 			require.NoError(t, err)
 			defer e.Close()
 			for _, k := range []string{"a", "b", "c"} {
-				res, err := e.Do(ctx, k, nil, fn)
+				res, err := e.Do(ctx, k, nil, mustNotRun(t))
 				require.NoError(t, err)
 				require.True(t, res.Replayed, "answers given before the failure are on disk")
 			}
-			res, err := e.Do(ctx, "lost", nil, fn)
+			res, err := e.Do(ctx, "lost", nil, func(context.Context) ([]byte, error) { return []byte("v"), nil })
 			require.NoError(t, err, "works again after a reopen")
 			require.False(t, res.Replayed)
 		})
