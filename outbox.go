@@ -397,6 +397,7 @@ type outbox struct {
 	running atomic.Bool   // a dispatcher runs
 
 	delivered atomic.Uint64
+	loops     atomic.Uint64 // passes of the dispatcher's loop: tests count them
 }
 
 func (e *Engine) outbox() *outbox { return e.ob }
@@ -610,6 +611,7 @@ func (e *Engine) dispatch(ctx context.Context) {
 	defer timer.Stop()
 	load := true
 	for {
+		ob.loops.Add(1)
 		if load {
 			load = false
 			d.load()
