@@ -13,9 +13,18 @@ const DefaultReplayCacheBytes = 16 << 20
 
 const (
 	cacheShards = 32
-	// entryOverhead approximates an entry's bytes beside its key, response
-	// and error text: the Record, the map slot, the queue slot.
-	entryOverhead = 160
+	// entryOverhead bounds an entry's heap bytes beside its key, response
+	// and error: the Record (144 bytes, its allocation's size class), its
+	// map slot (24 bytes, up to 57 with the map's load factor and growth),
+	// and its queue slots (24 bytes each, at most two an entry in an array
+	// of at most 2.5 slots an entry, see compact): about 260 bytes, and up
+	// to 310 measured under churn (a map of deleted keys keeps some of its
+	// growth), rounded up with room to spare.
+	// TestReplayCacheHeapStaysWithinBudget measures it.
+	entryOverhead = 352
+	// errorOverhead is a stored error's bytes beside its code and message:
+	// the Error (64 bytes, its allocation's size class).
+	errorOverhead = 64
 )
 
 // replayCache holds the done records completed most recently, so that the
@@ -30,12 +39,25 @@ type replayCache struct {
 }
 
 type cacheShard struct {
-	mu       sync.Mutex
-	m        map[string]*Record
-	fifo     []string // keys in insertion order, oldest at head
+	mu sync.Mutex
+	m  map[string]*Record
+	// fifo holds the entries in insertion order, oldest at head, and stale
+	// slots of entries gone since (forgotten, or put again), which evict
+	// nothing; compact bounds it to two slots an entry.
+	fifo     []queued
 	head     int
 	bytes    int
 	maxBytes int
+}
+
+// queueSlack is the queue slots a shard may hold beside two an entry.
+const queueSlack = 16
+
+// queued is a queue slot: the entry it was made for, so that a slot of a key
+// put again since is recognised as stale and evicts nothing.
+type queued struct {
+	key string
+	rec *Record
 }
 
 func newReplayCache(maxBytes int) *replayCache {
@@ -52,7 +74,7 @@ func newReplayCache(maxBytes int) *replayCache {
 func entrySize(r *Record) int {
 	n := entryOverhead + len(r.Key) + len(r.Response)
 	if r.Err != nil {
-		n += len(r.Err.Code) + len(r.Err.Message)
+		n += errorOverhead + len(r.Err.Code) + len(r.Err.Message)
 	}
 	return n
 }
@@ -74,52 +96,74 @@ func (c *replayCache) get(key string) *Record {
 	return r
 }
 
-// put remembers r, a committed done record, evicting the shard's oldest
-// entries until it fits.
+// put remembers r, a committed done record, in place of any older entry of
+// its key, evicting the shard's oldest entries until it fits. A record larger
+// than an eighth of the shard is not cached (the older entry goes all the same).
 func (c *replayCache) put(r *Record) {
 	if c == nil {
 		return
 	}
 	s := c.shard(r.Key)
 	size := entrySize(r)
-	if size > s.maxBytes/8 {
-		return
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old, ok := s.m[r.Key]; ok {
-		s.bytes -= entrySize(old)
-		delete(s.m, r.Key) // its queue slot is skipped when it comes up
+	s.drop(r.Key) // an older entry of the key must not answer for the new record
+	if size > s.maxBytes/8 {
+		s.compact()
+		return
 	}
 	for s.bytes+size > s.maxBytes && s.head < len(s.fifo) {
-		k := s.fifo[s.head]
-		s.fifo[s.head] = ""
+		q := s.fifo[s.head]
+		s.fifo[s.head] = queued{}
 		s.head++
-		if old, ok := s.m[k]; ok {
-			s.bytes -= entrySize(old)
-			delete(s.m, k)
+		if s.m[q.key] == q.rec {
+			s.bytes -= entrySize(q.rec)
+			delete(s.m, q.key)
 		}
 	}
-	if s.head > len(s.fifo)/2 { // compact the queue
-		s.fifo = append(s.fifo[:0], s.fifo[s.head:]...)
-		s.head = 0
-	}
-	s.fifo = append(s.fifo, r.Key)
+	s.fifo = append(s.fifo, queued{r.Key, r})
 	s.m[r.Key] = r
 	s.bytes += size
+	s.compact()
 }
 
-// forget drops key (its queue slot is skipped when it comes up).
+// drop removes key's entry, if any; its queue slot becomes stale.
+func (s *cacheShard) drop(key string) {
+	if old, ok := s.m[key]; ok {
+		s.bytes -= entrySize(old)
+		delete(s.m, key)
+	}
+}
+
+// compact rewrites the queue, without its consumed head and its stale
+// slots, into an array a quarter larger than the entries, once it is longer
+// than twice the entries (plus queueSlack): so it never is, whatever the
+// sequence of puts and forgets, and its array never holds much more (append
+// grows it to about 2.5 slots an entry at most before the next rewrite). Each
+// rewrite follows at least as many puts as it keeps slots: amortised O(1).
+func (s *cacheShard) compact() {
+	if len(s.fifo) <= 2*len(s.m)+queueSlack {
+		return
+	}
+	live := make([]queued, 0, len(s.m)+len(s.m)/4+queueSlack)
+	for _, q := range s.fifo[s.head:] {
+		if s.m[q.key] == q.rec {
+			live = append(live, q)
+		}
+	}
+	s.fifo, s.head = live, 0
+}
+
+// forget drops key (its queue slot is skipped when it comes up, or
+// compacted away).
 func (c *replayCache) forget(key string) {
 	if c == nil {
 		return
 	}
 	s := c.shard(key)
 	s.mu.Lock()
-	if old, ok := s.m[key]; ok {
-		s.bytes -= entrySize(old)
-		delete(s.m, key)
-	}
+	s.drop(key)
+	s.compact()
 	s.mu.Unlock()
 }
 
@@ -127,7 +171,7 @@ func (c *replayCache) forget(key string) {
 // entry past the retention window at now.
 func (e *Engine) cached(key string, now time.Time) (*Record, bool) {
 	r := e.cache.get(key)
-	if r == nil || !now.Before(r.CompletedAt.Add(e.opts.Retention)) {
+	if r == nil || !e.live(r, now) {
 		return nil, false
 	}
 	return r, true

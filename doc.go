@@ -27,7 +27,9 @@
 //     fn runs, a done record after it returns, and every later call with the key
 //     is answered from the done record without running fn. The window (default
 //     24 hours) runs from the record's completion; it is a floor: records may be
-//     kept longer, never shorter.
+//     kept longer, never shorter. Each record carries the window it was written
+//     under (Record.Retention): reopening the file with a shorter
+//     Options.Retention, or running `idem prune`, never expires it earlier.
 //   - Replays are exact: the same response bytes (nil and empty differ), the same
 //     error code and message, after a restart too. A caller can tell a replay only
 //     by Result.Replayed.
@@ -38,7 +40,21 @@
 //     unknown. The RecoveryPolicy decides: re-execute (the default, at-least-once;
 //     fn reads CallFrom(ctx).Recovered and reconciles with the downstream system,
 //     passing the key on), or refuse with ErrIncomplete until an operator
-//     resolves the key.
+//     resolves the key. A recovering call that ends without an outcome
+//     (Retryable included) leaves that evidence in place: the next call
+//     recovers again, and attempt numbers never repeat.
+//   - How long the evidence of an interrupted execution lasts: under
+//     RecoverReexecute, one retention window after the interrupted attempt
+//     started (the window it was written under, or a longer Options.Retention).
+//     A call within it runs fn with Recovered set and the next attempt number;
+//     a call after it finds the key absent and runs attempt 1 with Recovered
+//     false, as for a new key: fn can no longer tell that an earlier attempt
+//     may have had its effect. When the pruner drops such records it logs their
+//     count at warn level (never their keys). Under RecoverRefuse the record is
+//     marked kept until resolved (Record.KeptUntilResolved): it never expires,
+//     whatever a later Open passes, until a call recovers it, Engine.Resolve
+//     or Engine.Forget. Choose the window longer than the longest time a
+//     caller may take to retry after a crash, or refuse.
 //   - DoTx gives exactly once for effects in the same file: fn's writes and the
 //     record commit in one transaction or not at all. Effects elsewhere go
 //     through the outbox in that transaction and are delivered at least once,
@@ -60,7 +76,8 @@
 //     refused). Pass the idempotency key to the downstream system, or use DoTx
 //     with the outbox.
 //   - A DoTx fn may run more than once (shared transactions are retried without
-//     a failing member) and must touch only its Tx: no I/O, no shared memory.
+//     a failing member), never more than 3 times per call, and must touch only
+//     its Tx: no I/O, no shared memory.
 //   - Options.NoSync gives up durability: after a machine crash a started record
 //     may be missing and fn may run twice. For tests and benchmarks.
 //   - The fingerprint is a 64-bit xxhash: two different requests collide with
@@ -69,8 +86,13 @@
 //     default); a larger one fails closed with ErrResponseTooLarge.
 //   - The file never shrinks by itself: `idem compact` rewrites it offline.
 //   - Damage to bbolt's own pages (a torn disk, a file edited by hand) is beyond
-//     record checksums: bbolt may panic or fault on it. `idem check` runs
-//     bbolt's consistency check; restore such a file from a Backup.
+//     record checksums. Open reads both meta pages before bbolt maps the file,
+//     so a file truncated below its last page in use is an error wrapping
+//     ErrCorrupt, read-only too, not a fault; a panic of bbolt's while it opens
+//     a damaged file is an ErrCorrupt error too, and releases the file. Damage
+//     inside pages that Open does not read may still make bbolt panic or fault
+//     later. `idem check` runs bbolt's consistency check; restore such a file
+//     from a Backup.
 //   - Keys and responses are user data: the engine never logs them. Choose keys
 //     that carry no personal data in clear (KeyOf hashes the parts).
 //

@@ -19,6 +19,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/fault"
 )
@@ -64,7 +65,9 @@ const (
 	RecoverReexecute RecoveryPolicy = iota
 	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
 	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
-	// expire.
+	// expire: each started record is written marked kept until resolved
+	// (Record.KeptUntilResolved), so a later Open with RecoverReexecute, or
+	// `idem prune`, keeps it too (and recovers it on the next call).
 	RecoverRefuse
 )
 
@@ -73,7 +76,10 @@ const (
 type Options struct {
 	// Retention is the retention window, wall-clock: a record expires this long
 	// after it completed (an orphaned started record, after it started). Zero
-	// means DefaultRetention. It is a floor: space may be reclaimed later.
+	// means DefaultRetention. It is a floor: space may be reclaimed later. It
+	// is recorded with every record written (Record.Retention): a record
+	// written under a longer window by an earlier Open keeps that window, and
+	// one written under a shorter window lives this one.
 	Retention time.Duration
 
 	// PruneInterval is the period of the background pruner. Zero means
@@ -105,7 +111,8 @@ type Options struct {
 
 	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
 	// completed records that answers replays without a read transaction
-	// (keys, responses and error texts, plus about 160 bytes an entry). Zero
+	// (keys, responses and error texts, plus 352 bytes an entry for the
+	// record, its index and its queue slots, and 64 for a stored error). Zero
 	// means DefaultReplayCacheBytes; negative disables the cache.
 	ReplayCacheBytes int
 
@@ -130,7 +137,11 @@ type Options struct {
 	// on.
 	MaxSize int
 
-	// Now is the clock, for expiry and record times. Nil means time.Now.
+	// Now is the clock, for expiry and record times. Nil means time.Now. The
+	// engine strips the monotonic reading of every time it reads
+	// (t.Round(0)): records in the file carry wall-clock times only, so
+	// records in memory do too, and both compare alike across a step of the
+	// wall clock.
 	Now func() time.Time
 
 	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
@@ -139,6 +150,11 @@ type Options struct {
 	// Logger receives the engine's own events (pruning, recovery) at debug
 	// and warn level; keys and responses are never logged. Nil discards.
 	Logger *slog.Logger
+
+	// Observer receives the engine's events (executions, replays, commits,
+	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
+	// the cost of a nil check per event.
+	Observer Observer
 }
 
 // Result describes the answer of Do or DoTx. It is returned beside a non-nil
@@ -194,7 +210,13 @@ type counters struct {
 // Open opens or creates the idem file at path. One Engine holds a file at a
 // time: another Open of the same file, in this process or another, fails after
 // opts.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
-// of another format version fails with ErrFormat and is left as it is.
+// of format version 1 (the first) is read as it is and, unless opts.ReadOnly,
+// migrated to version 2 in Open's first transaction (its records keep their
+// windows; its interrupted executions are kept until resolved, since version 1
+// did not record the policy); a file of a newer version fails with ErrFormat
+// and is left as it is. A damaged file (truncated below its last page in use,
+// or a page bbolt panics on) fails with an error wrapping ErrCorrupt and is
+// released: a later Open of the repaired file succeeds.
 func Open(path string, opts *Options) (*Engine, error) {
 	var o Options
 	if opts != nil {
@@ -218,6 +240,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	clock := o.Now
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -250,27 +273,26 @@ func Open(path string, opts *Options) (*Engine, error) {
 		}
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
-	if err := initFile(db, o.ReadOnly); err != nil {
-		_ = db.Close()
+	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
 	e := &Engine{
 		db:       db,
 		opts:     o,
-		st:       store{width: o.Retention},
+		st:       store{width: o.Retention, refuse: o.Recovery == RecoverRefuse},
 		locks:    newKeyLocks(),
 		cache:    newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
-		now:      o.Now,
+		now:      func() time.Time { return clock().Round(0) },
 		log:      o.Logger,
 		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
-	if err := db.View(e.st.loadSlots); err != nil {
-		_ = db.Close()
+	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
 		return nil, &OpError{Op: "open", Key: path, Err: err}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.pipe = commit.New(db, e.committed)
+	e.watchCommits()
 	if o.ReadOnly {
 		e.opts.Outbox.Dispatch = false
 	}
@@ -285,25 +307,36 @@ func Open(path string, opts *Options) (*Engine, error) {
 	return e, nil
 }
 
-// openBolt is bbolt.Open, with the panics bbolt raises on a damaged file
-// (its freelist or meta pages) turned into an error wrapping ErrCorrupt.
-func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			db, err = nil, fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
-		}
-	}()
-	if err := checkLength(path); err != nil {
-		return nil, err
-	}
-	db, err = bbolt.Open(path, 0o600, o)
+// openBolt is bbolt.Open through internal/boltfile: a file whose meta pages
+// contradict it (truncated below its last page, which bbolt would map and
+// fault on) is refused before bbolt maps it, and a panic of bbolt's on a
+// damaged page releases the file; both are errors wrapping ErrCorrupt.
+func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
+	db, err := boltfile.Open(path, 0o600, o)
 	switch {
+	case errors.Is(err, boltfile.ErrDamaged):
+		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
 	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch):
+		// Random bytes, another program's file: not an idem file.
 		err = fmt.Errorf("%w: not a bbolt file of a version this engine reads: %w", ErrFormat, err)
-	case errors.Is(err, bolterrors.ErrChecksum):
-		err = fmt.Errorf("%w: the file is damaged: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
 	}
 	return db, err
+}
+
+// firstRead runs one of Open's first transactions on db, which read pages
+// bbolt.Open did not: a panic of bbolt's on a damaged page there is an error
+// wrapping ErrCorrupt, as in openBolt, and on any failure db is closed (the
+// transaction rolled back first), so the file is released.
+func firstRead(db *bbolt.DB, read func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+		}
+		if err != nil {
+			_ = db.Close()
+		}
+	}()
+	return read()
 }
 
 // Do runs fn once per idempotency key and records its outcome, so that every
@@ -328,17 +361,36 @@ func openBolt(path string, o *bbolt.Options) (db *bbolt.DB, err error) {
 //
 // Outcomes of fn: a response and no error, or a permanent error (returned as
 // *Error wrapping fn's error), are recorded. An error made with Retryable
-// deletes the started record and frees the key. An error that is
-// context.Canceled or DeadlineExceeded, a panic (re-raised in the caller with
-// its value and stack), or a failed commit leave the started record: an
-// interrupted execution that the RecoveryPolicy handles on the next call;
-// waiters then get ErrIncomplete. A response over MaxResponseSize fails closed
-// with ErrResponseTooLarge. Once fn has returned, its outcome is recorded even
-// if ctx ends. After Close, Do returns ErrClosed.
+// deletes the started record and frees the key. An error returned once fn's
+// own context has ended (the caller's ctx or Close), a panic (re-raised in the
+// caller with its value and stack), or a failed commit leave the started
+// record: an interrupted execution that the RecoveryPolicy handles on the next
+// call; waiters then get ErrIncomplete. A response over MaxResponseSize fails
+// closed with ErrResponseTooLarge. Once fn has returned, its outcome is
+// recorded even if ctx ends. After Close, Do returns ErrClosed.
 //
-// fn may call Do with other keys, passing its ctx (a call with its own key
-// returns ErrReentrant). Cycles across keys (A's fn calls B, B's fn calls A)
-// wait until ctx ends, and fn must not call Close: both wait for themselves.
+// Only the end of fn's own context is an interruption: a context error fn
+// returns while its context is live (its own call to a gateway timed out, say
+// WithCode(downstreamCtx.Err(), "downstream_timeout")) is a permanent error
+// like any other, stored with its code.
+//
+// Nothing erases the evidence of an unknown outcome. When a call that
+// recovers an interrupted execution ends without an outcome (Retryable, the
+// end of its context, a panic, a failed commit), the key keeps a started
+// record carrying that call's attempt and start time, so the next call
+// recovers again (CallFrom's Recovered is set) with the attempt after it.
+// Attempt numbers never repeat.
+//
+// fn may call Do with other keys, passing its ctx. A call with fn's own key
+// returns ErrReentrant instead of waiting for itself: one made with fn's
+// context (from any goroutine), and one made from the goroutine that runs fn
+// whatever context it passes (context.Background() included), also through
+// other keys' fns that run on that goroutine. What cannot be detected: fn
+// starts another goroutine that calls fn's own key with a context not derived
+// from fn's, and waits for it; or two calls on two goroutines form a cycle
+// (A's fn calls B while B's fn calls A). Such calls wait until one of their
+// contexts ends (never, for context.Background()). fn must not call Close,
+// which waits for fn.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
 	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
@@ -347,6 +399,7 @@ func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func
 
 // leading is the state of the call that leads a key.
 type leading struct {
+	flight    *flight
 	key       string
 	fp        uint64
 	attempt   int
@@ -395,6 +448,9 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 	for {
 		f, leader := e.locks.acquire(key, fp, now)
 		if !leader {
+			if err := e.selfWait(f); err != nil {
+				return Result{}, &OpError{Op: op, Key: key, Err: err}
+			}
 			if f.fp != fp {
 				if f.executing.Load() {
 					return Result{}, e.conflict(op, key, errors.New("the call in progress has another fingerprint"))
@@ -408,9 +464,11 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 				continue
 			}
 			if e.opts.InFlight == InFlightFail {
+				e.observe(Event{Kind: EventInProgress, Op: op})
 				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
 			}
 			fault.Point("do-wait")
+			e.observe(Event{Kind: EventWait, Op: op})
 			if err := f.wait(ctx); err != nil {
 				return Result{}, err
 			}
@@ -431,30 +489,34 @@ func (e *Engine) call(ctx context.Context, op, key string, fingerprint []byte,
 		// The record read above is still current if no call has released
 		// a key since (every write of a record happens under its key);
 		// otherwise the leader reads it again.
-		if e.locks.generation() != gen {
-			rec, err = e.load(key)
-		}
-		return e.lead(ctx, op, key, fp, f, rec, err, exec)
+		return e.lead(ctx, op, key, fp, f, rec, e.locks.generation() != gen, exec)
 	}
 }
 
 // lead runs the state machine for the leader and publishes its outcome to
-// the waiters, also when exec panics or calls runtime.Goexit.
-func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, loadErr error,
+// the waiters, also when exec panics or calls runtime.Goexit. rec is the
+// key's record as read before the key was taken; stale asks to read it again.
+// Everything after acquire runs here, under the deferred release, so no path
+// leaves the flight registered.
+func (e *Engine) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, stale bool,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
-	c := &leading{key: key, fp: fp, attempt: 1}
+	c := &leading{key: key, fp: fp, attempt: 1, flight: f}
 	returned := false
 	defer func() {
 		switch {
-		case !returned || c.incomplete:
-			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
 		case c.again:
 			f.again = true
+		case !returned || c.incomplete:
+			f.err = &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
 		default:
 			f.res, f.err = res, err
 		}
 		e.locks.release(key, f)
 	}()
+	var loadErr error
+	if stale {
+		rec, loadErr = e.load(key)
+	}
 	res, err = e.decide(ctx, op, c, f, rec, loadErr, exec)
 	returned = true
 	return res, err
@@ -495,7 +557,7 @@ func (e *Engine) decide(ctx context.Context, op string, c *leading, f *flight, r
 func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
 	if e.pipe.Holding() {
 		c.again = true
-		return Result{}, &OpError{Op: "do", Key: c.key, Err: ErrReentrant}
+		return Result{}, &OpError{Op: "do", Key: c.key, Err: errInsideDoTx}
 	}
 	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, started, c.prev) }); err != nil {
@@ -512,32 +574,54 @@ func (e *Engine) execute(ctx context.Context, c *leading, fn func(context.Contex
 		return Result{}, err
 	}
 
+	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
 	e.n.executions.Add(1)
-	fnCtx, stop := e.fnContext(ctx, c, false)
-	resp, ferr := fn(fnCtx)
-	stop()
+	c.flight.runner.Store(commit.GoroutineID()) // fn runs here: see selfWait
+	resp, ferr, ended := e.runFn(ctx, c, fn)
 	fault.Point("do-after-fn")
 
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
 	switch {
+	case errors.Is(ferr, ErrRetryable) && c.prev != nil:
+		// fn's promise covers this attempt only: the earlier attempt's effect
+		// is still unknown, so this attempt's started record stays, and the
+		// next call recovers with the attempt after it.
+		return res, ferr
 	case errors.Is(ferr, ErrRetryable):
 		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.del(tx, started) }); err != nil {
 			c.incomplete = true
 			return res, errors.Join(ferr, e.writeErr("do", c.key, err))
 		}
 		return res, ferr
-	case errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
+	case ferr != nil && ended:
+		// fn's own context ended (the caller's ctx or Close): its error is an
+		// interruption, not an outcome. A context error fn made itself (a
+		// downstream timeout) while its context was live is an outcome.
 		c.incomplete = true
 		return res, ferr
 	}
 	done := e.doneRecord(started, resp, ferr)
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, started) }); err != nil {
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error {
+		fault.Point("do-done-commit")
+		return e.st.put(tx, done, started)
+	}); err != nil {
 		c.incomplete = true
 		return res, e.writeErr("do", c.key, err)
 	}
 	fault.Point("do-after-done")
 	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
+}
+
+// runFn runs Do's fn in its context, and releases that context (its
+// registration on the engine's) on every path: a panic or runtime.Goexit in fn
+// included. ended reports whether fn's own context had ended (the caller's
+// ctx or Close) when fn returned, read before the stop that cancels it.
+func (e *Engine) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (resp []byte, ferr error, ended bool) {
+	fnCtx, stop := e.fnContext(ctx, c, false)
+	defer stop()
+	resp, ferr = fn(fnCtx)
+	return resp, ferr, fnCtx.Err() != nil
 }
 
 // doneRecord builds the done record for fn's outcome, failing closed on a
@@ -591,6 +675,7 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 		return Result{}, e.conflict(op, rec.Key, nil)
 	}
 	e.n.replays.Add(1)
+	e.observe(Event{Kind: EventReplay, Op: op})
 	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
 	if !shared {
 		if rec.Err != nil {
@@ -610,6 +695,7 @@ func (e *Engine) replay(op string, rec *Record, fp uint64, shared bool) (Result,
 // why (if not nil) as the detail.
 func (e *Engine) conflict(op, key string, why error) error {
 	e.n.conflicts.Add(1)
+	e.observe(Event{Kind: EventConflict, Op: op})
 	err := ErrFingerprintMismatch
 	if why != nil {
 		err = fmt.Errorf("%w: %v", ErrFingerprintMismatch, why)
@@ -667,20 +753,18 @@ func (e *Engine) loadFor(key string, fp uint64, check bool, now time.Time) (rec 
 	return rec, false, nil
 }
 
-// horizon is the oldest time a live record can be slotted at: slots that
-// ended before it hold only expired records, unless interrupted executions
-// are kept until resolved.
-func (e *Engine) horizon(now time.Time) time.Time {
-	if e.opts.Recovery == RecoverRefuse {
-		return time.Time{}
-	}
-	return now.Add(-e.opts.Retention)
-}
+// horizon is the oldest time a live record can be slotted at: none. A record
+// kept until resolved may sit in any slot, however old, and a record keeps
+// the window it was written under, so lookups probe every slot; the pruner
+// drops those that hold only expired records.
+func (e *Engine) horizon(time.Time) time.Time { return time.Time{} }
 
-// live reports whether r is inside the retention window at now. Under
-// RecoverRefuse an interrupted execution stays until it is resolved.
+// live reports whether r is live at now: a started record kept until
+// resolved (written under RecoverRefuse, or of a format-1 file), or any
+// started record while this engine refuses, always; any other record inside
+// the longer of the window it was written under and this engine's.
 func (e *Engine) live(r *Record, now time.Time) bool {
-	if r.State == StateStarted && e.opts.Recovery == RecoverRefuse {
+	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
 	}
 	return now.Before(r.ExpiresAt(e.opts.Retention))
@@ -709,7 +793,7 @@ func storageErr(err error, maxSize int) error {
 // fails with ErrReentrant instead of waiting for itself.
 func (e *Engine) enterOp() error {
 	if e.pipe.Holding() {
-		return ErrReentrant
+		return errInsideDoTx
 	}
 	return e.enter()
 }
@@ -780,10 +864,30 @@ func (e *Engine) reentrant(ctx context.Context, key string) error {
 		return nil
 	}
 	if c.inTx {
-		return ErrReentrant
+		return errInsideDoTx
 	}
 	if c.Key == key {
-		return fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+		return errOwnKey
+	}
+	return nil
+}
+
+// The two re-entrances, each with its own text.
+var (
+	errInsideDoTx = fmt.Errorf("%w: called from inside a DoTx fn, which holds the file's single writer", ErrReentrant)
+	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
+)
+
+// selfWait refuses a wait that would never end: on the flight of the fn that
+// runs on this goroutine (a call with fn's own key, whatever its context), or
+// from inside a DoTx fn, whose writer every leader needs. It is checked only
+// before a wait, never on the replay path.
+func (e *Engine) selfWait(f *flight) error {
+	if e.pipe.Holding() {
+		return errInsideDoTx
+	}
+	if r := f.runner.Load(); r != 0 && r == commit.GoroutineID() {
+		return errOwnKey
 	}
 	return nil
 }

@@ -93,7 +93,7 @@ func TestFingerprintMismatchInEveryState(t *testing.T) {
 	})
 	t.Run("interrupted", func(t *testing.T) {
 		e, _ := testkit.Open(t, nil)
-		_, err := e.Do(bg, "k", []byte("a"), func(context.Context) ([]byte, error) { return nil, context.Canceled })
+		_, err := interrupt(e, "k", []byte("a"))
 		require.ErrorIs(t, err, context.Canceled)
 		_, err = e.Do(bg, "k", []byte("b"), mustNotRun(t))
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
@@ -207,7 +207,7 @@ func TestInFlightFailReturnsErrInProgress(t *testing.T) {
 
 func TestRecoverRefuseUntilResolved(t *testing.T) {
 	e, path := testkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
-	_, err := e.Do(bg, "k", []byte("fp"), func(context.Context) ([]byte, error) { return nil, context.Canceled })
+	_, err := interrupt(e, "k", []byte("fp"))
 	require.ErrorIs(t, err, context.Canceled)
 	_, err = e.Do(bg, "k", []byte("fp"), mustNotRun(t))
 	require.ErrorIs(t, err, idem.ErrIncomplete)
@@ -224,7 +224,7 @@ func TestRecoverRefuseUntilResolved(t *testing.T) {
 
 func TestResolveWithStoredError(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
-	_, _ = e.Do(bg, "k", nil, func(context.Context) ([]byte, error) { return nil, context.Canceled })
+	_, _ = interrupt(e, "k", nil)
 	require.NoError(t, e.Resolve("k", nil, "refunded", "the charge was refunded by hand"))
 	_, err := e.Do(bg, "k", nil, mustNotRun(t))
 	var ie *idem.Error
@@ -252,7 +252,7 @@ func TestGetHasNoSideEffects(t *testing.T) {
 	e, _ := testkit.Open(t, nil)
 	_, err := e.Get("k")
 	require.ErrorIs(t, err, idem.ErrNotFound)
-	_, err = e.Do(bg, "k", []byte("fp"), func(context.Context) ([]byte, error) { return nil, context.Canceled })
+	_, err = interrupt(e, "k", []byte("fp"))
 	require.ErrorIs(t, err, context.Canceled)
 	for range 2 {
 		r, err := e.Get("k")
@@ -363,7 +363,7 @@ func TestStatsCountsRecordsAndWork(t *testing.T) {
 	_, _ = e.Do(bg, "a", []byte("1"), okFn("v"))
 	_, _ = e.Do(bg, "a", []byte("1"), okFn("v"))
 	_, _ = e.Do(bg, "a", []byte("2"), okFn("v"))
-	_, _ = e.Do(bg, "b", nil, func(context.Context) ([]byte, error) { return nil, context.Canceled })
+	_, _ = interrupt(e, "b", nil)
 	st, err := e.Stats()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Done)

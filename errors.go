@@ -46,13 +46,15 @@ var (
 	ErrInProgress = errors.New("idem: request in progress")
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
-	// that no live call owns (after a crash, a panic, a context error in fn or a
-	// failed commit) under RecoverRefuse, and to waiters whose leader's fn
-	// ended without an outcome. Resolve the key with Engine.Resolve or Forget.
+	// that no live call owns (after a crash, a panic, an error fn returned once
+	// its own context had ended, or a failed commit) under RecoverRefuse, and to
+	// waiters whose leader left such a record behind. Resolve the key with
+	// Engine.Resolve or Forget.
 	ErrIncomplete = errors.New("idem: execution incomplete")
 
 	// ErrRetryable is wrapped by errors made with Retryable: fn promised that its
-	// effect did not happen, the started record was deleted and the key is free.
+	// effect did not happen, the started record was deleted and the key is free
+	// (unless the call recovered an interrupted execution: see Retryable).
 	ErrRetryable = errors.New("idem: retryable")
 
 	// ErrResponseTooLarge is returned when fn's response exceeds
@@ -97,9 +99,11 @@ var (
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = errors.New("idem: engine closed")
 
-	// ErrReentrant is returned when the engine is called from inside a DoTx fn,
-	// which holds the single writer: waiting would deadlock.
-	ErrReentrant = errors.New("idem: engine called from inside DoTx")
+	// ErrReentrant is returned for a call that would wait for itself: any call
+	// of the engine from inside a DoTx fn (which holds the file's single
+	// writer), and a call with fn's own key from fn (passing fn's context,
+	// or any context from the goroutine running fn). The error says which.
+	ErrReentrant = errors.New("idem: re-entrant call")
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
@@ -179,7 +183,10 @@ const CodeResponseTooLarge = "idem_response_too_large"
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and
 // ErrRetryable. Waiting duplicates get the same error and may retry at once.
-// Retryable(nil) is nil.
+// The promise covers this attempt only: when the call recovers an interrupted
+// execution, whose effect is still unknown, the key keeps a started record
+// with this attempt's number, and the next call recovers again (DESIGN.md,
+// "what frees a key"). Retryable(nil) is nil.
 func Retryable(err error) error {
 	if err == nil {
 		return nil

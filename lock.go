@@ -29,6 +29,9 @@ type flight struct {
 	// live record, or recovers an interrupted execution with fp): from then
 	// on a call with another fingerprint conflicts without waiting.
 	executing atomic.Bool
+	// runner is the id of the goroutine that runs the leader's Do fn, 0
+	// until it runs: a wait from that goroutine would wait for itself.
+	runner atomic.Uint64
 
 	res Result
 	err error

@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"container/heap"
 	"context"
 	"crypto/sha256"
@@ -10,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"math/rand/v2"
 	"runtime/debug"
 	"strconv"
@@ -83,7 +85,9 @@ type OutboxOptions struct {
 	// (wall-clock, Options.Now) before the pruner deletes it; like
 	// Options.Retention it is a floor, and an expired dead letter is absent
 	// to Messages and RetryDead at once. Zero means
-	// DefaultDeadLetterRetention.
+	// DefaultDeadLetterRetention. It is recorded with each dead letter when it
+	// dies (Message.DeadLetterRetention): a later Open with a shorter one, or
+	// `idem prune`, does not expire it early; a longer one lengthens it.
 	DeadLetterRetention time.Duration
 
 	// PollInterval is the longest the dispatcher sleeps (real time) while a
@@ -160,6 +164,13 @@ type Message struct {
 	// Dead is true for a dead letter, DeadAt when it died (engine clock).
 	Dead   bool
 	DeadAt time.Time
+	// DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
+	// when the message died, recorded with it: a dead letter lives at least
+	// this long after DeadAt (or a later Open's longer retention), whatever a
+	// later Open passes. Zero for a message that is not dead, and for a dead
+	// letter that died before the file recorded it (format version 1), which
+	// lives at least DefaultDeadLetterRetention.
+	DeadLetterRetention time.Duration
 }
 
 // DownstreamKey is the key a message passes on to the downstream system
@@ -344,7 +355,7 @@ func (e *Engine) RetryDead(seq uint64) error {
 		if e.deadExpired(m, e.now()) {
 			return fmt.Errorf("message %d: %w (expired)", seq, ErrNotFound)
 		}
-		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt = 0, time.Time{}, false, time.Time{}
+		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
 		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
 			return err
 		}
@@ -505,8 +516,11 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	})
 }
 
+// deadExpired reports whether dead letter m is past its retention at now:
+// the longer of the one it died under (DefaultDeadLetterRetention if the file
+// did not record it) and this engine's.
 func (e *Engine) deadExpired(m *Message, now time.Time) bool {
-	return !now.Before(m.DeadAt.Add(e.outbox().opts.DeadLetterRetention))
+	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultDeadLetterRetention), e.outbox().opts.DeadLetterRetention)))
 }
 
 // pruneDeadLetters deletes the dead letters past their retention, in
@@ -863,11 +877,13 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 			return
 		}
 		e.outbox().delivered.Add(1)
+		e.observe(Event{Kind: EventDelivery, Topic: m.Topic})
 		r.removed = true
 	case d.ctx.Err() != nil:
 		// Stopping: the attempt does not count.
 	default:
 		next, removed, err := e.recordFailure(m.Seq, herr)
+		e.observeFailure(m, removed && err == nil)
 		if err != nil {
 			e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 			next = e.now().Add(e.backoff(m.Attempt, rand.Float64()))
@@ -915,6 +931,7 @@ func (e *Engine) recordFailure(seq uint64, herr error) (next time.Time, removed 
 		if o.MaxAttempts > 0 && m.Attempt >= o.MaxAttempts {
 			removed = true
 			m.NextAttemptAt, m.Dead, m.DeadAt = time.Time{}, true, now
+			m.DeadLetterRetention = o.DeadLetterRetention
 			if err := deadBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
 				return err
 			}
@@ -999,7 +1016,7 @@ func (h *timerHeap) Pop() any {
 //
 //	version   u8 = 1
 //	flags     u8   (1: ordering key differs from key, 2: payload non-nil,
-//	                4: last error stored)
+//	                4: last error stored, 8: dead-letter retention stored)
 //	index     uvarint
 //	attempts  uvarint  failed attempts so far
 //	enqueued  i64  unix nanoseconds
@@ -1010,6 +1027,8 @@ func (h *timerHeap) Pop() any {
 //	topic     uvarint length, bytes
 //	payload   uvarint length, bytes   (if flag 2)
 //	lasterr   uvarint length, bytes   (if flag 4)
+//	deadret   uvarint nanoseconds     (if flag 8: the dead-letter retention
+//	                                   in force when it died; format version 2)
 //	crc       u32  CRC-32C of every byte before it
 const (
 	messageVersion = 1
@@ -1018,6 +1037,7 @@ const (
 	msgFlagOrdering = 1 << 0
 	msgFlagPayload  = 1 << 1
 	msgFlagLastErr  = 1 << 2
+	msgFlagDeadRet  = 1 << 3
 )
 
 // encodeMessage appends m's encoding to dst. Seq and DownstreamKey are not
@@ -1033,6 +1053,9 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	}
 	if m.LastError != "" {
 		flags |= msgFlagLastErr
+	}
+	if m.Dead && m.DeadLetterRetention > 0 {
+		flags |= msgFlagDeadRet
 	}
 	dst = append(dst, messageVersion, flags)
 	dst = binary.AppendUvarint(dst, uint64(m.Index))
@@ -1058,6 +1081,9 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	if flags&msgFlagLastErr != 0 {
 		dst = appendBytes(dst, []byte(m.LastError))
 	}
+	if flags&msgFlagDeadRet != 0 {
+		dst = binary.AppendUvarint(dst, uint64(m.DeadLetterRetention))
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
 }
 
@@ -1072,7 +1098,7 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 		return nil, corrupt(why)
 	}
 	flags := body[1]
-	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr) != 0 {
+	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr|msgFlagDeadRet) != 0 {
 		return nil, corrupt(fmt.Sprintf("unknown flags %#x", flags))
 	}
 	rest := body[2:]
@@ -1124,6 +1150,13 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 		if m.LastError, err = field("last error"); err != nil {
 			return nil, err
 		}
+	}
+	if flags&msgFlagDeadRet != 0 {
+		v, n := binary.Uvarint(rest)
+		if n <= 0 || v == 0 || v > math.MaxInt64 || !m.Dead {
+			return nil, corrupt("bad dead-letter retention")
+		}
+		m.DeadLetterRetention, rest = time.Duration(v), rest[n:]
 	}
 	if len(rest) != 0 {
 		return nil, corrupt(fmt.Sprintf("%d trailing bytes", len(rest)))

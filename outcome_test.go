@@ -33,6 +33,12 @@ type run struct {
 
 func leaderWithWaiters(t *testing.T, e *idem.Engine, key string, n int, fn func(context.Context) ([]byte, error)) (release chan struct{}, leader chan run, waiters chan run) {
 	t.Helper()
+	return leaderWithWaitersCtx(t, e, bg, key, n, fn)
+}
+
+// leaderWithWaitersCtx is leaderWithWaiters with the leader's context.
+func leaderWithWaitersCtx(t *testing.T, e *idem.Engine, ctx context.Context, key string, n int, fn func(context.Context) ([]byte, error)) (release chan struct{}, leader chan run, waiters chan run) {
+	t.Helper()
 	release = make(chan struct{})
 	entered := make(chan struct{})
 	leader, waiters = make(chan run, 1), make(chan run, n)
@@ -42,7 +48,7 @@ func leaderWithWaiters(t *testing.T, e *idem.Engine, key string, n int, fn func(
 			r.panicked = recover()
 			leader <- r
 		}()
-		r.res, r.err = e.Do(bg, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
+		r.res, r.err = e.Do(ctx, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
 			close(entered)
 			<-release
 			return fn(ctx)
@@ -211,17 +217,20 @@ func TestOutcome_FnReturnsRetryable(t *testing.T) {
 	require.Equal(t, 1, res.Attempt)
 }
 
-func TestOutcome_FnReturnsContextError(t *testing.T) {
+func TestOutcome_FnReturnsAnErrorAfterItsContextEnded(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
 	e, _ := testkit.Open(t, nil)
-	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
-		return nil, fmt.Errorf("upstream: %w", context.DeadlineExceeded)
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	release, leader, waiters := leaderWithWaitersCtx(t, e, ctx, "k", 2, func(ctx context.Context) ([]byte, error) {
+		cancel() // the caller gives up while fn runs
+		return nil, fmt.Errorf("upstream: %w", ctx.Err())
 	})
 	close(release)
 	l := <-leader
-	require.ErrorIs(t, l.err, context.DeadlineExceeded)
+	require.ErrorIs(t, l.err, context.Canceled)
 	for range 2 {
 		require.ErrorIs(t, (<-waiters).err, idem.ErrIncomplete)
 	}
@@ -237,6 +246,27 @@ func TestOutcome_FnReturnsContextError(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, idem.Call{Key: "k", Attempt: 2, Recovered: true}, got)
 	require.Equal(t, 2, res.Attempt)
+}
+
+func TestOutcome_FnReturnsAContextErrorOfItsOwnMaking(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
+	e, _ := testkit.Open(t, nil)
+	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
+		return nil, idem.WithCode(fmt.Errorf("gateway: %w", context.DeadlineExceeded), "downstream_timeout")
+	})
+	close(release)
+	l := <-leader
+	require.ErrorIs(t, l.err, context.DeadlineExceeded)
+	for _, r := range []run{l, <-waiters, <-waiters} {
+		var ie *idem.Error
+		require.ErrorAs(t, r.err, &ie)
+		require.Equal(t, "downstream_timeout", ie.Code)
+	}
+	r := record(t, e, "k")
+	require.Equal(t, idem.StateDone, r.State, "an outcome: stored")
+	require.Equal(t, "downstream_timeout", r.Err.Code)
 }
 
 func TestOutcome_FnPanics(t *testing.T) {
@@ -370,6 +400,18 @@ func TestPanicReachesCaller(t *testing.T) {
 	res, err := e.Do(bg, "k", []byte("fp"), okFn("ok"))
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Attempt)
+}
+
+// interrupt calls Do with a fn whose own context ends while it runs (its
+// caller gives up): fn's error is an interruption, and the key is left with an
+// interrupted execution. It returns Do's answer (context.Canceled).
+func interrupt(e *idem.Engine, key string, fingerprint []byte) (idem.Result, error) {
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	return e.Do(ctx, key, fingerprint, func(ctx context.Context) ([]byte, error) {
+		cancel()
+		return nil, ctx.Err()
+	})
 }
 
 func mustNotRun(t *testing.T) func(context.Context) ([]byte, error) {

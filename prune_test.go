@@ -75,11 +75,10 @@ func TestPruneNeverDropsALiveRecord(t *testing.T) {
 
 func TestPruneExpiresInterruptedExecutions(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	canceled := func(context.Context) ([]byte, error) { return nil, context.Canceled }
 
 	t.Run("re-execute policy: expire a window after they started", func(t *testing.T) {
 		e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
-		_, _ = e.Do(bg, "k", []byte("a"), canceled)
+		_, _ = interrupt(e, "k", []byte("a"))
 		clock.Advance(idem.DefaultRetention)
 		_, err := e.Get("k")
 		require.ErrorIs(t, err, idem.ErrNotFound, "expired at once")
@@ -93,7 +92,7 @@ func TestPruneExpiresInterruptedExecutions(t *testing.T) {
 	})
 	t.Run("refuse policy: stay until resolved", func(t *testing.T) {
 		e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse})
-		_, _ = e.Do(bg, "k", []byte("a"), canceled)
+		_, _ = interrupt(e, "k", []byte("a"))
 		clock.Advance(10 * idem.DefaultRetention)
 		n, err := e.Prune(bg)
 		require.NoError(t, err)
@@ -171,7 +170,7 @@ func TestRetentionChangeBetweenOpens(t *testing.T) {
 	require.NoError(t, err)
 	_, err = e.Do(bg, "done", nil, okFn("v"))
 	require.NoError(t, err)
-	_, err = e.Do(bg, "interrupted", nil, func(context.Context) ([]byte, error) { return nil, context.Canceled })
+	_, err = interrupt(e, "interrupted", nil)
 	require.ErrorIs(t, err, context.Canceled)
 	require.NoError(t, e.Close())
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 	"time"
 )
 
@@ -59,43 +60,65 @@ type Record struct {
 	Response []byte
 	// Err is the stored permanent error, nil if fn succeeded.
 	Err *Error
+	// Retention is the retention window in force when the record was written
+	// (the writer's Options.Retention; for a record of a format-1 file, the
+	// width of the time slot it sits in, which was that window). The record
+	// lives at least this long after it completed (after it started, while
+	// started), whatever window a later Open passes; a longer one lengthens
+	// it. Zero in a record not read from the file.
+	Retention time.Duration
+	// KeptUntilResolved marks a started record written under RecoverRefuse,
+	// or read from a format-1 file (which did not record the policy, so the
+	// record is kept): it never expires, whatever a later Open passes; a
+	// recovering call, Resolve or Forget ends it. A recovering attempt that is
+	// interrupted in turn keeps the mark (and the longer window).
+	KeptUntilResolved bool
 }
 
-// ExpiresAt is when the record leaves the retention window: retention after it
-// completed, or after it started for a started record.
+// ExpiresAt is when the record leaves the retention window: the longer of
+// r.Retention and retention (pass 0 for the record's own) after it completed,
+// or after it started for a started record; the zero time (never) for a
+// started record kept until resolved.
 func (r *Record) ExpiresAt(retention time.Duration) time.Time {
-	if r.State == StateDone {
-		return r.CompletedAt.Add(retention)
+	if r.State == StateStarted && r.KeptUntilResolved {
+		return time.Time{}
 	}
-	return r.StartedAt.Add(retention)
+	return slotTime(r).Add(max(r.Retention, retention))
 }
 
-// Record encoding, version 1 (little endian):
+// Record encoding, version 2 (little endian):
 //
-//	version  u8 = 1
-//	state    u8
-//	flags    u8   (1: response non-nil, 2: error stored)
-//	fp       u64
-//	started  i64  unix nanoseconds
-//	done     i64  unix nanoseconds, 0 while started
-//	attempt  uvarint
-//	response uvarint length, bytes   (if flag 1)
-//	code     uvarint length, bytes   (if flag 2)
-//	message  uvarint length, bytes   (if flag 2)
-//	crc      u32  CRC-32C of every byte before it
+//	version   u8 = 2
+//	state     u8
+//	flags     u8   (1: response non-nil, 2: error stored, 4: kept until resolved)
+//	fp        u64
+//	started   i64  unix nanoseconds
+//	done      i64  unix nanoseconds, 0 while started
+//	attempt   uvarint
+//	retention uvarint nanoseconds: the window in force when it was written
+//	response  uvarint length, bytes   (if flag 1)
+//	code      uvarint length, bytes   (if flag 2)
+//	message   uvarint length, bytes   (if flag 2)
+//	crc       u32  CRC-32C of every byte before it
+//
+// Version 1 is the same without retention and without flag 4: it decodes with
+// Retention zero (the store fills in its slot's width) and, when started,
+// KeptUntilResolved set (its policy is unknown: kept, never dropped early).
 const (
-	recordVersion = 1
-	recordFixed   = 3 + 8 + 8 + 8
+	recordVersion   = 2
+	recordVersionV1 = 1
+	recordFixed     = 3 + 8 + 8 + 8
 
 	flagResponse = 1 << 0
 	flagError    = 1 << 1
+	flagKept     = 1 << 2
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // encodedSize is the exact length encodeRecord produces for r.
 func encodedSize(r *Record) int {
-	n := recordFixed + uvarintLen(uint64(r.Attempt)) + 4
+	n := recordFixed + uvarintLen(uint64(r.Attempt)) + uvarintLen(uint64(r.Retention)) + 4
 	if r.Response != nil {
 		n += uvarintLen(uint64(len(r.Response))) + len(r.Response)
 	}
@@ -117,11 +140,15 @@ func encodeRecord(dst []byte, r *Record) []byte {
 	if r.Err != nil {
 		flags |= flagError
 	}
+	if r.KeptUntilResolved && r.State == StateStarted {
+		flags |= flagKept
+	}
 	dst = append(dst, recordVersion, byte(r.State), flags)
 	dst = binary.LittleEndian.AppendUint64(dst, r.Fingerprint)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(r.StartedAt)))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(r.CompletedAt)))
 	dst = binary.AppendUvarint(dst, uint64(r.Attempt))
+	dst = binary.AppendUvarint(dst, uint64(max(r.Retention, 0)))
 	if r.Response != nil {
 		dst = appendBytes(dst, r.Response)
 	}
@@ -132,13 +159,18 @@ func encodeRecord(dst []byte, r *Record) []byte {
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
 }
 
-// decodeRecord decodes b, which may point into bbolt's mmap: everything kept
-// is copied. It never panics; every failure wraps ErrCorrupt.
+// decodeRecord decodes b (version 2, or version 1), which may point into
+// bbolt's mmap: everything kept is copied. It never panics; every failure
+// wraps ErrCorrupt.
 func decodeRecord(key string, b []byte) (*Record, error) {
 	corrupt := func(why string) error {
 		return &OpError{Op: "decode", Key: key, Err: fmt.Errorf("%w: %s", ErrCorrupt, why)}
 	}
-	body, why := unframe(b, "record", recordVersion, recordFixed+1)
+	version := byte(recordVersion)
+	if len(b) > 0 && b[0] == recordVersionV1 {
+		version = recordVersionV1
+	}
+	body, why := unframe(b, "record", version, recordFixed+1)
 	if why != "" {
 		return nil, corrupt(why)
 	}
@@ -156,6 +188,22 @@ func decodeRecord(key string, b []byte) (*Record, error) {
 		return nil, corrupt("bad attempt")
 	}
 	r.Attempt, rest = int(attempt), rest[n:]
+	if version == recordVersionV1 {
+		r.KeptUntilResolved = r.State == StateStarted
+	} else {
+		retention, n := binary.Uvarint(rest)
+		if n <= 0 || retention > math.MaxInt64 {
+			return nil, corrupt("bad retention")
+		}
+		r.Retention, rest = time.Duration(retention), rest[n:]
+		if flags&flagKept != 0 && r.State != StateStarted {
+			return nil, corrupt("a done record marked kept until resolved")
+		}
+		r.KeptUntilResolved = flags&flagKept != 0
+	}
+	if known := byte(flagResponse | flagError | flagKept); flags&^known != 0 || (version == recordVersionV1 && flags&flagKept != 0) {
+		return nil, corrupt(fmt.Sprintf("unknown flags %#x", flags))
+	}
 	var err error
 	if flags&flagResponse != 0 {
 		if r.Response, rest, err = readBytes(rest); err != nil {
@@ -180,13 +228,67 @@ func decodeRecord(key string, b []byte) (*Record, error) {
 
 // peekRecord reads what the fast path needs without copying the response:
 // the state, the fingerprint and the completion time, once the checksum holds
-// (a damaged header must not pass for another fingerprint).
+// (a damaged header must not pass for another fingerprint). A version-1
+// record is not ok: the caller decodes it.
 func peekRecord(b []byte) (state State, fp uint64, completed time.Time, ok bool) {
 	if _, why := unframe(b, "record", recordVersion, recordFixed+1); why != "" {
 		return 0, 0, time.Time{}, false
 	}
 	return State(b[1]), binary.LittleEndian.Uint64(b[3:]),
 		fromUnixNano(int64(binary.LittleEndian.Uint64(b[19:]))), true
+}
+
+// peekLife reads what the retention rule needs of the record in b (its
+// state, times, window and mark, in a Record without key, fingerprint,
+// attempt or outcome), without copying its response, once the checksum holds;
+// width is the width of the slot it sits in, the window of a version-1
+// record. ok is false for a value that does not decode.
+func peekLife(b []byte, width time.Duration) (l Record, ok bool) {
+	version := byte(recordVersion)
+	if len(b) > 0 && b[0] == recordVersionV1 {
+		version = recordVersionV1
+	}
+	body, why := unframe(b, "record", version, recordFixed+1)
+	if why != "" {
+		return l, false
+	}
+	l.State = State(body[1])
+	l.StartedAt = fromUnixNano(int64(binary.LittleEndian.Uint64(body[11:])))
+	l.CompletedAt = fromUnixNano(int64(binary.LittleEndian.Uint64(body[19:])))
+	if l.State != StateStarted && l.State != StateDone {
+		return l, false
+	}
+	if version == recordVersionV1 {
+		l.Retention, l.KeptUntilResolved = width, l.State == StateStarted
+		return l, true
+	}
+	_, n := binary.Uvarint(body[recordFixed:])
+	if n <= 0 {
+		return l, false
+	}
+	retention, m := binary.Uvarint(body[recordFixed+n:])
+	if m <= 0 || retention > math.MaxInt64 {
+		return l, false
+	}
+	l.Retention = time.Duration(retention)
+	l.KeptUntilResolved = body[2]&flagKept != 0 && l.State == StateStarted
+	return l, true
+}
+
+// upgradeRecord re-encodes a version-1 value b found in a slot of width
+// width as version 2, with that width as its retention window; any other
+// value comes back as it is (a value that fails to decode too: the caller's
+// decoding reports it).
+func upgradeRecord(key, b []byte, width time.Duration) []byte {
+	if len(b) == 0 || b[0] != recordVersionV1 {
+		return b
+	}
+	r, err := decodeRecord(string(key), b)
+	if err != nil {
+		return b
+	}
+	r.Retention = width
+	return encodeRecord(make([]byte, 0, encodedSize(r)), r)
 }
 
 // unframe checks the frame shared by records and outbox messages (a version

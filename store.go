@@ -3,8 +3,6 @@ package idem
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
-	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -25,9 +23,13 @@ import (
 // have all expired a window after the slot ends and the pruner drops it whole.
 // A key has one version, in one slot.
 type store struct {
-	// width is the width of new slots: the retention window. Slots made under
-	// another retention keep their own span (it is in their name).
+	// width is the retention window of the records this engine writes, and
+	// so the width of the slots it makes (a record sits in a slot as wide as
+	// its own window). Slots of other widths keep their span in their name.
 	width time.Duration
+	// refuse: started records are written kept until resolved
+	// (RecoverRefuse).
+	refuse bool
 
 	// slots lists the slot buckets of the file by start, or a superset: a
 	// slot is added before the commit that may create it and removed after
@@ -43,68 +45,10 @@ type knownSlot struct {
 	name []byte
 }
 
-// checkLength refuses, before bbolt maps it, a file shorter than the pages
-// its newest valid meta page counts: bbolt reads its freelist and pages
-// through the memory map, and a read past the end of the file faults and
-// kills the program (no recover). A file with no valid meta page is left to
-// bbolt, which refuses it with ErrInvalid. The meta page's layout is bbolt's
-// (internal/common/meta.go): a 16-byte page header, then magic, version,
-// page size, flags, the root bucket (16 bytes), the freelist's page, the
-// page count, the transaction id and an FNV-1a checksum of what precedes it.
-func checkLength(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil // bbolt reports it
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
-		return nil
-	}
-	meta := func(off int64) (pageSize, pages, txid uint64, ok bool) {
-		var b [16 + 64]byte
-		if _, err := f.ReadAt(b[:], off); err != nil {
-			return 0, 0, 0, false
-		}
-		m := b[16:]
-		h := fnv.New64a()
-		h.Write(m[:56])
-		if binary.LittleEndian.Uint32(m[0:]) != 0xED0CDAED || h.Sum64() != binary.LittleEndian.Uint64(m[56:]) {
-			return 0, 0, 0, false
-		}
-		return uint64(binary.LittleEndian.Uint32(m[8:])), binary.LittleEndian.Uint64(m[40:]), binary.LittleEndian.Uint64(m[48:]), true
-	}
-	ps0, pages0, tx0, ok0 := meta(0)
-	second := int64(os.Getpagesize())
-	if ok0 {
-		second = int64(ps0)
-	}
-	ps1, pages1, tx1, ok1 := meta(second)
-	var need uint64
-	switch {
-	case ok0 && (!ok1 || tx0 >= tx1):
-		need = ps0 * pages0
-	case ok1:
-		need = ps1 * pages1
-	default:
-		return nil
-	}
-	if uint64(fi.Size()) < need {
-		return fmt.Errorf("%w: the file is cut short (%d bytes, its meta page counts %d); run `idem check` and restore from a backup", ErrCorrupt, fi.Size(), need)
-	}
-	return nil
-}
-
 // initFile creates the engine's buckets in a new file, or checks the format
 // version of an existing one. A read-only open only checks, and refuses a file
-// that lacks the engine's buckets. A panic of bbolt's on a damaged page
-// becomes ErrCorrupt.
-func initFile(db *bbolt.DB, readOnly bool) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			err = fmt.Errorf("%w: the file is damaged (%v); run `idem check` and restore from a backup", ErrCorrupt, v)
-		}
-	}()
+// that lacks the engine's buckets.
+func initFile(db *bbolt.DB, readOnly bool) error {
 	if readOnly {
 		return db.View(func(tx *bbolt.Tx) error {
 			root := tx.Bucket(layout.Root)
@@ -142,8 +86,22 @@ func initFile(db *bbolt.DB, readOnly bool) (err error) {
 				return err
 			}
 		}
-		return nil
+		return migrate(root)
 	})
+}
+
+// migrate brings a file of an older format version to layout.Version, in the
+// transaction that opens it. From version 1: its records stay as they are
+// (version-1 record values decode, with their slot's width as their window
+// and started ones kept until resolved), and only the version changes, so
+// that a build of version 1, which would misjudge records of version 2,
+// refuses the file.
+func migrate(root *bbolt.Bucket) error {
+	meta := root.Bucket(layout.Meta)
+	if binary.BigEndian.Uint32(meta.Get(layout.VersionK)) == layout.Version {
+		return nil
+	}
+	return meta.Put(layout.VersionK, binary.BigEndian.AppendUint32(nil, layout.Version))
 }
 
 // checkMeta checks the format version in root's meta bucket.
@@ -159,8 +117,8 @@ func checkMeta(root *bbolt.Bucket) error {
 	if len(v) != 4 {
 		return fmt.Errorf("%w: no format version recorded", ErrFormat)
 	}
-	if got := binary.BigEndian.Uint32(v); got != layout.Version {
-		return fmt.Errorf("%w: file has format version %d, this build reads version %d", ErrFormat, got, layout.Version)
+	if got := binary.BigEndian.Uint32(v); got < layout.OldestVersion || got > layout.Version {
+		return fmt.Errorf("%w: file has format version %d, this build reads versions %d to %d", ErrFormat, got, layout.OldestVersion, layout.Version)
 	}
 	return nil
 }
@@ -238,7 +196,8 @@ func slotTime(r *Record) time.Time {
 
 // find returns the newest stored value of key and its slot, probing the slots
 // newest first and skipping those that ended before horizon (a zero horizon
-// skips none). The value points into the mmap.
+// skips none). The value points into the mmap, or, for a version-1 record, is
+// its version-2 encoding with the slot's width as its window.
 func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, layout.Slot, bool) {
 	root := rootBucket(tx)
 	slots := s.knownSlots()
@@ -250,7 +209,7 @@ func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, layou
 		}
 		if b := root.Bucket(sl.name); b != nil {
 			if v := b.Get(key); v != nil {
-				return v, sl.Slot, true
+				return upgradeRecord(key, v, sl.Width()), sl.Slot, true
 			}
 		}
 	}
@@ -276,9 +235,33 @@ func (s *store) lookup(tx *bbolt.Tx, key string, horizon time.Time) (*Record, er
 // put stores r in the slot of its time, and deletes the version of the key
 // it supersedes (replaces, if not nil) when that sits in another slot, so a
 // key keeps one version.
+//
+// It writes what the retention rule needs with r: its window, the longer of
+// r.Retention (a record written before, put back or resolved, keeps its own)
+// and this engine's; and, for a started record, the mark kept until resolved
+// under RecoverRefuse. A started record that supersedes a started one (a
+// recovering attempt) inherits its window and mark: the evidence of the
+// first unknown outcome lasts as long as it would have. The record sits in a
+// slot as wide as its window, so the slot expires by its end plus its width.
 func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 	key := []byte(r.Key)
-	sl := layout.SlotAt(slotTime(r), s.width)
+	w := *r
+	w.Retention = max(r.Retention, s.width)
+	w.KeptUntilResolved = r.State == StateStarted && (r.KeptUntilResolved || s.refuse)
+	if r.State == StateStarted && replaces != nil && replaces.State == StateStarted {
+		w.Retention = max(w.Retention, replaces.Retention)
+		w.KeptUntilResolved = w.KeptUntilResolved || replaces.KeptUntilResolved
+	}
+	// The slot of r's time, or of the record it replaces if that is later:
+	// a record put back (an interrupted execution restored after the call
+	// that recovered it failed before fn ran) goes to a recent slot, never
+	// to an old one that the pruner may be dropping as empty meanwhile. A
+	// later slot only delays reclaiming the record, never its expiry.
+	at := slotTime(r)
+	if replaces != nil && slotTime(replaces).After(at) {
+		at = slotTime(replaces)
+	}
+	sl := layout.SlotAt(at, w.Retention)
 	if replaces != nil {
 		if _, old, ok := s.find(tx, key, time.Time{}); ok && old != sl {
 			if err := s.delFrom(tx, old, key); err != nil {
@@ -291,7 +274,7 @@ func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 	if err != nil {
 		return err
 	}
-	return b.Put(key, encodeRecord(make([]byte, 0, encodedSize(r)), r))
+	return b.Put(key, encodeRecord(make([]byte, 0, encodedSize(&w)), &w))
 }
 
 // del removes the stored version of r's key.
@@ -326,9 +309,9 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 
 // forEach calls fn for every stored record, slot by slot from the oldest. A
 // record that fails to decode is passed as a Record with only Key set,
-// beside its error.
+// beside its error. A version-1 record gets its slot's width as its window.
 func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
-	return s.forEachSlot(tx, func(_ layout.Slot, b *bbolt.Bucket) error {
+	return s.forEachSlot(tx, func(sl layout.Slot, b *bbolt.Bucket) error {
 		return b.ForEach(func(k, v []byte) error {
 			if v == nil {
 				return nil
@@ -336,6 +319,8 @@ func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error
 			r, err := decodeRecord(string(k), v)
 			if err != nil {
 				r = &Record{Key: string(k)}
+			} else if v[0] == recordVersionV1 {
+				r.Retention = sl.Width()
 			}
 			return fn(r, err)
 		})

@@ -5,10 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
@@ -51,14 +51,28 @@ var errRolledBack = errors.New("idem: fn's writes rolled back")
 //
 // If fn returns an error or panics, nothing it wrote commits. A permanent
 // error is then recorded without fn's writes (in a transaction of its own) and
-// replayed as in Do; Retryable(err) and context errors store nothing, so the
-// key is free; a panic is re-raised in the caller as a *PanicError carrying
-// the value and the stack. A response over MaxResponseSize is recorded as
-// ErrResponseTooLarge, also without fn's writes.
+// replayed as in Do; Retryable(err), and any error returned once fn's own
+// context has ended (the caller's ctx or Close), store nothing, so the key is
+// free; a panic is re-raised in the caller as a *PanicError carrying the value
+// and the stack, and the key is free too. A response over MaxResponseSize is
+// recorded as ErrResponseTooLarge, also without fn's writes.
+//
+// Only the end of fn's own context is an interruption: a context error fn
+// returns while its context is live (a downstream timeout) is a permanent
+// error, recorded with its code.
+//
+// A DoTx that recovers an interrupted execution (left by Do, or by a DoTx
+// that recovered one) first commits a started record of its own attempt, as
+// Do does. However it then ends without an outcome (Retryable, the end of its
+// context, a panic, a failed commit), that record stays: the next call still
+// recovers, with the attempt after this one. Attempt numbers never repeat.
 //
 // Concurrent DoTx calls share one write transaction (group commit), and bbolt
 // has no savepoints: when one fn fails or panics, the whole transaction rolls
 // back and the others run again without it. So fn MAY RUN MORE THAN ONCE,
+// though never more than 3 times per call, whatever fails around it (a fn
+// that ran twice in transactions rolled back for others runs its third time
+// in a transaction of its own; DESIGN.md, "DoTx and group commit"), and it
 // must touch nothing but tx (no I/O, no shared memory, no goroutines), and
 // should be short: it holds the file's single writer while it runs, and every
 // other call's commit waits for it. Calling the engine from inside fn returns
@@ -75,21 +89,57 @@ func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn fu
 func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Context, *Tx) ([]byte, error)) (Result, error) {
 	if e.pipe.Holding() {
 		c.again = true
-		return Result{}, &OpError{Op: "dotx", Key: c.key, Err: ErrReentrant}
+		return Result{}, &OpError{Op: "dotx", Key: c.key, Err: errInsideDoTx}
+	}
+	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
+	// stands is this call's record in the file while fn runs: none for a
+	// new key; when recovering an interrupted execution, a started record of
+	// this attempt, committed first (as Do does), so that however this
+	// attempt ends the evidence of the earlier unknown outcome stays and its
+	// attempt number is not given out again.
+	var stands *Record
+	if c.prev != nil {
+		if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, started, c.prev) }); err != nil {
+			c.again = true
+			return Result{}, e.writeErr("dotx", c.key, err)
+		}
+		if err := ctx.Err(); err != nil {
+			// fn has not started: put the key back as it was.
+			c.again = true
+			if rerr := e.pipe.Do(func(tx *bbolt.Tx) error { return e.restore(tx, c, started) }); rerr != nil {
+				e.log.Warn("idem: cannot remove a started record after cancellation", "err", rerr)
+			}
+			return Result{}, err
+		}
+		stands = started
+	}
+	// lost marks this call as ending without an outcome: waiters get
+	// ErrIncomplete if an interrupted execution stands, else they try to
+	// lead (nothing was stored, the key is free).
+	lost := func() {
+		c.again, c.incomplete = stands == nil, stands != nil
 	}
 	fnCtx, stop := e.fnContext(ctx, c, true)
 	defer stop()
-	started := &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now()}
 	var (
-		resp []byte
-		ferr error
-		done *Record
+		resp    []byte
+		ferr    error
+		ended   bool // fn's own context had ended when it returned
+		fnPanic *PanicError
+		done    *Record
 	)
+	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
 	e.n.executions.Add(1)
+	lost() // until the pipeline answers: fn may call runtime.Goexit
 	err := e.pipe.Do(func(btx *bbolt.Tx) error {
+		done = nil // fn may run again: only the last run's outcome counts
 		tx := &Tx{tx: btx, e: e, key: c.key}
-		resp, ferr = fn(fnCtx, tx)
+		resp, ferr, fnPanic = callTx(fnCtx, tx, fn)
+		ended = fnCtx.Err() != nil // before stop, which cancels fnCtx
 		tx.tx = nil
+		if fnPanic != nil {
+			return errRolledBack
+		}
 		// fn may return bytes read from tx (b.Get): they point into the
 		// file's memory and are invalid once the transaction ends.
 		resp = cloneBytes(resp)
@@ -101,42 +151,58 @@ func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Cont
 			return errRolledBack
 		}
 		fault.Point("dotx-before-commit")
-		return e.st.put(btx, done, c.prev)
+		return e.st.put(btx, done, stands)
 	})
+	c.again, c.incomplete = false, false
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
-	var pe *commit.PanicError
 	switch {
 	case err == nil:
 		fault.Point("dotx-after-commit")
 		e.remember(done)
 		return e.firstAnswer(done, resp, nil)
-	case errors.As(err, &pe):
-		c.incomplete = true
-		panic(&PanicError{Value: pe.Value, Stack: pe.Stack})
+	case fnPanic != nil:
+		lost()
+		panic(fnPanic)
 	case err != errRolledBack:
-		c.again = true
+		// The commit failed (a write error, or a panic of bbolt's or of the
+		// engine's own code in it): nothing of fn's committed.
+		lost()
 		return res, e.writeErr("dotx", c.key, err)
-	case errors.Is(ferr, ErrRetryable), errors.Is(ferr, context.Canceled), errors.Is(ferr, context.DeadlineExceeded):
-		// Nothing of fn's committed: the key is free (an interrupted
-		// execution being recovered is released too).
-		c.again = !errors.Is(ferr, ErrRetryable)
-		if c.prev != nil {
-			if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.del(tx, c.prev) }); err != nil {
-				return res, errors.Join(ferr, e.writeErr("dotx", c.key, err))
-			}
-		}
+	case errors.Is(ferr, ErrRetryable):
+		// Nothing of fn's committed. A new key is free; a recovery keeps its
+		// started record, since fn's promise covers this attempt only.
+		// Waiters get the same error and may retry at once.
+		return res, ferr
+	case ferr != nil && ended:
+		// fn's own context ended (the caller's ctx or Close): its error is an
+		// interruption, not an outcome; a context error fn made itself
+		// while its context was live is a permanent error.
+		lost()
 		return res, ferr
 	}
 	// A permanent error or an oversized response: record it alone.
 	if done == nil || done.Err == nil {
 		done = e.doneRecord(started, resp, ferr)
 	}
-	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, c.prev) }); err != nil {
-		c.incomplete = true
+	if err := e.pipe.Do(func(tx *bbolt.Tx) error { return e.st.put(tx, done, stands) }); err != nil {
+		lost()
 		return res, e.writeErr("dotx", c.key, err)
 	}
 	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
+}
+
+// callTx runs a DoTx fn, turning its panic into a *PanicError with the stack
+// where it panicked, so that a panic of fn is told apart from one of the
+// engine or bbolt inside the same commit.
+func callTx(ctx context.Context, tx *Tx, fn func(context.Context, *Tx) ([]byte, error)) (resp []byte, err error, pe *PanicError) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	resp, err = fn(ctx, tx)
+	return resp, err, nil
 }
 
 // PanicError is the panic value DoTx re-raises in the caller when fn panicked

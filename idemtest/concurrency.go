@@ -170,7 +170,6 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			require.Equal(t, "ok", string(res.Response))
 		})
 		t.Run("the refusal of its own key says so", func(t *testing.T) {
-			pendingFix(t, "issue 8 item 7")
 			e, _ := s.fresh(t, Options{})
 			var inner error
 			_, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
@@ -182,7 +181,6 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			require.NotContains(t, inner.Error(), "DoTx", "Do calling itself is not a call from inside DoTx")
 		})
 		t.Run("with its own key and a fresh ctx", func(t *testing.T) {
-			pendingFix(t, "issue 8 item 5")
 			e, _ := s.fresh(t, Options{})
 			res, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) {
 				// A bound, so that the deadlock this refuses fails the test.

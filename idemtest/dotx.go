@@ -117,13 +117,11 @@ func (s *suite[T]) dotx(t *testing.T) {
 		concurrentFailures(t)
 	})
 	t.Run("no fn runs more than 3 times per call", func(t *testing.T) {
-		pendingFix(t, "issue 8 item 12")
 		for key, n := range concurrentFailures(t) {
 			require.LessOrEqual(t, n, 3, "fn of %s ran %d times", key, n)
 		}
 	})
 	t.Run("no fn runs more than 3 times when each re-run exposes a new failure", func(t *testing.T) {
-		pendingFix(t, "issue 8 item 12")
 		// An adversary: fn i fails on its run 1 + i%5, so the re-runs that
 		// one failure causes bring the next failures to light.
 		e, _ := s.fresh(t, Options{})

@@ -250,7 +250,6 @@ func (s *suite[T]) outcomes(t *testing.T) {
 
 	t.Run("fn returns a context error of its own making", func(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
-			pendingFix(t, "issue 8 item 9")
 			e, store := s.fresh(t, Options{})
 			release, leader, waiters := s.leaderWithWaiters(t, e, v, "k", 1, func(ctx context.Context, tx T) ([]byte, error) {
 				// fn's own call to a gateway timed out; fn's context is live.
@@ -312,7 +311,6 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			require.False(t, res.Replayed)
 		})
 		t.Run("DoTx waiters", func(t *testing.T) {
-			pendingFix(t, "issue 8 item 7")
 			// Nothing was stored and the key is free: waiters are not told
 			// to resolve it (ErrIncomplete); they may lead.
 			e, _ := s.fresh(t, Options{})

@@ -127,15 +127,11 @@ func (s *suite[T]) recovery(t *testing.T) {
 		}},
 		{"panic", func(context.Context, context.CancelFunc) ([]byte, error) { panic("boom") }},
 	}
-	pending := map[string]bool{"Do/Retryable": true, "DoTx/Retryable": true, "DoTx/context error": true, "DoTx/panic": true}
 	t.Run("a recovering call that ends without an outcome keeps the evidence", func(t *testing.T) {
 		for _, v := range []via{viaDo, viaDoTx} {
 			for _, end := range endings {
 				name := v.String() + "/" + end.name
 				t.Run(name, func(t *testing.T) {
-					if pending[name] {
-						pendingFix(t, "issue 8 item 1")
-					}
 					e, _ := s.fresh(t, Options{})
 					s.interrupt(t, e, "k")
 					ctx, cancel := context.WithCancel(bg)

@@ -124,7 +124,6 @@ func (s *suite[T]) retention(t *testing.T) {
 	})
 
 	t.Run("a record lives the window it was written under", func(t *testing.T) {
-		pendingFix(t, "issue 8 item 2")
 		c := newClock()
 		e, store := s.fresh(t, Options{Retention: 7 * 24 * time.Hour, Now: c.Now})
 		_, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
@@ -139,7 +138,6 @@ func (s *suite[T]) retention(t *testing.T) {
 	})
 
 	t.Run("an interrupted execution written under refuse is kept whatever a later Open says", func(t *testing.T) {
-		pendingFix(t, "issue 8 item 2")
 		c := newClock()
 		e, store := s.fresh(t, Options{Retention: time.Hour, Recovery: idem.RecoverRefuse, Now: c.Now})
 		s.interrupt(t, e, "k")

@@ -84,8 +84,19 @@ func (a *app) check() error {
 	return nil
 }
 
-// checkPages runs bbolt's Tx.Check on the file opened read-only.
+// checkPages runs bbolt's Tx.Check on the file opened read-only, after its
+// meta pages were found to fit the file (a file bbolt cannot map safely is
+// reported as one page-level error, and not opened).
 func checkPages(path string, out *checkJSON) error {
+	var damaged *damagedError
+	if err := mustExist(path); err != nil {
+		return err
+	}
+	if err := checkFile(path); errors.As(err, &damaged) {
+		out.Pages.Total = 1
+		out.Pages.Errors = append(out.Pages.Errors, damaged.err.Error())
+		return nil
+	}
 	db, err := openReadOnly(path)
 	if err != nil {
 		return err

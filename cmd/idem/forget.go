@@ -23,7 +23,7 @@ type forgetJSON struct {
 }
 
 func (a *app) forget(key string) (err error) {
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}

@@ -31,10 +31,12 @@ type getJSON struct {
 	recordJSON
 	Response         *string `json:"response"`          // null: no response
 	ResponseEncoding string  `json:"response_encoding"` // "utf-8" or "base64"
+	// ResponseHidden: with --url, the server shows only the size.
+	ResponseHidden bool `json:"response_hidden,omitempty"`
 }
 
 func (a *app) get(key string, raw bool) (err error) {
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -43,12 +45,22 @@ func (a *app) get(key string, raw bool) (err error) {
 	if err != nil {
 		return err
 	}
+	n, hidden := a.hiddenResponse(key)
 	if raw {
+		if hidden {
+			return errHiddenByServer("response")
+		}
 		_, err := a.stdout.Write(r.Response)
 		return err
 	}
 	out := getJSON{recordJSON: a.recordJSON(r)}
 	out.Response, out.ResponseEncoding = userBytes(r.Response)
+	if hidden {
+		out.ResponseSize, out.ResponseHidden = &n, true
+	}
+	if at, ok := a.serverExpiry(key); ok {
+		out.ExpiresAt = at
+	}
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -64,12 +76,19 @@ func (a *app) printRecord(r *idem.Record, out getJSON) error {
 	fmt.Fprintf(w, "started\t%s\n", fmtTime(&out.StartedAt, "-"))
 	fmt.Fprintf(w, "completed\t%s\n", fmtTime(out.CompletedAt, "-"))
 	fmt.Fprintf(w, "expires\t%s\n", fmtTime(out.ExpiresAt, "never"))
+	retention := out.Retention
+	if out.KeptUntilResolved {
+		retention += ", kept until resolved"
+	}
+	fmt.Fprintf(w, "retention\t%s\n", retention)
 	if out.Error != nil {
 		fmt.Fprintf(w, "error\t%s\n", r.Err.Error())
 	} else {
 		fmt.Fprintf(w, "error\t-\n")
 	}
 	switch {
+	case out.ResponseHidden:
+		fmt.Fprintf(w, "response\t%s, %s\n", fmtSize(out.ResponseSize), hiddenNote)
 	case r.Response == nil:
 		fmt.Fprintf(w, "response\tnone\n")
 	case out.ResponseEncoding == "base64":

@@ -17,7 +17,7 @@ func newLsCmd(a *app) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "ls",
 		Short: "List the live records, sorted by key",
-		Long: `ls lists the live records (inside the retention window), sorted by key, with
+		Long: `ls lists the live records (inside their retention window), sorted by key, with
 their state, attempt, times, response size and stored error code. Corrupt
 records are counted, not listed: run idem check.`,
 		Args: cobra.NoArgs,

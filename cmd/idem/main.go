@@ -19,13 +19,22 @@
 // commands that only read (stats, ls, get, check, outbox ls and outbox get)
 // open the file read-only, with a shared lock, and never change it.
 //
+// With --url URL (or $IDEM_URL), stats, get, forget, resolve and outbox
+// ls|get|retry|drop talk to a running program's admin handler
+// (github.com/idemkit/idem/idemhttp's Admin, mounted at URL) instead: the same
+// output, the server's retention window, and --token (or $IDEM_TOKEN, which
+// keeps it out of ps) sent as "Authorization: Bearer" to the handler's
+// authorization function. The other commands need the file and refuse --url.
+//
 // Global flags: --db PATH (default idem.db, or $IDEM_DB), --json for one JSON
-// document on stdout instead of a table, and --retention and --recovery, which
-// must match the program's Options, since they decide which records have
-// expired. Errors go to stderr, one line; with --json, a command that fails
-// before printing its document prints {"error": {"message", "kind",
-// "exit_status"}} on stdout as well. Exit status: 0 on success, 1 on an error
-// or a problem found by check, 2 on a usage error.
+// document on stdout instead of a table, and --retention and --recovery. Each
+// record carries the retention window and the recovery policy it was written
+// under, so the commands judge which records have expired from the file, as
+// the program does; --retention and --recovery refuse can only lengthen that.
+// Errors go to stderr, one line; with --json, a command that fails before
+// printing its document prints {"error": {"message", "kind", "exit_status"}}
+// on stdout as well. Exit status: 0 on success, 1 on an error or a problem
+// found by check, 2 on a usage error.
 //
 // Keys, responses and payloads are user data: only ls, get, check (for corrupt
 // records) and the outbox commands print keys, only get prints a response, and
@@ -55,6 +64,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -77,6 +87,8 @@ var subcommands = []func(*app) *cobra.Command{
 	newOutboxCmd,
 	newTaubenchCmd,
 	newTaubenchChildCmd,
+	newTaubenchMCPServerChildCmd,
+	newMCPProxyCmd,
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
@@ -100,6 +112,9 @@ type app struct {
 	stdout io.Writer
 	stderr io.Writer
 
+	// remote is --url and --token: online operation (remote.go).
+	remote remoteFlags
+
 	db        string
 	json      bool
 	retention time.Duration
@@ -107,8 +122,8 @@ type app struct {
 
 	// readOnly is set for the commands in readOnlyCommands.
 	readOnly bool
-	// deadLetterRetention is OutboxOptions.DeadLetterRetention, for the
-	// commands that have the flag.
+	// deadLetterRetention is --dead-letter-retention, for the commands that
+	// have the flag: 0 for each dead letter's own.
 	deadLetterRetention time.Duration
 	// printed is set once printJSON has written a document: --json prints
 	// one, so an error after it goes to stderr only.
@@ -127,8 +142,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdin i
 			code = 1
 		}
 	}()
-	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr,
-		deadLetterRetention: idem.DefaultDeadLetterRetention}
+	a := &app{getenv: getenv, stdin: stdin, stdout: stdout, stderr: stderr}
 	root := a.rootCmd()
 	root.SetArgs(args)
 	err := root.ExecuteContext(ctx)
@@ -224,8 +238,9 @@ func (a *app) rootCmd() *cobra.Command {
 outcome of every idempotency key.
 
 It works on a file that no program holds: stop the program first, or inspect it
-through the program. --retention and --recovery must match the program's
-Options: they decide which records have expired.`,
+through the program. Each record carries the retention window and recovery
+policy it was written under: which records have expired is read from the file.
+--retention and --recovery refuse can only lengthen that, never shorten it.`,
 		SilenceErrors:     true,
 		SilenceUsage:      true,
 		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
@@ -235,12 +250,13 @@ Options: they decide which records have expired.`,
 	root.SetErr(a.stderr)
 	root.SetIn(a.stdin)
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return &usageError{err} })
+	a.addRemote(root)
 
 	f := root.PersistentFlags()
 	f.StringVar(&a.db, "db", "idem.db", "path of the idem file; $IDEM_DB, if set, replaces the default")
 	f.BoolVar(&a.json, "json", false, `print one JSON document instead of a table (on failure {"error": {...}})`)
-	f.DurationVar(&a.retention, "retention", idem.DefaultRetention, "retention window of the program (Options.Retention)")
-	f.StringVar(&a.recovery, "recovery", "reexecute", "recovery policy of the program (Options.Recovery): reexecute or refuse")
+	f.DurationVar(&a.retention, "retention", 0, "keep records at least this long (0: each record's own window, recorded in the file; a shorter value changes nothing)")
+	f.StringVar(&a.recovery, "recovery", "reexecute", "refuse: treat every interrupted execution as kept until resolved; reexecute: each record's own policy, recorded in the file")
 
 	for _, sub := range subcommands {
 		c := sub(a)
@@ -263,13 +279,13 @@ func (a *app) resolveGlobals(cmd *cobra.Command) error {
 			a.db = p
 		}
 	}
-	if a.retention <= 0 {
-		return &usageError{fmt.Errorf("--retention must be positive, not %v", a.retention)}
+	if a.retention < 0 {
+		return &usageError{fmt.Errorf("--retention must not be negative, not %v", a.retention)}
 	}
 	if _, err := a.recoveryPolicy(); err != nil {
 		return &usageError{err}
 	}
-	return nil
+	return a.resolveRemote(cmd)
 }
 
 // missingValue refuses a flag whose value is the name of another flag:
@@ -317,17 +333,23 @@ func (a *app) openEngine() (*idem.Engine, error) {
 		if err := mustExist(a.db); err != nil {
 			return nil, err
 		}
+		if err := checkFile(a.db); err != nil {
+			return nil, err
+		}
 	} else if err := preflight(a.db); err != nil {
 		return nil, err
 	}
 	recovery, _ := a.recoveryPolicy()
 	e, err := idem.Open(a.db, &idem.Options{
-		Retention:     a.retention,
+		// The engine keeps a record the longer of its own window and
+		// Retention: the shortest window leaves each record's own.
+		Retention:     max(a.retention, time.Nanosecond),
 		Recovery:      recovery,
 		LockTimeout:   lockTimeout,
 		PruneInterval: -1,
 		ReadOnly:      a.readOnly,
-		Outbox:        idem.OutboxOptions{DeadLetterRetention: a.deadLetterRetention},
+		// The same for dead letters: each one's own retention, or longer.
+		Outbox: idem.OutboxOptions{DeadLetterRetention: max(a.deadLetterRetention, time.Nanosecond)},
 	})
 	if err != nil {
 		return nil, openError(a.db, err)
@@ -353,12 +375,15 @@ func preflight(path string) error {
 }
 
 // openReadOnly opens path with bbolt read-only (a shared lock), failing on a
-// missing file or one that a program holds.
+// missing file, a damaged one (checkFile), or one that a program holds.
 func openReadOnly(path string) (*bbolt.DB, error) {
 	if err := mustExist(path); err != nil {
 		return nil, err
 	}
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: lockTimeout})
+	if err := checkFile(path); err != nil {
+		return nil, err
+	}
+	db, err := boltfile.Open(path, 0o600, &bbolt.Options{ReadOnly: true, Timeout: lockTimeout})
 	if err != nil {
 		return nil, openError(path, err)
 	}
@@ -367,6 +392,30 @@ func openReadOnly(path string) (*bbolt.DB, error) {
 
 // errNoFile is the cause when the file a command works on does not exist.
 var errNoFile = errors.New("no such file")
+
+// checkFile reads the file's meta pages before bbolt maps it: on a file
+// truncated below its last page in use, bbolt's reads fault (SIGBUS) and kill
+// the tool. Damage is an error wrapping idem.ErrCorrupt; a file that is not a
+// bbolt file at all is left to openError.
+func checkFile(path string) error {
+	err := boltfile.CheckFile(path)
+	if errors.Is(err, boltfile.ErrDamaged) {
+		return &damagedError{path: path, err: err}
+	}
+	return nil
+}
+
+// damagedError is a file with page-level damage that bbolt must not open.
+type damagedError struct {
+	path string
+	err  error // wraps boltfile.ErrDamaged
+}
+
+func (e *damagedError) Error() string {
+	return fmt.Sprintf("idem: %s: %v; restore it from a backup", e.path, e.err)
+}
+
+func (e *damagedError) Unwrap() []error { return []error{idem.ErrCorrupt, e.err} }
 
 func mustExist(path string) error {
 	fi, err := os.Stat(path)
@@ -460,7 +509,7 @@ func unprefix(s string) string {
 }
 
 // closeEngine closes e and keeps the first error.
-func closeEngine(e *idem.Engine, err *error) {
+func closeEngine(e interface{ Close() error }, err *error) {
 	if cerr := e.Close(); cerr != nil && *err == nil {
 		*err = fmt.Errorf("idem: close: %w", cerr)
 	}
@@ -480,13 +529,22 @@ func (a *app) table() *tabwriter.Writer {
 	return tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 }
 
-// expiresAt is when r leaves the retention window under the tool's flags;
-// zero means never (an interrupted execution under RecoverRefuse).
+// expiresAt is when r leaves the retention window: its own window, or
+// --retention if longer; zero means never (an interrupted execution kept until
+// resolved, or any under --recovery refuse).
 func (a *app) expiresAt(r *idem.Record) time.Time {
 	if r.State == idem.StateStarted && a.recovery == "refuse" {
 		return time.Time{}
 	}
 	return r.ExpiresAt(a.retention)
+}
+
+// retentionNote says which retention window the counts follow.
+func (a *app) retentionNote() string {
+	if a.retention == 0 {
+		return "each record's own retention window"
+	}
+	return fmt.Sprintf("retention at least %v", a.retention)
 }
 
 // recordJSON is a record in JSON output, without its response.
@@ -498,6 +556,11 @@ type recordJSON struct {
 	StartedAt   time.Time  `json:"started_at"`
 	CompletedAt *time.Time `json:"completed_at"` // null while started
 	ExpiresAt   *time.Time `json:"expires_at"`   // null: never
+	// Retention is the retention window the record was written under, as Go
+	// prints a duration; KeptUntilResolved marks an interrupted execution
+	// written under the refuse policy (it never expires).
+	Retention         string `json:"retention"`
+	KeptUntilResolved bool   `json:"kept_until_resolved"`
 	// ResponseSize is the response's length in bytes; null when the response
 	// is nil (no response), which differs from an empty one.
 	ResponseSize *int       `json:"response_size"`
@@ -511,13 +574,15 @@ type errorJSON struct {
 
 func (a *app) recordJSON(r *idem.Record) recordJSON {
 	out := recordJSON{
-		Key:         r.Key,
-		State:       r.State.String(),
-		Attempt:     r.Attempt,
-		Fingerprint: fmt.Sprintf("%016x", r.Fingerprint),
-		StartedAt:   r.StartedAt.UTC(),
-		CompletedAt: timePtr(r.CompletedAt),
-		ExpiresAt:   timePtr(a.expiresAt(r)),
+		Key:               r.Key,
+		State:             r.State.String(),
+		Attempt:           r.Attempt,
+		Fingerprint:       fmt.Sprintf("%016x", r.Fingerprint),
+		StartedAt:         r.StartedAt.UTC(),
+		CompletedAt:       timePtr(r.CompletedAt),
+		ExpiresAt:         timePtr(a.expiresAt(r)),
+		Retention:         r.Retention.String(),
+		KeptUntilResolved: r.KeptUntilResolved,
 	}
 	if r.Response != nil {
 		n := len(r.Response)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"slices"
@@ -30,13 +31,12 @@ named by its sequence number (SEQ), unique in the file.
 
 The tool registers no handlers and delivers nothing: a retried dead letter is
 delivered by the program once it runs its dispatcher again.
---dead-letter-retention must match the program's
-OutboxOptions.DeadLetterRetention: it decides which dead letters have expired.`,
+Each dead letter carries the dead-letter retention it died under: which have
+expired is read from the file. --dead-letter-retention can only lengthen that.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	c.PersistentFlags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", idem.DefaultDeadLetterRetention,
-		"dead-letter retention of the program (OutboxOptions.DeadLetterRetention)")
+	c.PersistentFlags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", 0, deadLetterRetentionUsage)
 	c.AddCommand(newOutboxLsCmd(a), newOutboxGetCmd(a), newOutboxRetryCmd(a), newOutboxDropCmd(a))
 	for _, sub := range c.Commands() {
 		sub.Args = usageArgs(sub.Args)
@@ -161,9 +161,12 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 		n := len(m.Payload)
 		out.PayloadSize = &n
 	}
+	if n, ok := a.hiddenPayload(m.Seq); ok {
+		out.PayloadSize = &n
+	}
 	if m.Dead {
 		out.NextAttemptAt = nil
-		out.ExpiresAt = timePtr(m.DeadAt.Add(a.deadLetterRetention))
+		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultDeadLetterRetention), a.deadLetterRetention)))
 	}
 	return out
 }
@@ -181,9 +184,12 @@ type outboxLsJSON struct {
 	Others int `json:"others"`
 }
 
+// deadLetterRetentionUsage is the help of --dead-letter-retention.
+const deadLetterRetentionUsage = "keep dead letters at least this long (0: each one's own retention, recorded in the file; a shorter value changes nothing)"
+
 func (a *app) checkDeadLetterRetention() error {
-	if a.deadLetterRetention <= 0 {
-		return &usageError{fmt.Errorf("--dead-letter-retention must be positive, not %v", a.deadLetterRetention)}
+	if a.deadLetterRetention < 0 {
+		return &usageError{fmt.Errorf("--dead-letter-retention must not be negative, not %v", a.deadLetterRetention)}
 	}
 	return nil
 }
@@ -195,7 +201,7 @@ func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
 		return err
 	}
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -311,6 +317,8 @@ type outboxGetJSON struct {
 	messageJSON
 	Payload         *string `json:"payload"`          // null: nil payload
 	PayloadEncoding string  `json:"payload_encoding"` // "utf-8" or "base64"
+	// PayloadHidden: with --url, the server shows only the size.
+	PayloadHidden bool `json:"payload_hidden,omitempty"`
 }
 
 // errStop ends a walk of the messages early.
@@ -320,7 +328,7 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
 		return err
 	}
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -332,12 +340,17 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	if m == nil {
 		return fmt.Errorf("idem: outbox get %d: no such message (delivered, dropped, expired or never enqueued)", seq)
 	}
+	_, hidden := a.hiddenPayload(seq)
 	if raw {
+		if hidden {
+			return errHiddenByServer("payload")
+		}
 		_, err := a.stdout.Write(m.Payload)
 		return err
 	}
 	out := outboxGetJSON{messageJSON: a.messageJSON(m)}
 	out.Payload, out.PayloadEncoding = userBytes(m.Payload)
+	out.PayloadHidden = hidden
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -346,7 +359,10 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 
 // findMessage returns message seq, pending or dead; nil if there is none. A
 // message that fails to decode is an error.
-func findMessage(e *idem.Engine, seq uint64) (found *idem.Message, err error) {
+func findMessage(e operator, seq uint64) (found *idem.Message, err error) {
+	if r, ok := e.(*remote); ok {
+		return r.Message(seq)
+	}
 	err = e.Messages(func(m *idem.Message, merr error) error {
 		if m.Seq != seq {
 			return nil
@@ -389,6 +405,8 @@ func (a *app) printMessage(out *outboxGetJSON) error {
 	}
 	fmt.Fprintf(w, "last error\t%s\n", lastErr)
 	switch {
+	case out.PayloadHidden:
+		fmt.Fprintf(w, "payload\t%s, %s\n", fmtSize(out.PayloadSize), hiddenNote)
 	case out.Payload == nil:
 		fmt.Fprintf(w, "payload\tnone\n")
 	case out.PayloadEncoding == "base64":
@@ -407,16 +425,16 @@ func (a *app) printMessage(out *outboxGetJSON) error {
 
 // deadOp is retry or drop of one dead letter.
 type deadOp struct {
-	name string                           // as in the command line
-	past string                           // as in the output
-	do   func(*idem.Engine, uint64) error // the engine's call
-	done string                           // what became of the message, for humans
+	name string                       // as in the command line
+	past string                       // as in the output
+	do   func(operator, uint64) error // the engine's call
+	done string                       // what became of the message, for humans
 }
 
 var (
-	retryOp = deadOp{"retry", "retried", (*idem.Engine).RetryDead,
+	retryOp = deadOp{"retry", "retried", operator.RetryDead,
 		"pending again, attempts reset; the program's dispatcher delivers it"}
-	dropOp = deadOp{"drop", "dropped", (*idem.Engine).DropDead,
+	dropOp = deadOp{"drop", "dropped", operator.DropDead,
 		"deleted, never to be delivered"}
 )
 
@@ -441,7 +459,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
 		return err
 	}
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}
@@ -479,7 +497,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 }
 
 // notDeadReason says why seq is not a dead letter.
-func notDeadReason(e *idem.Engine, seq uint64) string {
+func notDeadReason(e operator, seq uint64) string {
 	if m, err := findMessage(e, seq); err == nil && m != nil && !m.Dead {
 		return fmt.Sprintf("message %d is pending, not a dead letter", seq)
 	}

@@ -156,8 +156,8 @@ func TestOutboxHumanOutput(t *testing.T) {
 			require.Equal(t, "(2 of 4 pending messages; raise --limit for more)", lines[3])
 			require.Equal(t, "(and 1 dead letter; idem outbox ls --dead lists them)", lines[4])
 		}},
-		{"ls --dead with a short retention finds them expired", []string{"outbox", "--dead-letter-retention", "30m", "ls", "--dead"}, func(t *testing.T, out string) {
-			require.Equal(t, "no dead letters\n", out)
+		{"ls --dead with a short retention expires nothing early", []string{"outbox", "--dead-letter-retention", "30m", "ls", "--dead"}, func(t *testing.T, out string) {
+			require.Equal(t, []string{"1"}, seqColumn(out), "each dead letter keeps the retention it died under")
 		}},
 		{"get shows a dead letter and its payload", []string{"outbox", "get", "1"}, func(t *testing.T, out string) {
 			require.Equal(t, "seq             1\n"+
@@ -197,8 +197,8 @@ func TestOutboxHumanOutput(t *testing.T) {
 		{"stats counts the outbox messages", []string{"stats"}, func(t *testing.T, out string) {
 			require.Contains(t, out, "outbox   4 pending (1 retrying), 1 dead letter, 0 corrupt\n")
 		}},
-		{"stats with a short dead-letter retention counts none", []string{"stats", "--dead-letter-retention", "30m"}, func(t *testing.T, out string) {
-			require.Contains(t, out, "outbox   4 pending (1 retrying), 0 dead letters, 0 corrupt\n")
+		{"stats with a short dead-letter retention expires nothing early", []string{"stats", "--dead-letter-retention", "30m"}, func(t *testing.T, out string) {
+			require.Contains(t, out, "outbox   4 pending (1 retrying), 1 dead letter, 0 corrupt\n")
 		}},
 	}
 	for _, tt := range tests {
@@ -340,9 +340,9 @@ func TestOutboxRetryAndDrop(t *testing.T) {
 		{"drop of a pending message is refused", []string{"outbox", "drop", "3"}, 1,
 			"", "idem: outbox drop 3: message 3 is pending, not a dead letter\n",
 			[]uint64{2, 3, 4, 5}, []uint64{1}},
-		{"retry of an expired dead letter is not found", []string{"outbox", "--dead-letter-retention", "30m", "retry", "1"}, 1,
-			"", "idem: outbox retry 1: no dead letter 1 (delivered, dropped, expired or never enqueued)\n",
-			[]uint64{2, 3, 4, 5}, []uint64{1}},
+		{"retry under a short --dead-letter-retention finds the dead letter", []string{"outbox", "--dead-letter-retention", "30m", "retry", "1"}, 0,
+			"retried 1: pending again, attempts reset; the program's dispatcher delivers it\n", "",
+			[]uint64{1, 2, 3, 4, 5}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -424,8 +424,8 @@ func TestOutboxErrors(t *testing.T) {
 			"idem: get: accepts 1 arg(s), received 2 (usage: idem outbox get SEQ [flags])\n" + usage},
 		{"ls with a negative limit is a usage error", []string{"outbox", "ls", "--limit", "-1"}, 2,
 			"idem: --limit must not be negative\n" + usage},
-		{"a zero dead-letter retention is a usage error", []string{"outbox", "--dead-letter-retention", "0s", "ls"}, 2,
-			"idem: --dead-letter-retention must be positive, not 0s\n" + usage},
+		{"a negative dead-letter retention is a usage error", []string{"outbox", "--dead-letter-retention", "-1s", "ls"}, 2,
+			"idem: --dead-letter-retention must not be negative, not -1s\n" + usage},
 		{"an unknown outbox command is a usage error", []string{"outbox", "purge"}, 2,
 			"idem: outbox: unknown command \"purge\" for \"idem outbox\" (usage: idem outbox [flags])\n" + usage},
 		{"get of an unknown seq is not found", []string{"outbox", "get", "99"}, 1,

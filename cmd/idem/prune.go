@@ -13,9 +13,12 @@ func newPruneCmd(a *app) *cobra.Command {
 		Use:   "prune",
 		Short: "Reclaim the space of expired records now",
 		Long: `prune reclaims the space of expired records, as the program's background
-pruner would. Records sit in time slots as wide as the retention window, and a
-slot is dropped whole once every record in it has expired (--retention; under
---recovery refuse a slot that holds an interrupted execution stays for it): a
+pruner would. Each record carries the retention window it was written under,
+and an interrupted execution written under the refuse policy is kept until
+resolved: prune judges by that, so it never removes a record the program still
+treats as live (--retention and --recovery refuse only keep more). Records sit
+in time slots as wide as their window, and a slot is dropped whole once every
+record in it has expired (a slot that holds a kept record stays for it): a
 record may wait up to one window past its expiry, which is why stats can show
 records awaiting prune that prune does not remove yet. Every reader already
 treats them as absent. The file does not shrink: freed pages are reused; run

@@ -68,7 +68,7 @@ func (a *app) resolve(key string, o resolveOpts) (err error) {
 		}
 	}
 
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return err
 	}

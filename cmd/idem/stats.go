@@ -14,24 +14,27 @@ func newStatsCmd(a *app) *cobra.Command {
 		Short: "Count the records and outbox messages by state and show the file's size",
 		Long: `stats counts the records by state: started (interrupted executions, since no
 program holds the file), done, expired but not yet pruned, and corrupt (see
-idem check). Expiry follows --retention and --recovery.
+idem check). Expiry follows each record's own retention window and recovery
+policy, recorded in the file (--retention and --recovery refuse only lengthen).
 
 It counts the outbox messages too: pending (not delivered yet; retrying are
 those that failed at least once), dead letters inside their retention
-(--dead-letter-retention, which must match the program's), and corrupt ones
+(each one's own, recorded in the file; --dead-letter-retention only lengthens
+it), and corrupt ones
 (see idem outbox ls). Whether a pending message's topic has a handler is
 known to the program only: the tool registers none.`,
 		Args: cobra.NoArgs,
 		RunE: func(*cobra.Command, []string) error { return a.stats() },
 	}
-	c.Flags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", idem.DefaultDeadLetterRetention,
-		"dead-letter retention of the program (OutboxOptions.DeadLetterRetention)")
+	c.Flags().DurationVar(&a.deadLetterRetention, "dead-letter-retention", 0, deadLetterRetentionUsage)
 	return c
 }
 
 type statsJSON struct {
-	Path      string `json:"path"`
-	FileSize  int64  `json:"file_size"`
+	Path     string `json:"path"`
+	FileSize int64  `json:"file_size"`
+	// Retention is --retention: "recorded" when each record's own window
+	// decides (the default).
 	Retention string `json:"retention"`
 	Records   struct {
 		Live           int `json:"live"`
@@ -59,12 +62,15 @@ func (a *app) stats() error {
 	}
 	// The size on disk, which is what compact shrinks (Stats.FileSize is
 	// the size bbolt maps, up to the last page in use).
-	size, err := fileSize(a.db)
+	size, err := a.sizeOf(s)
 	if err != nil {
 		return err
 	}
 	s.FileSize = size
-	out := statsJSON{Path: a.db, FileSize: s.FileSize, Retention: a.retention.String()}
+	out := statsJSON{Path: a.db, FileSize: s.FileSize, Retention: "recorded"}
+	if a.retention > 0 {
+		out.Retention = a.retention.String()
+	}
 	out.Records.Live = s.Started + s.Done
 	out.Records.Started, out.Records.Done = s.Started, s.Done
 	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
@@ -78,7 +84,7 @@ func (a *app) stats() error {
 	w := a.table()
 	fmt.Fprintf(w, "file\t%s (%s)\n", a.db, fmtBytes(s.FileSize))
 	fmt.Fprintf(w, "records\t%d live: %d started, %d done\n", out.Records.Live, s.Started, s.Done)
-	fmt.Fprintf(w, "expired\t%d awaiting prune (retention %v)\n", s.ExpiredPending, a.retention)
+	fmt.Fprintf(w, "expired\t%d awaiting prune (%s)\n", s.ExpiredPending, a.retentionNote())
 	corrupt := fmt.Sprint(s.Corrupt)
 	if s.Corrupt > 0 {
 		corrupt += " (run idem check)"
@@ -91,7 +97,7 @@ func (a *app) stats() error {
 }
 
 func (a *app) engineStats() (s idem.Stats, err error) {
-	e, err := a.openEngine()
+	e, err := a.openOperator()
 	if err != nil {
 		return s, err
 	}

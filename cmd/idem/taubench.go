@@ -38,12 +38,26 @@ func newTaubenchChildCmd(*app) *cobra.Command {
 	}
 }
 
+// newTaubenchMCPServerChildCmd is the hidden subcommand the MCP tool server
+// child of `idem taubench --via mcp` runs: the runner re-executes this program
+// with taubench.MCPServerChildCommand and a configuration as its arguments.
+func newTaubenchMCPServerChildCmd(*app) *cobra.Command {
+	return &cobra.Command{
+		Use:    taubench.MCPServerChildCommand + " CONFIG",
+		Short:  "The MCP tool server child of idem taubench --via mcp (internal)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE:   func(_ *cobra.Command, args []string) error { return taubench.RunMCPServerChild(args[0]) },
+	}
+}
+
 func newTaubenchCmd(a *app) *cobra.Command {
 	var (
 		data, tasksFile string
 		seed            uint64
 		limit           int
 		baseline        bool
+		via             string
 		on              = map[taubench.Schedule]*bool{}
 	)
 	c := &cobra.Command{
@@ -72,6 +86,16 @@ one by one), extra effects (write executions beyond one per logical call) and
 state mismatches (tasks whose records differ). A retried write often leaves
 the same records while answering differently, so a row can show extra effects
 and diverged answers with no state mismatch.
+
+With --via mcp, the 16 tools are served by an MCP server in a child process
+over stdio (through idemmcp, write tools in the DoTx form, or without dedupe
+for the baseline), every task is driven through a go-sdk client, and the
+schedules act at the protocol: the same call sent again with the same key,
+two in flight at once, the server's response dropped by the client's
+transport (the call abandoned and retried with the same key), the server
+SIGKILLed mid-call and restarted on the same file, and a retry with mutated
+arguments. Extra effects are counted by the server, in the transaction of
+each change.
 
 The data (τ-bench's retail domain: orders.json, users.json, products.json
 and tasks_test.jsonl) is not part of this repository. It is looked for, in
@@ -135,7 +159,15 @@ finished row. The exit status is 1 if any idem row falls short of every task.`,
 				progress = func(done, _ int) { _ = bar.Set(done) }
 				finish = func() { _ = bar.Finish() }
 			}
-			rep, err := taubench.Run(cmd.Context(), taubench.Config{
+			run := taubench.Run
+			switch via {
+			case "direct":
+			case "mcp":
+				run = taubench.RunMCP
+			default:
+				return &usageError{fmt.Errorf("--via must be direct or mcp, not %q", via)}
+			}
+			rep, err := run(cmd.Context(), taubench.Config{
 				DataDir: dir, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
 				Baseline: baseline, Seed: seed, Progress: progress,
 			})
@@ -171,9 +203,11 @@ finished row. The exit status is 1 if any idem row falls short of every task.`,
 	f.Uint64Var(&seed, "seed", 0, "seed of the random choices (default: from the clock, printed)")
 	f.IntVar(&limit, "limit", 0, "play only the first N tasks")
 	f.BoolVar(&baseline, "baseline", true, "also play every schedule without dedupe")
+	f.StringVar(&via, "via", "direct", "how the agent reaches the tools: direct (in-process calls) or mcp (an MCP tool server in a child process over stdio, driven by a go-sdk client)")
 	for _, s := range taubench.Schedules {
 		on[s] = f.Bool(string(s), true, fmt.Sprintf("play the %s schedule", s))
 	}
+	c.AddCommand(newTaubenchServeCmd(a))
 	return c
 }
 

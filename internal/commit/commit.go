@@ -9,8 +9,9 @@
 //
 // bbolt has no savepoints: when a request's function fails or panics, the
 // whole transaction is rolled back, that request gets its own error, and the
-// others are run again in a fresh transaction. A function may therefore run
-// more than once and must touch nothing but the transaction it is given.
+// others are run again in fresh transactions. A function may therefore run
+// more than once (at most MaxRuns times) and must touch nothing but the
+// transaction it is given.
 package commit
 
 import (
@@ -21,6 +22,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
@@ -42,6 +44,14 @@ var ErrFailed = errors.New("commit failed")
 // (t.FailNow does): its transaction is rolled back and the other requests of
 // the batch are committed without it.
 var ErrGoexit = errors.New("commit: function called runtime.Goexit")
+
+// MaxRuns is the most times one request's function runs. A function that
+// has run MaxRuns-1 times in transactions rolled back for others' failures
+// runs its last time in a transaction of its own, so no other function's
+// failure can roll it back again; whatever it returns then is its outcome.
+// DESIGN.md: "no fn runs more than 3 times per call, whatever fails around
+// it".
+const MaxRuns = 3
 
 // Func writes into tx. A non-nil error rolls back every write of its batch;
 // the pipeline re-runs the other functions of the batch without it.
@@ -78,11 +88,17 @@ type Pipeline struct {
 
 	commits  atomic.Uint64
 	requests atomic.Uint64
+
+	// Observe, if set before the first Do, is called on the committing
+	// goroutine after every successful commit with the requests it carried
+	// and the time tx.Commit took, fsync included. It must not block.
+	Observe func(requests int, d time.Duration)
 }
 
 type request struct {
 	fn   Func
 	err  error
+	runs int // times fn ran, in transactions of any batch
 	done chan struct{}
 }
 
@@ -107,7 +123,7 @@ var requestPool = sync.Pool{New: func() any { return &request{done: make(chan st
 // error of fn, of the commit, or ErrStopped.
 func (p *Pipeline) Do(fn Func) error {
 	r := requestPool.Get().(*request)
-	r.fn, r.err = fn, nil
+	r.fn, r.err, r.runs = fn, nil, 0
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
@@ -197,7 +213,7 @@ func (p *Pipeline) release() {
 // the current commit: a Do from there would wait for itself.
 func (p *Pipeline) Holding() bool {
 	w := p.writer.Load()
-	return w != 0 && w == goid()
+	return w != 0 && w == GoroutineID()
 }
 
 // runAndRelease runs batch and releases the writer, also when a function
@@ -259,7 +275,7 @@ func (p *Pipeline) run(batch []*request) {
 	if len(batch) == 0 {
 		return
 	}
-	p.writer.Store(goid())
+	p.writer.Store(GoroutineID())
 	var (
 		tx      *bbolt.Tx
 		pending = batch
@@ -294,7 +310,14 @@ func (p *Pipeline) run(batch []*request) {
 		}
 		p.mu.Unlock()
 	}()
+	// Each transaction takes a prefix of pending. When a function fails, the
+	// transaction rolls back and the failing request gets its error; the
+	// requests before it, which ran clean, run again in a transaction of
+	// their own (deterministic functions then commit on their second run),
+	// and the rest follow. A request on its last run (MaxRuns) runs alone.
+	upTo := len(pending)
 	for len(pending) > 0 {
+		group := pending[:groupSize(pending, upTo)]
 		var err error
 		if err = p.Failed(); err != nil {
 			// An earlier commit failed: nothing more is written.
@@ -307,8 +330,9 @@ func (p *Pipeline) run(batch []*request) {
 			break
 		}
 		failed := -1
-		for i, r := range pending {
+		for i, r := range group {
 			current = r
+			r.runs++
 			if err := call(r.fn, tx); err != nil {
 				r.err, failed = err, i
 				break
@@ -321,22 +345,46 @@ func (p *Pipeline) run(batch []*request) {
 			r := pending[failed]
 			pending = append(pending[:failed:failed], pending[failed+1:]...)
 			finish([]*request{r}, r.err)
+			upTo = failed
 			continue
 		}
+		t0 := p.observeStart()
 		err = commit(tx)
+		p.observe(t0, len(pending), err)
 		tx = nil
 		if err != nil && !errors.Is(err, bolterrors.ErrMaxSizeReached) {
 			err = p.fail(err)
 		}
 		p.commits.Add(1)
-		p.requests.Add(uint64(len(pending)))
-		finish(pending, err)
-		if err == nil && p.onCommit != nil {
+		p.requests.Add(uint64(len(group)))
+		if err != nil {
+			finish(pending, err)
+			break
+		}
+		finish(group, nil)
+		if p.onCommit != nil {
 			p.onCommit()
 		}
-		break
+		pending = pending[len(group):]
+		upTo = len(pending)
 	}
 	normal = true
+}
+
+// groupSize is how many requests at the head of pending the next
+// transaction takes: at most upTo (all, if upTo is 0), stopping before a
+// request on its last run, which takes a transaction alone.
+func groupSize(pending []*request, upTo int) int {
+	n := upTo
+	if n <= 0 || n > len(pending) {
+		n = len(pending)
+	}
+	for i, r := range pending[:n] {
+		if r.runs >= MaxRuns-1 {
+			return max(i, 1)
+		}
+	}
+	return n
 }
 
 // commit commits tx, turning a panic of bbolt's (it asserts on a damaged
@@ -351,10 +399,12 @@ func commit(tx *bbolt.Tx) (err error) {
 	return tx.Commit()
 }
 
-// goid is the id of the calling goroutine, read from its stack header
-// ("goroutine 123 [running]:"). It costs about a microsecond: it is read once
-// per commit and by re-entrance checks, never per replay.
-func goid() uint64 {
+// GoroutineID is the id of the calling goroutine, read from its stack header
+// ("goroutine 123 [running]:"); never 0. It costs a runtime.Stack call, small
+// beside a commit but not free: it is read once per commit, once per
+// execution of a Do fn, and by re-entrance checks before a wait, never per
+// replay.
+func GoroutineID() uint64 {
 	var buf [32]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	b = bytes.TrimPrefix(b, []byte("goroutine "))
@@ -383,4 +433,19 @@ func call(fn Func, tx *bbolt.Tx) (err error) {
 		}
 	}()
 	return fn(tx)
+}
+
+// observeStart is when a commit starts, for Observe: zero without it.
+func (p *Pipeline) observeStart() time.Time {
+	if p.Observe == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
+// observe reports a successful commit of n requests that started at t0.
+func (p *Pipeline) observe(t0 time.Time, n int, err error) {
+	if p.Observe != nil && err == nil {
+		p.Observe(n, time.Since(t0))
+	}
 }

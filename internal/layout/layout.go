@@ -7,11 +7,13 @@
 //	  meta/     version → u32 big endian
 //	  slot:SE/  one bucket per time slot [S, E), unix nanoseconds (8 bytes
 //	            big endian each, sign bit flipped, so slots sort by start):
-//	            key → record. A slot is as wide as the retention window was
-//	            when it was made. Done records by completion
-//	            time, started records by start time, so that every record in
-//	            a slot expires by the slot's end plus the retention window, and
-//	            the pruner drops the slot whole. A key has one version, in one
+//	            key → record. A slot is as wide as the retention window of
+//	            the records in it (each record also carries its window). Done
+//	            records by completion time, started records by start time (or
+//	            a later slot: a record put back goes to the slot of the one it
+//	            replaces), so that every record in a slot expires by the slot's
+//	            end plus its width, and the pruner drops the slot whole, unless
+//	            it holds a record kept until resolved. A key has one version, in one
 //	            slot. Slots sit directly under Root: one bucket level less to
 //	            open on every lookup and to rewrite on every commit.
 //	  outbox/   sequence (u64 big endian) → message
@@ -25,8 +27,17 @@ import (
 	"time"
 )
 
-// Version is the format version this code writes and reads.
-const Version = 1
+// Version is the format version this code writes; it reads OldestVersion
+// to Version, and Open migrates an older file to Version.
+//
+// Version 2 records with every record the retention window in force when it
+// was written, and marks started records written under RecoverRefuse (record
+// encoding version 2, see record.go). Version 1 recorded the window only as
+// the width of the slot a record sits in, and not the policy.
+const (
+	Version       = 2
+	OldestVersion = 1
+)
 
 // Bucket and key names.
 var (
@@ -59,6 +70,9 @@ func (s Slot) Covers(t time.Time) bool {
 
 // EndTime is the first instant after the slot.
 func (s Slot) EndTime() time.Time { return time.Unix(0, s.End) }
+
+// Width is the slot's span: the retention window of the records in it.
+func (s Slot) Width() time.Duration { return time.Duration(s.End - s.Start) }
 
 // Name is the slot's bucket name: SlotPrefix, Start and End as 8-byte big
 // endian (offset so that they sort as signed numbers).

@@ -568,12 +568,17 @@ func (p *play) crashChild(crashAt int, point string) error {
 	return fmt.Errorf("crash child did not die of SIGKILL at %s (%v): %s", point, err, outb)
 }
 
-// ChildMain runs a crash child if args (a program's arguments after its
-// name) are ChildCommand and a spec, and never returns then: the child dies
-// at its crash point, or exits with status 3 on an error and 4 if the point
-// was not reached. Otherwise it returns at once. Test binaries that run the
-// crash schedule call it first thing in TestMain with os.Args[1:].
+// ChildMain runs a child of the runner if args (a program's arguments after
+// its name) name one, and never returns then: ChildCommand and a spec make a
+// crash child, which dies at its crash point, or exits with status 3 on an
+// error and 4 if the point was not reached; MCPServerChildCommand and a
+// configuration make the MCP tool server of RunMCP, which serves stdio until
+// it closes. Otherwise it returns at once. Test binaries that run these
+// schedules call it first thing in TestMain with os.Args[1:]; the idem CLI
+// has a hidden subcommand for each. Only arguments make a child, never the
+// environment.
 func ChildMain(args []string) {
+	mcpServerMain(args)
 	if len(args) != 2 || args[0] != ChildCommand {
 		return
 	}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/cmd/idem/internal/mcpproxy"
+)
+
+func newMCPProxyCmd(a *app) *cobra.Command {
+	var config, inFlight string
+	var maxWait time.Duration
+	c := &cobra.Command{
+		Use:   "mcp-proxy [--config FILE] -- COMMAND [ARG...]",
+		Short: "Run a stdio MCP server behind idem: its side-effecting tool calls run once per idempotency key",
+		Long: `mcp-proxy starts COMMAND, a stdio MCP server in any language, as its child and
+relays the MCP session between it and the client on its own stdin and stdout.
+Every message passes unchanged, except tools/call of the tools the --config
+file protects: each runs once per idempotency key (params._meta
+"io.github.idemkit/idempotency-key", or a natural key over chosen arguments),
+is recorded in the --db file (created if missing), and every retry with the key
+is answered from the record, under the retry's id, with
+"io.github.idemkit/replayed": true in the result's _meta. A key reused with
+other arguments is refused (JSON-RPC error -32062, idempotency_key_conflict;
+the refusals are idemmcp's, as from a Go server with the idemmcp middleware).
+A duplicate of a call still running waits for its answer, at most --max-wait,
+then gets -32063 (idempotency_key_in_progress) with retryAfter.
+
+The config file (YAML or JSON):
+
+  tools:
+    create_order: {}                      # the key comes from _meta
+    cancel_order: {keyArgs: [order_id]}   # natural key: the tool and order_id
+    get_order: {readOnly: true}           # relayed, no warning
+  missingKey: refuse                      # or run (unprotected, with a warning)
+
+A call of a tool not in the file runs unprotected, with a warning on stderr,
+unless the server marks the tool read-only.
+
+If the server dies, mcp-proxy restarts it, replays the session's initialize to
+it, and re-executes the protected call that was running with
+"io.github.idemkit/recovered": true and the key in its _meta, so that a
+key-aware server can reconcile; a relayed request that was running gets an
+error. A server that dies before the session is initialized ends mcp-proxy
+with status 1. The server dies with mcp-proxy (Linux's Pdeathsig).`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 0 {
+				return &usageError{errors.New("put the server's command after --: idem mcp-proxy [flags] -- COMMAND [ARG...]")}
+			}
+			var policy idem.InFlightPolicy
+			switch inFlight {
+			case "wait":
+				policy = idem.InFlightWait
+			case "fail":
+				policy = idem.InFlightFail
+			default:
+				return &usageError{fmt.Errorf("--in-flight must be wait or fail, not %q", inFlight)}
+			}
+			if maxWait <= 0 {
+				return &usageError{fmt.Errorf("--max-wait must be positive, not %v", maxWait)}
+			}
+			return a.mcpProxy(cmd, config, policy, maxWait, args)
+		},
+	}
+	c.Flags().StringVar(&config, "config", "", "the tools to protect (YAML or JSON); none: every call runs unprotected, with a warning")
+	c.Flags().StringVar(&inFlight, "in-flight", "wait", "a duplicate of a call still running: wait for its answer, or fail at once (error -32063 with retryAfter)")
+	c.Flags().DurationVar(&maxWait, "max-wait", mcpproxy.DefaultMaxWait, "the longest a duplicate waits for the first call with its key before error -32063")
+	return c
+}
+
+func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFlightPolicy, maxWait time.Duration, argv []string) (err error) {
+	cfg := &mcpproxy.Config{}
+	if configPath != "" {
+		if cfg, err = mcpproxy.LoadConfig(configPath); err != nil {
+			return err
+		}
+	}
+	recovery, _ := a.recoveryPolicy()
+	e, err := idem.Open(a.db, &idem.Options{
+		Retention:   a.retention,
+		Recovery:    recovery,
+		InFlight:    inFlight,
+		LockTimeout: lockTimeout,
+	})
+	if err != nil {
+		return openError(a.db, err)
+	}
+	defer closeEngine(e, &err)
+	// A client that goes away must not kill the proxy with SIGPIPE on its
+	// next write to stdout: the calls in flight finish and are recorded.
+	signal.Ignore(syscall.SIGPIPE)
+	p := &mcpproxy.Proxy{Engine: e, Config: cfg, Command: argv, Stderr: a.stderr, MaxWait: maxWait}
+	err = p.Serve(cmd.Context(), a.stdin, a.stdout)
+	if err != nil && cmd.Context().Err() != nil && errors.Is(err, cmd.Context().Err()) {
+		return nil // SIGINT or SIGTERM: the server was killed, the records are kept
+	}
+	return err
+}

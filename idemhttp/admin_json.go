@@ -1,0 +1,267 @@
+package idemhttp
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemkit/idem"
+)
+
+// The JSON documents of the admin handler (see Admin), exported so that a Go
+// client (the idem CLI's --url) decodes them. Times are RFC 3339 in UTC;
+// a null time is "none" as each field says.
+
+// AdminIndex is the answer of GET /.
+type AdminIndex struct {
+	// Retention is the retention window as a Go duration ("24h0m0s"), and
+	// RetentionSeconds the same in seconds.
+	Retention        string  `json:"retention"`
+	RetentionSeconds float64 `json:"retention_seconds"`
+	// ShowResponses tells whether answers carry stored responses and
+	// payloads (AdminOptions.ShowResponses).
+	ShowResponses bool `json:"show_responses"`
+}
+
+// AdminStats is the answer of GET /stats: idem.Stats.
+type AdminStats struct {
+	// Retention is the retention window as a Go duration.
+	Retention string `json:"retention"`
+	// FileSize is the bytes of the file in use by bbolt's pages.
+	FileSize int64 `json:"file_size"`
+	// Records counts the records by state (idem.Stats).
+	Records struct {
+		Started        int `json:"started"`
+		Done           int `json:"done"`
+		ExpiredPending int `json:"expired_pending"`
+		Corrupt        int `json:"corrupt"`
+	} `json:"records"`
+	// SinceOpen counts the engine's work since it was opened.
+	SinceOpen struct {
+		Pruned     uint64 `json:"pruned"`
+		Replays    uint64 `json:"replays"`
+		Executions uint64 `json:"executions"`
+		Conflicts  uint64 `json:"conflicts"`
+		Commits    uint64 `json:"commits"`
+		Writes     uint64 `json:"writes"`
+	} `json:"since_open"`
+	// Outbox counts the outbox messages (idem.OutboxStats); Retrying and
+	// Waiting are among Pending, Delivered counts since Open.
+	Outbox struct {
+		Pending   int    `json:"pending"`
+		Retrying  int    `json:"retrying"`
+		Waiting   int    `json:"waiting"`
+		Dead      int    `json:"dead"`
+		Corrupt   int    `json:"corrupt"`
+		Delivered uint64 `json:"delivered"`
+	} `json:"outbox"`
+}
+
+// newAdminStats is the one place that reads idem.Stats, whose shape may change.
+func newAdminStats(s idem.Stats, retention time.Duration) AdminStats {
+	var out AdminStats
+	out.Retention = retention.String()
+	out.FileSize = s.FileSize
+	out.Records.Started, out.Records.Done = s.Started, s.Done
+	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
+	out.SinceOpen.Pruned, out.SinceOpen.Replays = s.Pruned, s.Replays
+	out.SinceOpen.Executions, out.SinceOpen.Conflicts = s.Executions, s.Conflicts
+	out.SinceOpen.Commits, out.SinceOpen.Writes = s.Commits, s.Writes
+	o := s.Outbox
+	out.Outbox.Pending, out.Outbox.Retrying, out.Outbox.Waiting = o.Pending, o.Retrying, o.Waiting
+	out.Outbox.Dead, out.Outbox.Corrupt, out.Outbox.Delivered = o.Dead, o.Corrupt, o.Delivered
+	return out
+}
+
+// AdminRecord is a record (idem.Record), the answer of GET /records and of
+// POST /records/resolve.
+type AdminRecord struct {
+	Key   string `json:"key"`
+	State string `json:"state"` // "started" or "done"
+	// Attempt counts executions of fn, from 1.
+	Attempt int `json:"attempt"`
+	// Fingerprint is the 16 hex digits of the fingerprint's xxhash.
+	Fingerprint string     `json:"fingerprint"`
+	StartedAt   time.Time  `json:"started_at"`
+	CompletedAt *time.Time `json:"completed_at"` // null while started
+	// ExpiresAt is when the record leaves the retention window, as
+	// idem.Record.ExpiresAt says with the engine's Retention; null for never
+	// (a record kept until resolved).
+	ExpiresAt *time.Time `json:"expires_at"`
+	// Retention is the retention window the record was written under, as a
+	// Go duration (idem.Record.Retention); KeptUntilResolved marks an
+	// interrupted execution written under idem.RecoverRefuse.
+	Retention         string `json:"retention"`
+	KeptUntilResolved bool   `json:"kept_until_resolved"`
+	// Error is the stored *idem.Error, null if none.
+	Error *AdminErrorJSON `json:"error"`
+	// ResponseSize is the response's length in bytes; null when there is no
+	// response, which differs from an empty one.
+	ResponseSize *int `json:"response_size"`
+	// Response is the response under AdminOptions.ShowResponses: UTF-8 text
+	// as is, other bytes in base64 (ResponseEncoding says which); null when
+	// there is none or it is hidden (ResponseHidden).
+	Response         *string `json:"response"`
+	ResponseEncoding string  `json:"response_encoding,omitempty"`
+	ResponseHidden   bool    `json:"response_hidden"`
+}
+
+// AdminErrorJSON is a stored *idem.Error: its code and message.
+type AdminErrorJSON struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// AdminMessage is an outbox message (idem.Message), the answer of
+// GET /outbox/SEQ and an element of AdminMessages.
+type AdminMessage struct {
+	Seq   uint64 `json:"seq"`
+	Topic string `json:"topic"`
+	// Key is the idempotency key of the call that enqueued it; Index its
+	// place among that call's messages, from 0.
+	Key           string `json:"key"`
+	Index         int    `json:"index"`
+	DownstreamKey string `json:"downstream_key"`
+	OrderingKey   string `json:"ordering_key"`
+	// Attempt counts the failed attempts so far.
+	Attempt       int        `json:"attempt"`
+	EnqueuedAt    time.Time  `json:"enqueued_at"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"` // null: at once
+	LastError     *string    `json:"last_error"`      // null: no failed attempt
+	Dead          bool       `json:"dead"`
+	DeadAt        *time.Time `json:"dead_at"` // null unless dead
+	// PayloadSize, Payload, PayloadEncoding and PayloadHidden are as the
+	// Response fields of AdminRecord.
+	PayloadSize     *int    `json:"payload_size"`
+	Payload         *string `json:"payload"`
+	PayloadEncoding string  `json:"payload_encoding,omitempty"`
+	PayloadHidden   bool    `json:"payload_hidden"`
+}
+
+// AdminMessages is the answer of GET /outbox: the messages that pass the
+// filter (pending in enqueue order, then dead letters by Seq), at most limit
+// of them; Matched counts all that pass it. Corrupt lists the messages that
+// fail to decode (in the state asked for, whatever the topic).
+type AdminMessages struct {
+	Messages []AdminMessage `json:"messages"`
+	Matched  int            `json:"matched"`
+	Corrupt  []AdminCorrupt `json:"corrupt"`
+}
+
+// AdminCorrupt names a message that fails to decode.
+type AdminCorrupt struct {
+	Seq  uint64 `json:"seq"`
+	Dead bool   `json:"dead"`
+}
+
+// adminForgotten is the answer of DELETE /records.
+type adminForgotten struct {
+	Key       string `json:"key"`
+	Forgotten bool   `json:"forgotten"`
+}
+
+// adminDeadOp is the answer of retry and drop.
+type adminDeadOp struct {
+	Op  string `json:"op"` // "retry" or "drop"
+	Seq uint64 `json:"seq"`
+}
+
+// AdminProblem is an error answer of the admin handler: RFC 9457 problem
+// details (application/problem+json). Code names the case (see Admin for the
+// list and their statuses); Type is
+// "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#AdminProblem-" + Code
+// (the Idempotency-Key draft registers no types; these are this package's);
+// Title is the status's text; Detail says why; Op and Key are the engine's
+// operation and key, when it named them (an idem.OpError).
+type AdminProblem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail"`
+	Code   string `json:"code"`
+	Op     string `json:"op,omitempty"`
+	Key    string `json:"key,omitempty"`
+}
+
+// adminProblemType is the prefix of the problem type URIs: the code follows.
+const adminProblemType = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#AdminProblem-"
+
+// adminError is an error answer before it is written.
+type adminError struct {
+	status     int
+	code       string
+	detail     string
+	op, key    string
+	retryAfter time.Duration
+}
+
+func (e *adminError) Error() string { return e.detail }
+
+func adminBadRequest(detail string) error {
+	return &adminError{status: http.StatusBadRequest, code: "bad_request", detail: detail}
+}
+
+// toAdminError maps an engine error to its status and code.
+func toAdminError(err error) *adminError {
+	var ae *adminError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	out := &adminError{detail: err.Error()}
+	var op *idem.OpError
+	if errors.As(err, &op) {
+		out.op, out.key, out.detail = op.Op, op.Key, op.Err.Error()
+	}
+	var ip *idem.InProgressError
+	switch {
+	case errors.Is(err, idem.ErrInvalidKey):
+		out.status, out.code = http.StatusBadRequest, "invalid_key"
+	case errors.Is(err, idem.ErrNotFound):
+		out.status, out.code = http.StatusNotFound, "not_found"
+	case errors.Is(err, idem.ErrState):
+		out.status, out.code = http.StatusConflict, "wrong_state"
+	case errors.Is(err, idem.ErrInProgress):
+		out.status, out.code, out.retryAfter = http.StatusConflict, "in_progress", time.Second
+		if errors.As(err, &ip) {
+			out.retryAfter = ip.RetryAfter
+		}
+	case errors.Is(err, idem.ErrClosed):
+		out.status, out.code = http.StatusServiceUnavailable, "closed"
+	case errors.Is(err, idem.ErrCorrupt):
+		out.status, out.code = http.StatusInternalServerError, "corrupt"
+	default:
+		out.status, out.code = http.StatusInternalServerError, "internal"
+	}
+	return out
+}
+
+func adminWriteProblem(w http.ResponseWriter, e *adminError) {
+	if e.retryAfter > 0 {
+		secs := int64((e.retryAfter + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(e.status)
+	_ = json.NewEncoder(w).Encode(AdminProblem{
+		Type:   adminProblemType + e.code,
+		Title:  http.StatusText(e.status),
+		Status: e.status,
+		Detail: e.detail,
+		Code:   e.code,
+		Op:     e.op,
+		Key:    e.key,
+	})
+}
+
+func adminWriteJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+	return nil
+}

@@ -1,0 +1,92 @@
+package idemmcp
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/idemkit/idem"
+)
+
+// txKey is the context key of a DoTx tool's transaction.
+type txKey struct{}
+
+// AddTool registers a typed tool with the server (mcp.AddTool) and its
+// policy with m: p, or Options.Tools[t.Name] when p is nil, and read-only if
+// t.Annotations has ReadOnlyHint. Through the engine's Do, the handler runs
+// once per key; its result, an IsError result included, is stored and
+// replayed. Because the handler is registered here, m knows when the SDK
+// refused the input before calling it (schema validation, unmarshaling):
+// such an answer is not stored. AddTool panics where mcp.AddTool does, and
+// for KeyFromArgs on a tool whose name is longer than idem.MaxNamespaceLen.
+func AddTool[In, Out any](s *mcp.Server, m *Middleware, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out], p *Policy) {
+	m.register(t, p, &toolEntry{})
+	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		markRan(ctx)
+		return h(ctx, req, in)
+	})
+}
+
+// AddRawTool is AddTool for a raw handler (Server.AddTool), which unmarshals
+// and validates its arguments itself: every answer it gives, a protocol
+// error included, is an outcome and is stored, except those listed in the
+// package documentation (idem.Retryable, input requests).
+func AddRawTool(s *mcp.Server, m *Middleware, t *mcp.Tool, h mcp.ToolHandler, p *Policy) {
+	m.register(t, p, &toolEntry{})
+	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		markRan(ctx)
+		return h(ctx, req)
+	})
+}
+
+// TxToolHandlerFor is a typed tool handler of the DoTx form: tx is the
+// backend's transaction (*idem.Tx for the bbolt engine), which commits with
+// the call's record.
+type TxToolHandlerFor[In, Out, T any] func(ctx context.Context, req *mcp.CallToolRequest, in In, tx T) (*mcp.CallToolResult, Out, error)
+
+// AddTxTool registers a typed tool of the DoTx form: for tools whose effects
+// are local to the engine's store, so that the effect and the record commit
+// together and a kill mid-call leaves no extra effect. Each call runs in
+// d.DoTx (d is normally the engine m was made with); the handler writes
+// through tx only. As DoTx says, the handler MAY RUN MORE THAN ONCE per call
+// (group commit re-runs it when another call in the batch fails) and must
+// touch nothing but tx: no I/O, no server-to-client requests (elicitation,
+// sampling), no shared memory. A tool error (an IsError result or a protocol
+// error) rolls its writes back and is stored alone, and replayed.
+//
+// A DoTx tool always runs in a transaction: under NoKey or RunUnkeyed, a
+// call without a key runs under a fresh random key of its own (stored for
+// the retention window, deduping nothing). It panics if the tool is
+// read-only (it would have no transaction), and where AddTool does.
+func AddTxTool[In, Out, T any](s *mcp.Server, m *Middleware, d idem.TxDoer[T], t *mcp.Tool, h TxToolHandlerFor[In, Out, T], p *Policy) {
+	te := &toolEntry{tx: true, do: func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idem.Result, error) {
+		return d.DoTx(ctx, key, fp, func(ctx context.Context, tx T) ([]byte, error) {
+			return fn(context.WithValue(ctx, txKey{}, tx))
+		})
+	}}
+	m.register(t, p, te)
+	if te.policy.ReadOnly {
+		panic(fmt.Sprintf("idemmcp: AddTxTool %q: a read-only tool has no transaction (register it with AddTool)", t.Name))
+	}
+	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		markRan(ctx)
+		var zero Out
+		st := stateFrom(ctx)
+		if st == nil || st.tx == nil {
+			return nil, zero, fmt.Errorf("idemmcp: tool %q is of the DoTx form: install Middleware.Wrap on the server", t.Name)
+		}
+		tx, ok := st.tx.(T)
+		if !ok {
+			return nil, zero, fmt.Errorf("idemmcp: tool %q: the transaction is a %T, not the handler's", t.Name, st.tx)
+		}
+		return h(ctx, req, in, tx)
+	})
+}
+
+// markRan tells the middleware that the tool's own handler was called.
+func markRan(ctx context.Context) {
+	if st := stateFrom(ctx); st != nil {
+		st.ran = true
+	}
+}
