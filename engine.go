@@ -137,6 +137,15 @@ type Options struct {
 	// on.
 	MaxSize int
 
+	// InitialMmapSize is the size, in bytes, of the memory map bbolt opens
+	// the file with (bbolt's InitialMmapSize). A commit that grows the file
+	// past the map must remap it, and waits until every read transaction
+	// (View, Backup, Records, Messages, Stats, a long scan) has ended: calls
+	// stall behind a long reader then. A map larger than the file will grow
+	// (it costs address space, not memory) lets commits go on beside any
+	// reader. Zero means bbolt's default (the file's size, rounded up).
+	InitialMmapSize int
+
 	// Now is the clock, for expiry and record times. Nil means time.Now. The
 	// engine strips the monotonic reading of every time it reads
 	// (t.Round(0)): records in the file carry wall-clock times only, so
@@ -266,6 +275,8 @@ func Open(path string, opts *Options) (*Engine, error) {
 		// panics beyond recovery and kills the program: not worth it.
 		NoStatistics: true,
 		MaxSize:      max(o.MaxSize, 0),
+		// A negative size would make bbolt's map smaller than the file.
+		InitialMmapSize: max(o.InitialMmapSize, 0),
 	})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
