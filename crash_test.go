@@ -162,7 +162,7 @@ func TestCrashUnderRefusePolicyWaitsForResolve(t *testing.T) {
 	require.True(t, strings.Contains(err.Error(), "attempt 1"))
 	// The operator checks the gateway, finds the charge, and resolves.
 	require.Equal(t, 1, l.charges("order-7f3a"))
-	require.NoError(t, e.Resolve("order-7f3a", []byte(`{"order":"ord_1","status":"paid"}`), "", ""))
+	require.NoError(t, e.Resolve("order-7f3a", []byte(`{"order":"ord_1","status":"paid"}`), nil))
 	res, err := e.Do(bg, "order-7f3a", []byte(`{"sku":"A1"}`), mustNotRun(t))
 	require.NoError(t, err)
 	require.True(t, res.Replayed)

@@ -100,7 +100,7 @@
 //
 // A DoTx fn records an effect on another system (a charge, an email) with
 // Tx.Enqueue: the message commits with fn's writes and the done record, or not
-// at all. The dispatcher (OutboxOptions.Dispatch, or Engine.Dispatch) hands
+// at all. The dispatcher (OutboxOptions.Dispatch, with OutboxOptions.Handlers) hands
 // each message to the Handler of its topic after the commit, at least once,
 // with Message.DownstreamKey (the call's key and the message's index, the same
 // on every attempt) to pass on as the downstream idempotency key. Messages of

@@ -262,7 +262,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 			err = &fs.PathError{Op: "open", Path: path, Err: syscall.EISDIR}
 		}
 		if err != nil {
-			return nil, &OpError{Op: "open", Key: path, Err: err}
+			return nil, &OpError{Op: "open", Path: path, Err: err}
 		}
 	}
 	db, err := openBolt(path, &bbolt.Options{
@@ -282,10 +282,10 @@ func Open(path string, opts *Options) (*Engine, error) {
 		if errors.Is(err, bolterrors.ErrTimeout) {
 			err = fmt.Errorf("file is in use by another program or engine (no lock after %v): %w", o.LockTimeout, err)
 		}
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e := &Engine{
 		db:       db,
@@ -299,7 +299,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 		shutDone: make(chan struct{}),
 	}
 	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
 	e.pipe = commit.New(db, e.committed)
@@ -309,7 +309,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 	}
 	if err := e.startOutbox(); err != nil {
 		_ = e.Close()
-		return nil, &OpError{Op: "open", Key: path, Err: err}
+		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	if o.PruneInterval > 0 && !o.ReadOnly {
 		e.bg.Add(1)
@@ -329,7 +329,7 @@ func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
 		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
 	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch):
 		// Random bytes, another program's file: not an idem file.
-		err = fmt.Errorf("%w: not a bbolt file of a version this engine reads: %w", ErrFormat, err)
+		err = fmt.Errorf("%w: %w", ErrFormat, err)
 	}
 	return db, err
 }
@@ -403,9 +403,10 @@ func firstRead(db *bbolt.DB, read func() error) (err error) {
 // contexts ends (never, for context.Background()). fn must not call Close,
 // which waits for fn.
 func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
-	return e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.execute(ctx, c, fn)
 	})
+	return res, opError("do", key, err)
 }
 
 // leading is the state of the call that leads a key.
@@ -647,7 +648,7 @@ func (e *Engine) doneRecord(started *Record, resp []byte, ferr error) *Record {
 	// The limit covers what is stored: the response and the error's text.
 	if max, n := e.opts.MaxResponseSize, len(resp)+len(code)+len(msg); max > 0 && n > max {
 		done.Response = nil
-		done.Err = &Error{Code: CodeResponseTooLarge,
+		done.Err = &Error{Code: codeResponseTooLarge,
 			Message: fmt.Sprintf("response and error of %d bytes exceed the limit of %d bytes", n, max)}
 	} else if ferr != nil {
 		done.Err = &Error{Code: code, Message: msg}
@@ -663,7 +664,7 @@ func (e *Engine) firstAnswer(done *Record, resp []byte, ferr error) (Result, err
 		return res, nil
 	}
 	out := *done.Err
-	if out.Code != CodeResponseTooLarge {
+	if out.Code != codeResponseTooLarge {
 		out.err = ferr
 	}
 	return res, &out
@@ -778,11 +779,11 @@ func (e *Engine) live(r *Record, now time.Time) bool {
 	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
 	}
-	return now.Before(r.ExpiresAt(e.opts.Retention))
+	return now.Before(r.expiresAt(e.opts.Retention))
 }
 
 func (e *Engine) writeErr(op, key string, err error) error {
-	return &OpError{Op: op, Key: key, Err: storageErr(err, e.opts.MaxSize)}
+	return opError(op, key, storageErr(err, e.opts.MaxSize))
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,
@@ -952,7 +953,7 @@ func (e *Engine) Get(key string) (*Record, error) {
 	defer e.calls.Done()
 	rec, err := e.load(key)
 	if err != nil {
-		return nil, err
+		return nil, opError("get", key, err)
 	}
 	if rec == nil {
 		return nil, &OpError{Op: "get", Key: key, Err: ErrNotFound}
@@ -975,11 +976,11 @@ func (e *Engine) Forget(key string) error {
 }
 
 // Resolve completes an interrupted execution by hand: key's started record
-// becomes done with response (and, if code or errMsg is not empty, a stored
-// *Error with them), as if fn had returned them. It fails with ErrNotFound if
-// key has no live record, with ErrState if its record is done, and with
-// ErrInProgress while a call with the key runs.
-func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error {
+// becomes done with response and, if outcome is not nil, a stored *Error
+// with outcome's Code and Message (its Replayed is ignored), as if fn had returned
+// them. It fails with ErrNotFound if key has no live record, with ErrState if
+// its record is done, and with ErrInProgress while a call with the key runs.
+func (e *Engine) Resolve(key string, response []byte, outcome *Error) error {
 	return e.operate("resolve", key, func(tx *bbolt.Tx) error {
 		rec, err := e.st.lookup(tx, key, time.Time{})
 		if err != nil {
@@ -993,8 +994,8 @@ func (e *Engine) Resolve(key string, response []byte, code, errMsg string) error
 		}
 		done := *rec
 		done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
-		if errMsg != "" || code != "" {
-			done.Err = &Error{Code: code, Message: errMsg}
+		if outcome != nil {
+			done.Err = &Error{Code: outcome.Code, Message: outcome.Message}
 		}
 		return e.st.put(tx, &done, rec)
 	})
@@ -1024,8 +1025,31 @@ func (e *Engine) operate(op, key string, fn func(tx *bbolt.Tx) error) error {
 	return nil
 }
 
-// Stats counts the records in the file and the engine's work since Open.
+// Stats counts the engine's work since Open, from counters in memory: Stats
+// reads no file and takes no lock. What the file holds is FileStats.
 type Stats struct {
+	// Since Open: records pruned, answers replayed from storage, executions of
+	// fn, and calls refused for a fingerprint mismatch.
+	Pruned, Replays, Executions, Conflicts uint64
+	// Commits made and the writes they carried since Open (their ratio is the
+	// group-commit batch size).
+	Commits, Writes uint64
+}
+
+// Stats returns the engine's counters since Open, at the cost of a few
+// atomic loads; it works after Close too (the final counts). ScanFile
+// counts the records and messages in the file.
+func (e *Engine) Stats() Stats {
+	s := Stats{
+		Pruned: e.n.pruned.Load(), Replays: e.n.replays.Load(),
+		Executions: e.n.executions.Load(), Conflicts: e.n.conflicts.Load(),
+	}
+	s.Commits, s.Writes = e.pipe.Stats()
+	return s
+}
+
+// FileStats counts what the file holds, as ScanFile found it.
+type FileStats struct {
 	// Records by state, inside the retention window.
 	Started, Done int
 	// ExpiredPending counts records past the retention window that the pruner
@@ -1033,12 +1057,6 @@ type Stats struct {
 	ExpiredPending int
 	// Corrupt counts records that fail to decode (see `idem check`).
 	Corrupt int
-	// Since Open: records pruned, answers replayed from storage, executions of
-	// fn, and calls refused for a fingerprint mismatch.
-	Pruned, Replays, Executions, Conflicts uint64
-	// Commits made and the writes they carried since Open (their ratio is the
-	// group-commit batch size).
-	Commits, Writes uint64
 	// FileSize is the bytes of the file in use by bbolt's pages (its
 	// Tx.Size); the file on disk may be larger, preallocated for growth.
 	FileSize int64
@@ -1046,18 +1064,16 @@ type Stats struct {
 	Outbox OutboxStats
 }
 
-// Stats scans the file (one read transaction, linear in the records stored)
-// and returns the counts.
-func (e *Engine) Stats() (Stats, error) {
+// ScanFile reads every record and message of the file (one read
+// transaction, linear in what is stored: for a dashboard or `idem stats`,
+// not for a metrics scrape, which Stats serves) and returns the counts. It
+// fails with ErrClosed after Close.
+func (e *Engine) ScanFile() (FileStats, error) {
 	if err := e.enterOp(); err != nil {
-		return Stats{}, &OpError{Op: "stats", Err: err}
+		return FileStats{}, &OpError{Op: "scan", Err: err}
 	}
 	defer e.calls.Done()
-	s := Stats{
-		Pruned: e.n.pruned.Load(), Replays: e.n.replays.Load(),
-		Executions: e.n.executions.Load(), Conflicts: e.n.conflicts.Load(),
-	}
-	s.Commits, s.Writes = e.pipe.Stats()
+	var s FileStats
 	now := e.now()
 	err := e.db.View(func(tx *bbolt.Tx) error {
 		s.FileSize = tx.Size()
@@ -1078,7 +1094,7 @@ func (e *Engine) Stats() (Stats, error) {
 			return nil
 		})
 	})
-	return s, err
+	return s, opError("scan", "", err)
 }
 
 // Records calls fn for every live record in the file (one read transaction),
@@ -1091,14 +1107,23 @@ func (e *Engine) Records(fn func(r *Record, err error) error) error {
 	}
 	defer e.calls.Done()
 	now := e.now()
-	return e.db.View(func(tx *bbolt.Tx) error {
+	var fnErr error // fn's own error, returned as it is
+	err := e.db.View(func(tx *bbolt.Tx) error {
 		return e.st.forEach(tx, func(r *Record, err error) error {
 			if err == nil && !e.live(r, now) {
 				return nil
 			}
-			return fn(r, err)
+			if err != nil {
+				err = opError("records", r.Key, err)
+			}
+			fnErr = fn(r, err)
+			return fnErr
 		})
 	})
+	if err != nil && err == fnErr {
+		return err
+	}
+	return opError("records", "", err)
 }
 
 // View runs fn in a read-only bbolt transaction over the file, so a program
@@ -1127,7 +1152,7 @@ func (e *Engine) Backup(w io.Writer) (int64, error) {
 		n, err = tx.WriteTo(w)
 		return err
 	})
-	return n, err
+	return n, opError("backup", "", err)
 }
 
 // BackupFile is Backup into a new file at path (created with mode 0600; an
@@ -1136,7 +1161,7 @@ func (e *Engine) Backup(w io.Writer) (int64, error) {
 func (e *Engine) BackupFile(path string) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return &OpError{Op: "backup", Key: path, Err: err}
+		return &OpError{Op: "backup", Path: path, Err: err}
 	}
 	_, err = e.Backup(f)
 	if err == nil {
@@ -1147,7 +1172,10 @@ func (e *Engine) BackupFile(path string) error {
 	}
 	if err != nil {
 		_ = os.Remove(path) // no half-written backup left to be mistaken for one
-		return &OpError{Op: "backup", Key: path, Err: err}
+		if oe, ok := err.(*OpError); ok {
+			err = oe.Err
+		}
+		return &OpError{Op: "backup", Path: path, Err: err}
 	}
 	return nil
 }

@@ -127,7 +127,7 @@ func TestInvalidKeys(t *testing.T) {
 			require.ErrorIs(t, err, idem.ErrInvalidKey)
 		})
 	}
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Zero(t, st.Started+st.Done, "nothing stored")
 
@@ -212,9 +212,9 @@ func TestRecoverRefuseUntilResolved(t *testing.T) {
 	_, err = e.Do(bg, "k", []byte("fp"), mustNotRun(t))
 	require.ErrorIs(t, err, idem.ErrIncomplete)
 
-	require.ErrorIs(t, e.Resolve("missing", nil, "", ""), idem.ErrNotFound)
-	require.NoError(t, e.Resolve("k", []byte("settled by hand"), "", ""))
-	require.ErrorIs(t, e.Resolve("k", nil, "", ""), idem.ErrState)
+	require.ErrorIs(t, e.Resolve("missing", nil, nil), idem.ErrNotFound)
+	require.NoError(t, e.Resolve("k", []byte("settled by hand"), nil))
+	require.ErrorIs(t, e.Resolve("k", nil, nil), idem.ErrState)
 	res, err := e.Do(bg, "k", []byte("fp"), mustNotRun(t))
 	require.NoError(t, err)
 	require.True(t, res.Replayed)
@@ -225,7 +225,7 @@ func TestRecoverRefuseUntilResolved(t *testing.T) {
 func TestResolveWithStoredError(t *testing.T) {
 	e, _ := testkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
 	_, _ = interrupt(e, "k", nil)
-	require.NoError(t, e.Resolve("k", nil, "refunded", "the charge was refunded by hand"))
+	require.NoError(t, e.Resolve("k", nil, &idem.Error{Code: "refunded", Message: "the charge was refunded by hand"}))
 	_, err := e.Do(bg, "k", nil, mustNotRun(t))
 	var ie *idem.Error
 	require.ErrorAs(t, err, &ie)
@@ -364,13 +364,13 @@ func TestStatsCountsRecordsAndWork(t *testing.T) {
 	_, _ = e.Do(bg, "a", []byte("1"), okFn("v"))
 	_, _ = e.Do(bg, "a", []byte("2"), okFn("v"))
 	_, _ = interrupt(e, "b", nil)
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Done)
 	require.Equal(t, 1, st.Started)
-	require.EqualValues(t, 2, st.Executions)
-	require.EqualValues(t, 1, st.Replays)
-	require.EqualValues(t, 1, st.Conflicts)
+	require.EqualValues(t, 2, e.Stats().Executions)
+	require.EqualValues(t, 1, e.Stats().Replays)
+	require.EqualValues(t, 1, e.Stats().Conflicts)
 	require.Positive(t, st.FileSize)
 }
 
@@ -471,7 +471,7 @@ func TestReadOnlyOpen(t *testing.T) {
 	require.True(t, res.Replayed)
 	_, err = ro.Do(bg, "new", nil, mustNotRun(t))
 	require.ErrorIs(t, err, bolterrors.ErrDatabaseReadOnly)
-	st, err := ro.Stats()
+	st, err := ro.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Done)
 	require.NoError(t, ro.Close())
@@ -516,9 +516,9 @@ func TestEngineCallsFromInsideDoTxAreReentrant(t *testing.T) {
 			return err
 		},
 		"Forget":    func() error { return e.Forget("done") },
-		"Resolve":   func() error { return e.Resolve("done", nil, "", "") },
+		"Resolve":   func() error { return e.Resolve("done", nil, nil) },
 		"Prune":     func() error { _, err := e.Prune(context.Background()); return err },
-		"Stats":     func() error { _, err := e.Stats(); return err },
+		"ScanFile":  func() error { _, err := e.ScanFile(); return err },
 		"RetryDead": func() error { return e.RetryDead(1) },
 		"DropDead":  func() error { return e.DropDead(1) },
 	}

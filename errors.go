@@ -3,7 +3,10 @@ package idem
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Input errors: nothing was stored, so the call can be corrected and retried.
@@ -22,53 +25,59 @@ var (
 	// characters). Inner white space is allowed. Get, Forget and Resolve
 	// check only the length and UTF-8, so that records stored under keys an
 	// earlier version accepted stay reachable.
-	ErrInvalidKey = errors.New("idem: invalid idempotency key")
+	ErrInvalidKey = errors.New("invalid idempotency key")
 
 	// ErrFingerprintMismatch is returned when a key is reused with a different
 	// fingerprint, whatever state its record is in (the IETF Idempotency-Key
 	// draft answers this case with HTTP 422). The stored record is untouched.
-	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
+	ErrFingerprintMismatch = errors.New("fingerprint mismatch")
 
 	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered for a
 	// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
 	// ordering key longer than MaxKeyLen bytes or not valid UTF-8. Nothing is
 	// enqueued.
-	ErrInvalidMessage = errors.New("idem: invalid outbox message")
+	ErrInvalidMessage = errors.New("invalid outbox message")
 
 	// ErrReservedBucket is returned by Tx.Bucket for the engine's own bucket name.
-	ErrReservedBucket = errors.New("idem: bucket name is reserved")
+	ErrReservedBucket = errors.New("bucket name is reserved")
 )
 
 // State errors: the key exists but cannot be answered now.
 var (
 	// ErrInProgress is returned, under InFlightFail, while another call with the
 	// same key runs in this process (the IETF draft's HTTP 409).
-	ErrInProgress = errors.New("idem: request in progress")
+	ErrInProgress = errors.New("request in progress")
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
 	// that no live call owns (after a crash, a panic, an error fn returned once
 	// its own context had ended, or a failed commit) under RecoverRefuse, and to
 	// waiters whose leader left such a record behind. Resolve the key with
 	// Engine.Resolve or Forget.
-	ErrIncomplete = errors.New("idem: execution incomplete")
+	ErrIncomplete = errors.New("execution incomplete")
 
 	// ErrRetryable is wrapped by errors made with Retryable: fn promised that its
 	// effect did not happen, the started record was deleted and the key is free
 	// (unless the call recovered an interrupted execution: see Retryable).
-	ErrRetryable = errors.New("idem: retryable")
+	ErrRetryable = errors.New("retryable")
 
 	// ErrResponseTooLarge is returned when fn's response exceeds
 	// Options.MaxResponseSize. The key is done with this error stored: every
 	// replay returns it, fn does not run again, nothing is truncated.
-	ErrResponseTooLarge = errors.New("idem: response too large")
+	ErrResponseTooLarge = errors.New("response too large")
 
-	// ErrNotFound is returned by operator calls (Get, Forget, Resolve) for a key
-	// that has no live record.
-	ErrNotFound = errors.New("idem: record not found")
+	// ErrNotFound is returned by the record operator calls (Get, Forget,
+	// Resolve) for a key that has no live record. Outbox messages have their
+	// own: ErrMessageNotFound.
+	ErrNotFound = errors.New("record not found")
+
+	// ErrMessageNotFound is returned by RetryDead and DropDead for a sequence
+	// number that names no dead letter (none, a pending message, or a dead
+	// letter past its retention).
+	ErrMessageNotFound = errors.New("outbox message not found")
 
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
-	ErrState = errors.New("idem: record in the wrong state")
+	ErrState = errors.New("record in the wrong state")
 )
 
 // InProgressError is the error, wrapped in an *OpError, of a duplicate refused
@@ -94,20 +103,24 @@ func (e *InProgressError) Is(target error) bool { return target == ErrInProgress
 var (
 	// ErrCorrupt is returned for a stored record that fails to decode (bad
 	// checksum, truncated, unknown version). The error names the key.
-	ErrCorrupt = errors.New("idem: corrupt record")
+	ErrCorrupt = errors.New("corrupt record")
 
 	// ErrClosed is returned by every call made after Close.
-	ErrClosed = errors.New("idem: engine closed")
+	ErrClosed = errors.New("engine closed")
+
+	// ErrTxClosed is returned by the methods of a Tx used after its DoTx fn
+	// returned (bbolt's ErrTxClosed is the model); nothing is written.
+	ErrTxClosed = errors.New("Tx used after its fn returned")
 
 	// ErrReentrant is returned for a call that would wait for itself: any call
 	// of the engine from inside a DoTx fn (which holds the file's single
 	// writer), and a call with fn's own key from fn (passing fn's context,
 	// or any context from the goroutine running fn). The error says which.
-	ErrReentrant = errors.New("idem: re-entrant call")
+	ErrReentrant = errors.New("re-entrant call")
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
-	ErrFormat = errors.New("idem: unsupported file format")
+	ErrFormat = errors.New("unsupported file format")
 
 	// ErrFileFull is returned when a commit would grow the file past
 	// Options.MaxSize (bbolt's ErrMaxSizeReached, which it also wraps).
@@ -115,7 +128,7 @@ var (
 	// fit ran no fn; one whose done record did not fit leaves an interrupted
 	// execution. The engine goes on: Prune, Forget and expiry free pages that
 	// later commits reuse.
-	ErrFileFull = errors.New("idem: file reached its maximum size")
+	ErrFileFull = errors.New("file reached its maximum size")
 
 	// ErrStorageFailed is returned when a commit failed to write or sync the
 	// file (an I/O error, a full disk, a failed fsync: the cause is wrapped
@@ -124,23 +137,86 @@ var (
 	// what the file holds, and it fails closed (as PostgreSQL does after an
 	// fsync error). Close the engine and open the file again: Open reads what
 	// reached the disk, and every answer given before the failure is there.
-	ErrStorageFailed = errors.New("idem: storage failed; close and reopen the engine")
+	ErrStorageFailed = errors.New("storage failed; close and reopen the engine")
 )
 
-// OpError reports which operation failed on which key, and why. Err is never
-// nil; errors.Is and errors.As see through it (bbolt's errors included, for
-// example bbolt's ErrTimeout from Open).
+// OpError reports which operation failed on which key, and why; every error
+// the engine composes reaches the caller as one, so its text carries the
+// prefix "idem: " once, as io/fs.PathError and litestream's LTXError do:
+//
+//	idem: do "order-1": fingerprint mismatch
+//	idem: open /var/lib/app.idem: unsupported file format: ...
+//	idem: records: corrupt record: ...
+//
+// The sentinels carry bare text. An error fn returned is the exception: a
+// permanent one comes back as *Error with fn's text (which may hold its own
+// prefix, if it came from another idem call). Err is never nil; errors.Is
+// and errors.As see through it (bbolt's errors included, for example
+// bbolt's ErrTimeout from Open).
 type OpError struct {
-	Op  string // "do", "dotx", "get", "forget", "resolve", "open", ...
-	Key string // the idempotency key, or the file path for "open"
-	Err error
+	// Op is the operation: "do", "dotx", "get", "forget", "resolve", "open",
+	// "backup", "prune", "records", "dispatch", "enqueue", ...
+	Op string
+	// Key is the idempotency key the operation was for, whole; empty for
+	// operations on no key. The text shows a key over 64 bytes as its first
+	// 32 bytes and "…(N bytes)".
+	Key string
+	// Path is the file path, for "open" and "backup" to a file; empty
+	// otherwise.
+	Path string
+	Err  error
 }
 
 func (e *OpError) Error() string {
-	if e.Key == "" {
-		return "idem: " + e.Op + ": " + e.Err.Error()
+	var b strings.Builder
+	b.WriteString("idem: ")
+	b.WriteString(e.Op)
+	if e.Key != "" {
+		b.WriteByte(' ')
+		b.WriteString(quoteKey(e.Key))
 	}
-	return fmt.Sprintf("idem: %s %q: %v", e.Op, e.Key, e.Err)
+	if e.Path != "" {
+		b.WriteByte(' ')
+		b.WriteString(e.Path)
+	}
+	b.WriteString(": ")
+	b.WriteString(e.Err.Error())
+	return b.String()
+}
+
+// quoteKey quotes key for error text: a key over 64 bytes as its first 32
+// bytes (cut at a rune boundary) and "…(N bytes)".
+func quoteKey(key string) string {
+	if len(key) <= 64 {
+		return strconv.Quote(key)
+	}
+	cut := 32
+	for cut > 0 && !utf8.RuneStart(key[cut]) {
+		cut--
+	}
+	return strconv.Quote(key[:cut]) + "…(" + strconv.Itoa(len(key)) + " bytes)"
+}
+
+// opError wraps err for op on key, so that its text carries the prefix once:
+// nil stays nil; fn's stored outcome (*Error) is fn's and stays as it is; an
+// *OpError made deeper down (a decode, a write) takes op and key, so the
+// error reports the operation the caller made.
+func opError(op, key string, err error) error {
+	switch e := err.(type) {
+	case nil:
+		return nil
+	case *Error:
+		return err
+	case *OpError:
+		if e.Op == op && (e.Key == key || key == "") {
+			return err
+		}
+		if key == "" {
+			key = e.Key
+		}
+		return &OpError{Op: op, Key: key, Path: e.Path, Err: e.Err}
+	}
+	return &OpError{Op: op, Key: key, Err: err}
 }
 
 func (e *OpError) Unwrap() error { return e.Err }
@@ -173,12 +249,14 @@ func (e *Error) Unwrap() error { return e.err }
 // Is reports ErrResponseTooLarge for the stored outcome of an oversized
 // response, so the replay matches the sentinel as the first answer did.
 func (e *Error) Is(target error) bool {
-	return target == ErrResponseTooLarge && e.Code == CodeResponseTooLarge
+	return target == ErrResponseTooLarge && e.Code == codeResponseTooLarge
 }
 
-// CodeResponseTooLarge is the Code of the Error stored when fn's response
-// exceeds Options.MaxResponseSize.
-const CodeResponseTooLarge = "idem_response_too_large"
+// codeResponseTooLarge is the Code of the Error stored for an oversized
+// outcome: one over Options.MaxResponseSize, or an error of fn's that wraps
+// ErrResponseTooLarge (an adapter that streamed a response too large to
+// store). Error.Is matches it to ErrResponseTooLarge on replays.
+const codeResponseTooLarge = "idem_response_too_large"
 
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and
@@ -219,11 +297,15 @@ func (e *codedError) Unwrap() error { return e.err }
 func (e *codedError) Code() string  { return e.code }
 
 // errorCode returns the code of the first error in err's chain that has a
-// Code() string method.
+// Code() string method; for an error without one that wraps
+// ErrResponseTooLarge, codeResponseTooLarge, so its replays match it too.
 func errorCode(err error) string {
 	var c interface{ Code() string }
 	if errors.As(err, &c) {
 		return c.Code()
+	}
+	if errors.Is(err, ErrResponseTooLarge) {
+		return codeResponseTooLarge
 	}
 	return ""
 }

@@ -115,14 +115,14 @@ func ExampleEngine_RetryDead() {
 	_, _ = e.DoTx(context.Background(), "order-1", nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		return nil, tx.Enqueue("charge_card", []byte(`{"cents":1200}`))
 	})
-	for s, _ := e.Stats(); s.Outbox.Dead == 0; s, _ = e.Stats() {
+	for s, _ := e.ScanFile(); s.Outbox.Dead == 0; s, _ = e.ScanFile() {
 		time.Sleep(time.Millisecond) // the dispatcher works in the background
 	}
 
 	var dead []uint64
 	_ = e.Messages(func(m *idem.Message, err error) error {
 		if err == nil && m.Dead {
-			fmt.Printf("dead letter %d: %s %s after %d attempt(s): %s\n", m.Seq, m.Topic, m.DownstreamKey, m.Attempt, m.LastError)
+			fmt.Printf("dead letter %d: %s %s after %d attempt(s): %s\n", m.Seq, m.Topic, m.DownstreamKey, m.Failures, m.LastError)
 			dead = append(dead, m.Seq)
 		}
 		return nil

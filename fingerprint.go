@@ -19,13 +19,13 @@ import (
 func Fingerprint(args any) ([]byte, error) {
 	raw, err := json.Marshal(args)
 	if err != nil {
-		return nil, fmt.Errorf("idem: fingerprint: %w", err)
+		return nil, &OpError{Op: "fingerprint", Err: err}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.UseNumber()
 	var v any
 	if err := dec.Decode(&v); err != nil {
-		return nil, fmt.Errorf("idem: fingerprint: %w", err)
+		return nil, &OpError{Op: "fingerprint", Err: err}
 	}
 	// encoding/json writes map keys sorted, so a round trip through
 	// map[string]any is canonical.
@@ -40,7 +40,7 @@ func DoJSON[T any](ctx context.Context, e *Engine, key string, args any, fn func
 	var zero T
 	fp, err := Fingerprint(args)
 	if err != nil {
-		return zero, Result{}, &OpError{Op: "do", Key: key, Err: err}
+		return zero, Result{}, opError("do", key, err)
 	}
 	res, err := e.Do(ctx, key, fp, func(ctx context.Context) ([]byte, error) {
 		v, ferr := fn(ctx)
@@ -49,7 +49,7 @@ func DoJSON[T any](ctx context.Context, e *Engine, key string, args any, fn func
 		}
 		b, merr := json.Marshal(v)
 		if merr != nil {
-			return nil, fmt.Errorf("idem: encode response: %w", merr)
+			return nil, fmt.Errorf("encode response: %w", merr)
 		}
 		return b, nil
 	})

@@ -171,7 +171,7 @@ func FuzzAPI(f *testing.F) {
 				}
 			case 3: // Resolve
 				want := live(key)
-				err := e.Resolve(key, []byte("resolved"), "", "")
+				err := e.Resolve(key, []byte("resolved"), nil)
 				switch {
 				case want == nil:
 					if !errors.Is(err, idem.ErrNotFound) {

@@ -132,7 +132,7 @@ func TestResponseAfterFnsContextEndedIsAnOutcome(t *testing.T) {
 				require.Equal(t, idem.StateDone, r.State)
 				if size > 8 {
 					require.ErrorIs(t, err, idem.ErrResponseTooLarge)
-					require.Equal(t, idem.CodeResponseTooLarge, r.Err.Code)
+					require.ErrorIs(t, r.Err, idem.ErrResponseTooLarge)
 				} else {
 					require.NoError(t, err)
 					require.Len(t, r.Response, size)

@@ -63,13 +63,13 @@ func TestKeyRules(t *testing.T) {
 				err := call(e, key)
 				require.ErrorIs(t, err, idem.ErrInvalidKey, "%s: %q", name, key)
 			}
-			s, err := e.Stats()
+			s, err := e.ScanFile()
 			require.NoError(t, err)
 			require.Zero(t, s.Started+s.Done, "a refused key stores nothing")
 			for name, key := range accepted {
 				require.NoError(t, call(e, key), "%s: %q", name, key)
 			}
-			s, err = e.Stats()
+			s, err = e.ScanFile()
 			require.NoError(t, err)
 			require.Equal(t, len(accepted), s.Done)
 		})
@@ -97,7 +97,7 @@ func TestOperatorCallsReachKeysStoredBefore(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrInvalidKey, "%q: a new call with the key is refused", key)
 	}
 
-	require.NoError(t, e.Resolve("\ufeff", []byte("resolved"), "", ""))
+	require.NoError(t, e.Resolve("\ufeff", []byte("resolved"), nil))
 	r, err := e.Get("\ufeff")
 	require.NoError(t, err)
 	require.Equal(t, idem.StateDone, r.State)
@@ -117,7 +117,7 @@ func TestOperatorCallsReachKeysStoredBefore(t *testing.T) {
 		_, err := e.Get(key)
 		require.ErrorIs(t, err, idem.ErrInvalidKey, "%q: no version stored such a key", key)
 		require.ErrorIs(t, e.Forget(key), idem.ErrInvalidKey)
-		require.ErrorIs(t, e.Resolve(key, nil, "", ""), idem.ErrInvalidKey)
+		require.ErrorIs(t, e.Resolve(key, nil, nil), idem.ErrInvalidKey)
 	}
 }
 

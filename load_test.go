@@ -62,7 +62,7 @@ func TestLoadTenThousandKeys(t *testing.T) {
 		require.NoError(t, err)
 	}
 	require.EqualValues(t, 10000, ran.Load())
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 10000, st.Done)
 }

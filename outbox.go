@@ -21,30 +21,30 @@ import (
 	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
-	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
 
-// Defaults for the zero values of OutboxOptions.
+// Defaults for the zero values of OutboxOptions, each named DefaultOutbox and
+// its field.
 const (
 	// DefaultOutboxWorkers bounds the handlers running at once.
 	DefaultOutboxWorkers = 16
-	// DefaultBaseBackoff is the wait after a message's first failed attempt.
-	DefaultBaseBackoff = time.Second
-	// DefaultMaxBackoff caps the wait between two attempts.
-	DefaultMaxBackoff = 10 * time.Minute
-	// DefaultMaxAttempts is the number of failed attempts after which a
+	// DefaultOutboxBaseBackoff is the wait after a message's first failed attempt.
+	DefaultOutboxBaseBackoff = time.Second
+	// DefaultOutboxMaxBackoff caps the wait between two attempts.
+	DefaultOutboxMaxBackoff = 10 * time.Minute
+	// DefaultOutboxMaxAttempts is the number of failed attempts after which a
 	// message becomes a dead letter. With the default backoff, the last
 	// attempt comes between about 53 minutes and 1 hour 47 minutes after the
 	// first.
-	DefaultMaxAttempts = 20
-	// DefaultDeadLetterRetention is how long a dead letter is kept.
-	DefaultDeadLetterRetention = 7 * 24 * time.Hour
-	// DefaultPollInterval is the longest the dispatcher sleeps while a
+	DefaultOutboxMaxAttempts = 20
+	// DefaultOutboxDeadLetterRetention is how long a dead letter is kept.
+	DefaultOutboxDeadLetterRetention = 7 * 24 * time.Hour
+	// DefaultOutboxPollInterval is the longest the dispatcher sleeps while a
 	// message waits for its backoff.
-	DefaultPollInterval = time.Second
+	DefaultOutboxPollInterval = time.Second
 )
 
 const (
@@ -55,13 +55,36 @@ const (
 // OutboxOptions configure the outbox dispatcher (see Tx.Enqueue). The zero
 // value of every field means its default.
 type OutboxOptions struct {
-	// Dispatch starts the dispatcher at Open, in the background, until Close.
-	// False (the default) leaves it to Engine.Dispatch. One dispatcher runs
-	// per engine.
+	// Dispatch starts the dispatcher at Open, in the background, until Close
+	// (never on a ReadOnly open). False (the default) leaves the messages in
+	// the file, for a later Open with Dispatch set (or for `idem outbox`).
+	// The dispatcher delivers the outbox's messages to their handlers, at
+	// least once each:
+	//
+	//   - In enqueue order per ordering key, one at a time: a message is
+	//     handed to its handler only after the previous one of its ordering
+	//     key was delivered and removed, or died. A message waiting for its
+	//     retry, or for a handler, holds back the later ones of its key; a
+	//     dead letter does not (they overtake it). Messages of different
+	//     ordering keys run in parallel, up to Workers.
+	//   - A handler's error retries the message after an exponential backoff
+	//     with jitter (BaseBackoff, MaxBackoff); after MaxAttempts failed
+	//     attempts it becomes a dead letter (Engine.Messages, RetryDead,
+	//     DropDead).
+	//   - A delivered message is removed in a commit of its own; if the
+	//     process dies between the handler's return and that commit, the
+	//     message is delivered again after the restart, with the same
+	//     DownstreamKey.
+	//
+	// It wakes on every commit, so a message is dispatched right after the
+	// DoTx that enqueued it commits. Close cancels the context of running
+	// handlers and waits for them.
 	Dispatch bool
 
-	// Handlers are the handlers by topic, as if registered with Engine.Handle
-	// before the dispatcher starts. The map is copied at Open.
+	// Handlers are the handlers by topic, fixed at Open (the map is copied).
+	// Messages of a topic without a handler wait in the outbox
+	// (OutboxStats.Waiting), holding back the later messages of their
+	// ordering key, until an Open with a handler for it.
 	Handlers map[string]Handler
 
 	// Workers bounds the handlers running at once (of different ordering
@@ -73,11 +96,11 @@ type OutboxOptions struct {
 	// doubles after each further failure, up to MaxBackoff (raised to
 	// BaseBackoff if lower). Each wait w is jittered uniformly into
 	// [w/2, w). Wall-clock, measured with Options.Now. Zero means
-	// DefaultBaseBackoff and DefaultMaxBackoff respectively.
+	// DefaultOutboxBaseBackoff and DefaultOutboxMaxBackoff respectively.
 	BaseBackoff, MaxBackoff time.Duration
 
 	// MaxAttempts is the number of failed attempts after which a message
-	// becomes a dead letter. Zero means DefaultMaxAttempts; a negative value
+	// becomes a dead letter. Zero means DefaultOutboxMaxAttempts; a negative value
 	// retries forever.
 	MaxAttempts int
 
@@ -85,18 +108,18 @@ type OutboxOptions struct {
 	// (wall-clock, Options.Now) before the pruner deletes it; like
 	// Options.Retention it is a floor, and an expired dead letter is absent
 	// to Messages and RetryDead at once. Zero means
-	// DefaultDeadLetterRetention. It is recorded with each dead letter when it
+	// DefaultOutboxDeadLetterRetention. It is recorded with each dead letter when it
 	// dies (Message.DeadLetterRetention): a later Open with a shorter one, or
 	// `idem prune`, does not expire it early; a longer one lengthens it.
 	DeadLetterRetention time.Duration
 
 	// PollInterval is the longest the dispatcher sleeps (real time) while a
 	// message waits for its backoff; it wakes at once on every commit. Zero
-	// means DefaultPollInterval.
+	// means DefaultOutboxPollInterval.
 	PollInterval time.Duration
 }
 
-// OutboxStats counts outbox messages, as Engine.Stats returns them.
+// OutboxStats counts outbox messages, as Engine.ScanFile returns them (FileStats.Outbox).
 type OutboxStats struct {
 	// Pending counts the messages not delivered yet and not dead: the
 	// outbox's length. Retrying and Waiting are among them.
@@ -148,10 +171,13 @@ type Message struct {
 	// Payload is the bytes given to Enqueue (nil and empty differ). The
 	// handler owns its copy.
 	Payload []byte
-	// Attempt counts delivery attempts: in a handler, the one in progress
-	// (1 on the first delivery); in Messages, the failed attempts so far.
-	// An attempt cut short by a crash is not counted.
+	// Attempt is, in a handler, the delivery attempt in progress: 1 on the
+	// first delivery, Failures+1. Zero in Messages.
 	Attempt int
+	// Failures counts the failed delivery attempts recorded so far (a
+	// handler's error or panic); an attempt cut short by a crash or by the
+	// end of Dispatch is not counted. RetryDead resets it to 0.
+	Failures int
 	// EnqueuedAt is when the call enqueued it (engine clock).
 	EnqueuedAt time.Time
 
@@ -169,7 +195,7 @@ type Message struct {
 	// this long after DeadAt (or a later Open's longer retention), whatever a
 	// later Open passes. Zero for a message that is not dead, and for a dead
 	// letter that died before the file recorded it (format version 1), which
-	// lives at least DefaultDeadLetterRetention.
+	// lives at least DefaultOutboxDeadLetterRetention.
 	DeadLetterRetention time.Duration
 }
 
@@ -206,13 +232,13 @@ func (t *Tx) Enqueue(topic string, payload []byte) error {
 // MaxKeyLen bytes of UTF-8, else ErrInvalidMessage.
 func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if t.tx == nil {
-		return fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
 	switch {
 	case topic == "" || len(topic) > maxTopicLen || !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)
+		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)}
 	case len(orderingKey) > MaxKeyLen || !utf8.ValidString(orderingKey):
-		return fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)
+		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)}
 	}
 	if orderingKey == "" {
 		orderingKey = t.key
@@ -220,82 +246,15 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	b := outboxBucket(t.tx)
 	seq, err := b.NextSequence()
 	if err != nil {
-		return err
+		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	m := &Message{Seq: seq, Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
 		Payload: payload, EnqueuedAt: t.e.now()}
 	if err := b.Put(layout.U64(seq), encodeMessage(nil, m)); err != nil {
-		return err
+		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	t.msgs++
 	return nil
-}
-
-// Handle registers h for topic's messages, replacing the previous handler; a
-// nil h removes it. Messages of a topic without a handler wait in the outbox
-// (OutboxStats.Waiting), holding back the later messages of their ordering
-// key; a running dispatcher delivers them as soon as a handler is registered.
-func (e *Engine) Handle(topic string, h Handler) {
-	ob := e.outbox()
-	ob.mu.Lock()
-	if h == nil {
-		delete(ob.handlers, topic)
-	} else {
-		ob.handlers[topic] = h
-	}
-	ob.mu.Unlock()
-	ob.recheck.Store(true)
-	ob.signal()
-}
-
-// Dispatch runs the dispatcher in the calling goroutine until ctx ends (it
-// returns ctx.Err()) or the engine closes (ErrClosed). It delivers the
-// outbox's messages to their handlers, at least once each:
-//
-//   - In enqueue order per ordering key, one at a time: a message is handed to
-//     its handler only after the previous one of its ordering key was
-//     delivered and removed, or died. A message waiting for its retry, or for
-//     a handler, holds back the later ones of its key; a dead letter does not
-//     (they overtake it). Messages of different ordering keys run in parallel,
-//     up to OutboxOptions.Workers.
-//   - A handler's error retries the message after an exponential backoff with
-//     jitter (OutboxOptions.BaseBackoff, MaxBackoff); after MaxAttempts failed
-//     attempts it becomes a dead letter (Messages, RetryDead, DropDead).
-//   - A delivered message is removed in a commit of its own; if the process
-//     dies between the handler's return and that commit, the message is
-//     delivered again after the restart, with the same DownstreamKey.
-//
-// It wakes on every commit, so a message is dispatched right after the DoTx
-// that enqueued it commits. Only one dispatcher runs per engine: a second
-// Dispatch, or Dispatch with OutboxOptions.Dispatch set, fails with an error
-// wrapping ErrInProgress; called from inside a DoTx fn it returns
-// ErrReentrant; on a file opened ReadOnly, bbolt's ErrDatabaseReadOnly. On
-// return every handler it started has returned.
-func (e *Engine) Dispatch(ctx context.Context) error {
-	if err := e.reentrant(ctx, ""); err != nil {
-		return &OpError{Op: "dispatch", Err: err}
-	}
-	if err := e.enterOp(); err != nil {
-		return &OpError{Op: "dispatch", Err: err}
-	}
-	defer e.calls.Done()
-	if e.opts.ReadOnly {
-		return &OpError{Op: "dispatch", Err: fmt.Errorf("the file is open read-only: %w", bolterrors.ErrDatabaseReadOnly)}
-	}
-	ob := e.outbox()
-	if !ob.running.CompareAndSwap(false, true) {
-		return &OpError{Op: "dispatch", Err: fmt.Errorf("%w: a dispatcher is already running", ErrInProgress)}
-	}
-	defer ob.running.Store(false)
-	dctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(e.ctx, cancel)
-	defer stop()
-	e.dispatch(dctx)
-	if e.ctx.Err() != nil {
-		return &OpError{Op: "dispatch", Err: ErrClosed}
-	}
-	return ctx.Err()
 }
 
 // Messages calls fn for every message in the file, in one read transaction:
@@ -311,7 +270,8 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	}
 	defer e.calls.Done()
 	now := e.now()
-	return e.db.View(func(tx *bbolt.Tx) error {
+	var fnErr error // fn's own error, returned as it is
+	err := e.db.View(func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
 			b := outboxBucket(tx)
 			if dead {
@@ -323,22 +283,27 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 				m, err := decodeMessage(seq, v)
 				if err != nil {
 					m = &Message{Seq: seq, Dead: dead}
+					err = opError("messages", "", err)
 				} else if dead && e.deadExpired(m, now) {
 					continue
 				}
-				if err := fn(m, err); err != nil {
-					return err
+				if fnErr = fn(m, err); fnErr != nil {
+					return fnErr
 				}
 			}
 		}
 		return nil
 	})
+	if err != nil && err == fnErr {
+		return err
+	}
+	return opError("messages", "", err)
 }
 
 // RetryDead puts dead letter seq back in the outbox at its old place: its
 // attempt count starts again from 0, and as the oldest message of its
 // ordering key it is delivered before that key's later pending messages. It
-// fails with ErrNotFound if seq is not a dead letter (or expired), with
+// fails with ErrMessageNotFound if seq is not a dead letter (or expired), with
 // ErrCorrupt if it does not decode. Like every engine call, it returns
 // ErrReentrant from inside a DoTx fn (which holds the writer).
 func (e *Engine) RetryDead(seq uint64) error {
@@ -346,16 +311,16 @@ func (e *Engine) RetryDead(seq uint64) error {
 		k := layout.U64(seq)
 		v := deadBucket(tx).Get(k)
 		if v == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
 		m, err := decodeMessage(seq, v)
 		if err != nil {
 			return err
 		}
 		if e.deadExpired(m, e.now()) {
-			return fmt.Errorf("message %d: %w (expired)", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
 		}
-		m.Attempt, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
+		m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
 		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
 			return err
 		}
@@ -370,12 +335,12 @@ func (e *Engine) RetryDead(seq uint64) error {
 }
 
 // DropDead deletes dead letter seq, also one that fails to decode. It fails
-// with ErrNotFound if seq is not a dead letter.
+// with ErrMessageNotFound if seq is not a dead letter.
 func (e *Engine) DropDead(seq uint64) error {
 	return e.operateDead("drop dead", func(tx *bbolt.Tx) error {
 		k := layout.U64(seq)
 		if deadBucket(tx).Get(k) == nil {
-			return fmt.Errorf("message %d: %w", seq, ErrNotFound)
+			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
 		return deadBucket(tx).Delete(k)
 	})
@@ -399,13 +364,10 @@ func (e *Engine) operateDead(op string, fn func(tx *bbolt.Tx) error) error {
 type outbox struct {
 	opts OutboxOptions // defaults applied
 
-	mu       sync.RWMutex
-	handlers map[string]Handler
+	handlers map[string]Handler // fixed at Open: read without a lock
 
-	wake    chan struct{} // capacity 1: commits, Handle, RetryDead
-	rescan  atomic.Bool   // reload the whole outbox (RetryDead put an old seq back)
-	recheck atomic.Bool   // handlers changed: look at the waiting messages again
-	running atomic.Bool   // a dispatcher runs
+	wake   chan struct{} // capacity 1: commits, RetryDead
+	rescan atomic.Bool   // reload the whole outbox (RetryDead put an old seq back)
 
 	delivered atomic.Uint64
 	loops     atomic.Uint64 // passes of the dispatcher's loop: tests count them
@@ -420,11 +382,7 @@ func (ob *outbox) signal() {
 	}
 }
 
-func (ob *outbox) handler(topic string) Handler {
-	ob.mu.RLock()
-	defer ob.mu.RUnlock()
-	return ob.handlers[topic]
-}
+func (ob *outbox) handler(topic string) Handler { return ob.handlers[topic] }
 
 // startOutbox sets up the outbox state and starts the background dispatcher
 // if the options ask for it.
@@ -434,22 +392,22 @@ func (e *Engine) startOutbox() error {
 		o.Workers = DefaultOutboxWorkers
 	}
 	if o.BaseBackoff <= 0 {
-		o.BaseBackoff = DefaultBaseBackoff
+		o.BaseBackoff = DefaultOutboxBaseBackoff
 	}
 	if o.MaxBackoff <= 0 {
-		o.MaxBackoff = DefaultMaxBackoff
+		o.MaxBackoff = DefaultOutboxMaxBackoff
 	}
 	if o.MaxBackoff < o.BaseBackoff {
 		o.MaxBackoff = o.BaseBackoff
 	}
 	if o.MaxAttempts == 0 {
-		o.MaxAttempts = DefaultMaxAttempts
+		o.MaxAttempts = DefaultOutboxMaxAttempts
 	}
 	if o.DeadLetterRetention <= 0 {
-		o.DeadLetterRetention = DefaultDeadLetterRetention
+		o.DeadLetterRetention = DefaultOutboxDeadLetterRetention
 	}
 	if o.PollInterval <= 0 {
-		o.PollInterval = DefaultPollInterval
+		o.PollInterval = DefaultOutboxPollInterval
 	}
 	ob := &outbox{handlers: make(map[string]Handler, len(o.Handlers)), wake: make(chan struct{}, 1)}
 	for topic, h := range o.Handlers {
@@ -461,7 +419,6 @@ func (e *Engine) startOutbox() error {
 	ob.opts = o
 	e.ob = ob
 	if o.Dispatch {
-		ob.running.Store(true)
 		e.bg.Add(1)
 		go func() {
 			defer e.bg.Done()
@@ -479,7 +436,7 @@ func (e *Engine) committed() {
 	}
 }
 
-// outboxStats counts the messages in tx for Engine.Stats.
+// outboxStats counts the messages in tx for Engine.ScanFile.
 func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	ob := e.outbox()
 	s.Delivered = ob.delivered.Load()
@@ -492,7 +449,7 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 			return nil
 		}
 		s.Pending++
-		if m.Attempt > 0 {
+		if m.Failures > 0 {
 			s.Retrying++
 		}
 		if ob.handler(m.Topic) == nil {
@@ -517,10 +474,10 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 }
 
 // deadExpired reports whether dead letter m is past its retention at now:
-// the longer of the one it died under (DefaultDeadLetterRetention if the file
+// the longer of the one it died under (DefaultOutboxDeadLetterRetention if the file
 // did not record it) and this engine's.
 func (e *Engine) deadExpired(m *Message, now time.Time) bool {
-	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultDeadLetterRetention), e.outbox().opts.DeadLetterRetention)))
+	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultOutboxDeadLetterRetention), e.outbox().opts.DeadLetterRetention)))
 }
 
 // pruneDeadLetters deletes the dead letters past their retention, in
@@ -629,12 +586,6 @@ func (e *Engine) dispatch(ctx context.Context) {
 		if load {
 			load = false
 			d.load()
-		}
-		if ob.recheck.Swap(false) {
-			for ok := range d.waiting {
-				delete(d.waiting, ok)
-				d.consider(ok)
-			}
 		}
 		d.fireTimers()
 		d.dispatchReady()
@@ -803,7 +754,7 @@ func (d *dispatcher) dispatchReady() {
 			d.remove(ok, seq)
 			continue
 		}
-		m.Attempt++ // the one in progress
+		m.Attempt = m.Failures + 1 // the one in progress
 		q.busy, q.gen = true, d.gen
 		d.busy++
 		d.wg.Add(1)
@@ -897,7 +848,7 @@ func (d *dispatcher) call(h Handler, m Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			d.e.log.Warn("idem: outbox handler panicked", "topic", m.Topic, "seq", m.Seq)
-			err = fmt.Errorf("idem: handler panicked: %v\n\n%s", v, debug.Stack())
+			err = fmt.Errorf("handler panicked: %v\n\n%s", v, debug.Stack())
 		}
 	}()
 	return h(d.ctx, m)
@@ -926,9 +877,9 @@ func (e *Engine) recordFailure(seq uint64, herr error) (next time.Time, removed 
 			removed = true
 			return moveRaw(tx, k)
 		}
-		m.Attempt++
+		m.Failures++
 		m.LastError = msg
-		if o.MaxAttempts > 0 && m.Attempt >= o.MaxAttempts {
+		if o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
 			removed = true
 			m.NextAttemptAt, m.Dead, m.DeadAt = time.Time{}, true, now
 			m.DeadLetterRetention = o.DeadLetterRetention
@@ -937,7 +888,7 @@ func (e *Engine) recordFailure(seq uint64, herr error) (next time.Time, removed 
 			}
 			return ob.Delete(k)
 		}
-		next = now.Add(e.backoff(m.Attempt, jitter))
+		next = now.Add(e.backoff(m.Failures, jitter))
 		m.NextAttemptAt = next
 		return ob.Put(k, encodeMessage(nil, m))
 	})
@@ -1059,7 +1010,7 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	}
 	dst = append(dst, messageVersion, flags)
 	dst = binary.AppendUvarint(dst, uint64(m.Index))
-	dst = binary.AppendUvarint(dst, uint64(m.Attempt))
+	dst = binary.AppendUvarint(dst, uint64(m.Failures))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.EnqueuedAt)))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.NextAttemptAt)))
 	dead := int64(0)
@@ -1113,7 +1064,7 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 	if len(rest) < 24 {
 		return nil, corrupt("truncated times")
 	}
-	m := &Message{Seq: seq, Index: int(vals[0]), Attempt: int(vals[1])}
+	m := &Message{Seq: seq, Index: int(vals[0]), Failures: int(vals[1])}
 	m.EnqueuedAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest)))
 	m.NextAttemptAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest[8:])))
 	if dead := int64(binary.LittleEndian.Uint64(rest[16:])); dead != 0 {

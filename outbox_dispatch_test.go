@@ -98,7 +98,7 @@ func TestOutboxPanickingHandler(t *testing.T) {
 	obCall(t, e, "order-2", obMsg{"works", "", "w"})
 	obWait(t, "the panic recorded as a failed attempt and the other message delivered", nil, func() bool {
 		ms := obMessages(t, e)
-		return obStats(t, e).Delivered == 1 && len(ms) == 1 && ms[0].Attempt == 1
+		return obStats(t, e).Delivered == 1 && len(ms) == 1 && ms[0].Failures == 1
 	})
 	m := obMessages(t, e)[0]
 	require.Equal(t, "order-1/0", m.DownstreamKey)
@@ -129,7 +129,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 	obCall(t, e, "order-2", obMsg{"t", "", "2"})
 	obWait(t, "both first attempts failed", nil, func() bool {
 		ms := obMessages(t, e)
-		return len(ms) == 2 && ms[0].Attempt == 1 && ms[1].Attempt == 1
+		return len(ms) == 2 && ms[0].Failures == 1 && ms[1].Failures == 1
 	})
 	ms := obMessages(t, e)
 	slices.SortFunc(ms, func(a, b *idem.Message) int { return a.NextAttemptAt.Compare(b.NextAttemptAt) })
@@ -143,7 +143,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 		left := obMessages(t, e)
 		require.Len(t, left, 1, "the later timer has not fired: its time has not come")
 		require.Equal(t, second.DownstreamKey, left[0].DownstreamKey)
-		require.Equal(t, 1, left[0].Attempt)
+		require.Equal(t, 1, left[0].Failures)
 	}
 	clock.Advance(second.NextAttemptAt.Sub(clock.Now()))
 	obWait(t, "the later timer fired", nil, func() bool { return obStats(t, e).Delivered == 2 })

@@ -20,8 +20,8 @@ func TestMessageEncodingRoundTrip(t *testing.T) {
 		{"empty payload", Message{Topic: "charge_card", Key: "order-1", OrderingKey: "order-1", Payload: []byte{}}},
 		{"ordering key", Message{Topic: "refund", Key: "r-1", OrderingKey: "order-7", Index: 3, Payload: []byte("x")}},
 		{"retrying", Message{Topic: "t", Key: "k", OrderingKey: "k", Attempt: 4, NextAttemptAt: at, LastError: "gateway timeout"}},
-		{"dead", Message{Topic: "t", Key: "k", OrderingKey: "k", Attempt: 9, Dead: true, DeadAt: at, LastError: "boom"}},
-		{"dead with its retention", Message{Topic: "t", Key: "k", OrderingKey: "k", Attempt: 1, Dead: true, DeadAt: at, DeadLetterRetention: 30 * 24 * time.Hour}},
+		{"dead", Message{Topic: "t", Key: "k", OrderingKey: "k", Failures: 9, Dead: true, DeadAt: at, LastError: "boom"}},
+		{"dead with its retention", Message{Topic: "t", Key: "k", OrderingKey: "k", Failures: 1, Dead: true, DeadAt: at, DeadLetterRetention: 30 * 24 * time.Hour}},
 		{"large", Message{Topic: strings.Repeat("t", 255), Key: strings.Repeat("k", 255), OrderingKey: "o", Index: 1 << 20, Payload: bytes.Repeat([]byte{0xff}, 1<<16)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -35,7 +35,7 @@ func TestMessageEncodingRoundTrip(t *testing.T) {
 			if got.Seq != want.Seq || got.Topic != want.Topic || got.Key != want.Key || got.Index != want.Index ||
 				got.DownstreamKey != want.DownstreamKey || got.OrderingKey != want.OrderingKey ||
 				!bytes.Equal(got.Payload, want.Payload) || (got.Payload == nil) != (want.Payload == nil) ||
-				got.Attempt != want.Attempt || !got.EnqueuedAt.Equal(want.EnqueuedAt) ||
+				got.Failures != want.Failures || !got.EnqueuedAt.Equal(want.EnqueuedAt) ||
 				!got.NextAttemptAt.Equal(want.NextAttemptAt) || got.LastError != want.LastError ||
 				got.Dead != want.Dead || !got.DeadAt.Equal(want.DeadAt) || got.DeadLetterRetention != want.DeadLetterRetention {
 				t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
@@ -71,7 +71,7 @@ func TestMessageDecodeCorrupt(t *testing.T) {
 func FuzzDecodeMessage(f *testing.F) {
 	f.Add(encodeMessage(nil, &Message{Topic: "t", Key: "k", OrderingKey: "k"}))
 	f.Add(encodeMessage(nil, &Message{Topic: "charge_card", Key: "order-1", OrderingKey: "o", Index: 2,
-		Payload: []byte(`{"cents":1200}`), Attempt: 3, LastError: "timeout", EnqueuedAt: time.Unix(1, 0)}))
+		Payload: []byte(`{"cents":1200}`), Failures: 3, LastError: "timeout", EnqueuedAt: time.Unix(1, 0)}))
 	f.Add(encodeMessage(nil, &Message{Topic: "t", Key: "k", OrderingKey: "k", Dead: true, DeadAt: time.Unix(5, 0)}))
 	f.Add(encodeMessage(nil, &Message{Topic: "t", Key: "k", OrderingKey: "k", Dead: true, DeadAt: time.Unix(5, 0), DeadLetterRetention: time.Hour}))
 	f.Add([]byte{1, 0})

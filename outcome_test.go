@@ -301,7 +301,7 @@ func TestOutcome_ResponseLargerThanLimit(t *testing.T) {
 	r := record(t, e, "k")
 	require.Equal(t, idem.StateDone, r.State)
 	require.Nil(t, r.Response)
-	require.Equal(t, idem.CodeResponseTooLarge, r.Err.Code)
+	require.ErrorIs(t, r.Err, idem.ErrResponseTooLarge)
 
 	require.NoError(t, e.Close())
 	e2, err := idem.Open(path, &idem.Options{MaxResponseSize: 8})

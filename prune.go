@@ -34,7 +34,8 @@ func (e *Engine) Prune(ctx context.Context) (int, error) {
 		return 0, &OpError{Op: "prune", Err: err}
 	}
 	defer e.calls.Done()
-	return e.prune(ctx)
+	n, err := e.prune(ctx)
+	return n, opError("prune", "", err)
 }
 
 // expiredSlot is a slot the pruner found past its window.

@@ -28,7 +28,7 @@ func TestRetentionWithFakeClock(t *testing.T) {
 	clock.Advance(time.Nanosecond)
 	_, err = e.Get("k")
 	require.ErrorIs(t, err, idem.ErrNotFound, "expired at the window's end, before any prune")
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.ExpiredPending)
 	require.Zero(t, st.Done)
@@ -39,10 +39,10 @@ func TestRetentionWithFakeClock(t *testing.T) {
 	n, err := e.Prune(bg)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
-	st, err = e.Stats()
+	st, err = e.ScanFile()
 	require.NoError(t, err)
 	require.Zero(t, st.ExpiredPending)
-	require.EqualValues(t, 1, st.Pruned)
+	require.EqualValues(t, 1, e.Stats().Pruned)
 
 	res, err = e.Do(bg, "k", []byte("another request"), okFn("second"))
 	require.NoError(t, err, "the key is new afterwards")
@@ -66,10 +66,10 @@ func TestPruneNeverDropsALiveRecord(t *testing.T) {
 		}
 		clock.Advance(time.Minute)
 	}
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 59, st.Done, "the clock ended a minute after the last call: minutes 121-179 are live")
-	require.Positive(t, st.Pruned)
+	require.Positive(t, e.Stats().Pruned)
 	require.LessOrEqual(t, st.ExpiredPending, 61, "reclaimed within one slot width (60 records) of expiring, plus the minute since the last prune")
 }
 
@@ -109,8 +109,7 @@ func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
 	require.NoError(t, err)
 	clock.Advance(3 * time.Minute)
 	require.Eventually(t, func() bool {
-		st, err := e.Stats()
-		return err == nil && st.Pruned == 1
+		return e.Stats().Pruned == 1
 	}, 10*time.Second, time.Millisecond)
 	require.NoError(t, e.Close()) // goleak in TestMain checks that it stopped
 }
@@ -155,9 +154,9 @@ func TestConcurrentPrunesTakeTurns(t *testing.T) {
 		// add up to more than the records that expired, or one would fail.
 		require.Equal(t, perRound, sum, "round %d: each expired record is pruned by exactly one prune", round)
 	}
-	s, err := e.Stats()
+	s, err := e.ScanFile()
 	require.NoError(t, err)
-	require.EqualValues(t, rounds*perRound, s.Pruned)
+	require.EqualValues(t, rounds*perRound, e.Stats().Pruned)
 	require.Zero(t, s.Done+s.Started+s.ExpiredPending)
 }
 
@@ -184,7 +183,7 @@ func TestRetentionChangeBetweenOpens(t *testing.T) {
 	res, err = e.Do(bg, "interrupted", nil, okFn("recovered"))
 	require.NoError(t, err)
 	require.Equal(t, 2, res.Attempt)
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 2, st.Done, "the recovered key kept one version")
 	require.Zero(t, st.Started)

@@ -7,6 +7,8 @@ import (
 	"hash/crc32"
 	"math"
 	"time"
+
+	"github.com/idemkit/idem/internal/layout"
 )
 
 // State is the state of a stored record.
@@ -29,17 +31,6 @@ func (s State) String() string {
 		return "done"
 	}
 	return fmt.Sprintf("State(%d)", uint8(s))
-}
-
-// ParseState is the inverse of State.String ("started", "done").
-func ParseState(s string) (State, error) {
-	switch s {
-	case "started":
-		return StateStarted, nil
-	case "done":
-		return StateDone, nil
-	}
-	return 0, fmt.Errorf("idem: unknown state %q (want started or done)", s)
 }
 
 // Record is the stored outcome of one idempotency key, as Get returns it.
@@ -75,15 +66,12 @@ type Record struct {
 	KeptUntilResolved bool
 }
 
-// ExpiresAt is when the record leaves the retention window: the longer of
-// r.Retention and retention (pass 0 for the record's own) after it completed,
-// or after it started for a started record; the zero time (never) for a
-// started record kept until resolved.
-func (r *Record) ExpiresAt(retention time.Duration) time.Time {
-	if r.State == StateStarted && r.KeptUntilResolved {
-		return time.Time{}
-	}
-	return slotTime(r).Add(max(r.Retention, retention))
+// expiresAt is when r leaves the retention window (layout.Expiry): the
+// longer of r.Retention and retention after it completed, or after it
+// started for a started record; the zero time (never) for a started record
+// kept until resolved.
+func (r *Record) expiresAt(retention time.Duration) time.Time {
+	return layout.Expiry(r.State == StateStarted && r.KeptUntilResolved, slotTime(r), r.Retention, retention)
 }
 
 // Record encoding, version 2 (little endian):

@@ -117,7 +117,7 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	require.Contains(t, err.Error(), "order-7f3a")
 	_, err = e.Get("order-7f3a")
 	require.ErrorIs(t, err, ErrCorrupt)
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Corrupt)
 	// Forget clears it; the key works again.
@@ -206,7 +206,7 @@ func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
 		return rootBucket(tx).Put(stray, []byte("not a bucket"))
 	}))
 
-	s, err := e.Stats()
+	s, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, s.Done)
 	require.Zero(t, s.Started+s.ExpiredPending+s.Corrupt, "the stray value is not a record")

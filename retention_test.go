@@ -59,7 +59,7 @@ func TestRecordKeepsTheRetentionItWasWrittenUnder(t *testing.T) {
 	res, err := e.Do(bg, "k", []byte("a"), mustNotRun(t))
 	require.NoError(t, err)
 	require.True(t, res.Replayed, "replayed 3 days on, under a 1-hour Open")
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Done)
 	require.Zero(t, st.ExpiredPending)
@@ -109,14 +109,14 @@ func TestInterruptedRecordUnderRefuseIsKeptUntilResolved(t *testing.T) {
 	require.NoError(t, err)
 	r := record(t, e, "k")
 	require.True(t, r.KeptUntilResolved)
-	require.True(t, r.ExpiresAt(0).IsZero(), "it never expires")
+	require.Equal(t, idem.StateStarted, r.State, "kept until resolved: it never expires")
 
 	e = reopen(t, e, path, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
 	clock.Advance(30 * day)
 	n, err := e.Prune(bg)
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "the done record beside it goes, the interrupted one stays")
-	st, err := e.Stats()
+	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Started)
 
@@ -240,7 +240,7 @@ func TestOpenFormatVersion1File(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, idem.StateStarted, r.State)
 		require.True(t, r.KeptUntilResolved, "the policy it was written under is unknown: kept")
-		st, err := e.Stats()
+		st, err := e.ScanFile()
 		require.NoError(t, err)
 		require.Equal(t, 1, st.Started)
 		require.Equal(t, 5, st.Done)
@@ -315,17 +315,17 @@ func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 	_, err := e.DoTx(bg, "a", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) { return nil, tx.Enqueue("t", []byte("1")) })
 	require.NoError(t, err)
 	require.Eventually(t, func() bool {
-		st, err := e.Stats()
+		st, err := e.ScanFile()
 		return err == nil && st.Outbox.Dead == 1
 	}, 10*time.Second, time.Millisecond, "the message dies after its one attempt")
-	var st idem.Stats
+	var st idem.FileStats
 
 	e = reopen(t, e, path, &idem.Options{Now: clock.Now, NoSync: true, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{DeadLetterRetention: time.Hour}})
 	clock.Advance(2 * day)
 	_, err = e.Prune(bg)
 	require.NoError(t, err)
-	st, err = e.Stats()
+	st, err = e.ScanFile()
 	require.NoError(t, err)
 	require.Equal(t, 1, st.Outbox.Dead, "kept for the 30 days it died under")
 	var dead []*idem.Message
@@ -342,7 +342,7 @@ func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 	clock.Advance(28 * day)
 	_, err = e.Prune(bg)
 	require.NoError(t, err)
-	st, err = e.Stats()
+	st, err = e.ScanFile()
 	require.NoError(t, err)
 	require.Zero(t, st.Outbox.Dead, "expired at the end of its own window")
 }

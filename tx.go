@@ -28,16 +28,17 @@ type Tx struct {
 // record, or not at all.
 func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 	if t.tx == nil {
-		return nil, fmt.Errorf("%w: Tx used after its fn returned", ErrClosed)
+		return nil, &OpError{Op: "bucket", Key: t.key, Err: ErrTxClosed}
 	}
 	if bytes.Equal(name, layout.Root) {
-		return nil, fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)
+		return nil, &OpError{Op: "bucket", Key: t.key, Err: fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)}
 	}
-	return t.tx.CreateBucketIfNotExists(name)
+	b, err := t.tx.CreateBucketIfNotExists(name)
+	if err != nil {
+		return nil, &OpError{Op: "bucket", Key: t.key, Err: err}
+	}
+	return b, nil
 }
-
-// Key is the idempotency key of the call fn belongs to.
-func (t *Tx) Key() string { return t.key }
 
 // errRolledBack marks a DoTx fn outcome that must not commit: the pipeline
 // rolls the transaction back and the caller records the outcome on its own.
@@ -81,9 +82,10 @@ var errRolledBack = errors.New("idem: fn's writes rolled back")
 // transaction: do not use it (to commit, roll back, or reach the engine's
 // bucket); the engine's records are not an API.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
-	return e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
 		return e.executeTx(ctx, c, fn)
 	})
+	return res, opError("dotx", key, err)
 }
 
 func (e *Engine) executeTx(ctx context.Context, c *leading, fn func(context.Context, *Tx) ([]byte, error)) (Result, error) {
@@ -214,5 +216,5 @@ type PanicError struct {
 }
 
 func (p *PanicError) Error() string {
-	return fmt.Sprintf("idem: DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
+	return fmt.Sprintf("DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
 }

@@ -15,6 +15,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/layout"
 )
 
 // Operator is the part of an engine the admin handler drives: the operator
@@ -27,15 +28,17 @@ type Operator interface {
 	// Forget deletes key's record in any state.
 	Forget(key string) error
 	// Resolve completes an interrupted execution by hand.
-	Resolve(key string, response []byte, code, errMsg string) error
+	Resolve(key string, response []byte, outcome *idem.Error) error
 	// Messages walks the outbox: pending messages, then dead letters.
 	Messages(fn func(m *idem.Message, err error) error) error
 	// RetryDead puts a dead letter back in the outbox.
 	RetryDead(seq uint64) error
 	// DropDead deletes a dead letter.
 	DropDead(seq uint64) error
-	// Stats counts records and messages and returns the counters since Open.
-	Stats() (idem.Stats, error)
+	// ScanFile counts the records and messages in the file.
+	ScanFile() (idem.FileStats, error)
+	// Stats returns the counters since Open.
+	Stats() idem.Stats
 	// Retention is the retention window, wall-clock.
 	Retention() time.Duration
 }
@@ -116,7 +119,7 @@ func adminBearer(r *http.Request) (string, bool) {
 // that any key fits; SEQ a message's sequence number):
 //
 //	GET    /                        the retention window and whether responses are shown
-//	GET    /stats                   counts and counters (Engine.Stats: scans the file)
+//	GET    /stats                   counts and counters (Engine.ScanFile, which scans the file, and Engine.Stats)
 //	GET    /records?key=KEY         KEY's live record
 //	DELETE /records?key=KEY         forget KEY: the next call runs as new
 //	POST   /records/resolve?key=KEY complete KEY's interrupted execution (JSON body)
@@ -137,7 +140,7 @@ func adminBearer(r *http.Request) (string, bool) {
 //
 // Errors are RFC 9457 problem details (application/problem+json) whose
 // "code" member names the case: invalid_key and bad_request (400),
-// forbidden (403), not_found (404), wrong_state and in_progress (409, the
+// forbidden (403), not_found and message_not_found (404), wrong_state and in_progress (409, the
 // latter with Retry-After), unsupported_media_type (415), too_large (413),
 // closed (503), corrupt and internal (500). "op" and "key" name the
 // engine's operation and key when it reported them (idem.OpError), and
@@ -196,11 +199,11 @@ func (a *admin) index(w http.ResponseWriter, _ *http.Request) error {
 }
 
 func (a *admin) stats(w http.ResponseWriter, _ *http.Request) error {
-	s, err := a.op.Stats()
+	fs, err := a.op.ScanFile()
 	if err != nil {
 		return err
 	}
-	return adminWriteJSON(w, http.StatusOK, newAdminStats(s, a.op.Retention()))
+	return adminWriteJSON(w, http.StatusOK, newAdminStats(fs, a.op.Stats(), a.op.Retention()))
 }
 
 // adminQueryKey returns the key parameter: present and unique.
@@ -267,11 +270,11 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 			resp = []byte{} // "" is an empty response, not none
 		}
 	}
-	var code, msg string
+	var outcome *idem.Error
 	if body.Error != nil {
-		code, msg = body.Error.Code, body.Error.Message
+		outcome = &idem.Error{Code: body.Error.Code, Message: body.Error.Message}
 	}
-	if err := a.resolveKey(key, resp, code, msg); err != nil {
+	if err := a.op.Resolve(key, resp, outcome); err != nil {
 		return err
 	}
 	rec, err := a.op.Get(key)
@@ -279,11 +282,6 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return adminWriteJSON(w, http.StatusOK, a.record(rec))
-}
-
-// resolveKey is the one use of Operator.Resolve, whose signature may change.
-func (a *admin) resolveKey(key string, resp []byte, code, msg string) error {
-	return a.op.Resolve(key, resp, code, msg)
 }
 
 // readJSON decodes r's body into v: application/json, at most MaxBody
@@ -384,7 +382,7 @@ func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return err
 	case found == nil:
-		return fmt.Errorf("message %d: %w (delivered, dropped, expired or never enqueued)", seq, idem.ErrNotFound)
+		return fmt.Errorf("%w: message %d (delivered, dropped, expired or never enqueued)", idem.ErrMessageNotFound, seq)
 	}
 	return adminWriteJSON(w, http.StatusOK, a.message(found))
 }
@@ -421,7 +419,7 @@ func (a *admin) record(rec *idem.Record) AdminRecord {
 		Retention:         rec.Retention.String(),
 		KeptUntilResolved: rec.KeptUntilResolved,
 	}
-	out.ExpiresAt = adminTime(rec.ExpiresAt(a.op.Retention()))
+	out.ExpiresAt = adminTime(recordExpiry(rec, a.op.Retention()))
 	if rec.Err != nil {
 		out.Error = &AdminErrorJSON{Code: rec.Err.Code, Message: rec.Err.Message}
 	}
@@ -438,7 +436,7 @@ func (a *admin) message(m *idem.Message) AdminMessage {
 		Index:         m.Index,
 		DownstreamKey: m.DownstreamKey,
 		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Attempt,
+		Attempt:       m.Failures,
 		EnqueuedAt:    m.EnqueuedAt.UTC(),
 		NextAttemptAt: adminTime(m.NextAttemptAt),
 		Dead:          m.Dead,
@@ -476,4 +474,14 @@ func adminTime(t time.Time) *time.Time {
 	}
 	t = t.UTC()
 	return &t
+}
+
+// recordExpiry is when rec leaves the retention window under the engine's
+// retention: the engine's rule (layout.Expiry); the zero time for never.
+func recordExpiry(rec *idem.Record, retention time.Duration) time.Time {
+	at := rec.StartedAt
+	if rec.State == idem.StateDone {
+		at = rec.CompletedAt
+	}
+	return layout.Expiry(rec.State == idem.StateStarted && rec.KeptUntilResolved, at, rec.Retention, retention)
 }

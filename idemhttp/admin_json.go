@@ -59,17 +59,17 @@ type AdminStats struct {
 	} `json:"outbox"`
 }
 
-// newAdminStats is the one place that reads idem.Stats, whose shape may change.
-func newAdminStats(s idem.Stats, retention time.Duration) AdminStats {
+// newAdminStats is the one place that reads idem.FileStats and idem.Stats.
+func newAdminStats(fs idem.FileStats, s idem.Stats, retention time.Duration) AdminStats {
 	var out AdminStats
 	out.Retention = retention.String()
-	out.FileSize = s.FileSize
-	out.Records.Started, out.Records.Done = s.Started, s.Done
-	out.Records.ExpiredPending, out.Records.Corrupt = s.ExpiredPending, s.Corrupt
+	out.FileSize = fs.FileSize
+	out.Records.Started, out.Records.Done = fs.Started, fs.Done
+	out.Records.ExpiredPending, out.Records.Corrupt = fs.ExpiredPending, fs.Corrupt
 	out.SinceOpen.Pruned, out.SinceOpen.Replays = s.Pruned, s.Replays
 	out.SinceOpen.Executions, out.SinceOpen.Conflicts = s.Executions, s.Conflicts
 	out.SinceOpen.Commits, out.SinceOpen.Writes = s.Commits, s.Writes
-	o := s.Outbox
+	o := fs.Outbox
 	out.Outbox.Pending, out.Outbox.Retrying, out.Outbox.Waiting = o.Pending, o.Retrying, o.Waiting
 	out.Outbox.Dead, out.Outbox.Corrupt, out.Outbox.Delivered = o.Dead, o.Corrupt, o.Delivered
 	return out
@@ -86,8 +86,9 @@ type AdminRecord struct {
 	Fingerprint string     `json:"fingerprint"`
 	StartedAt   time.Time  `json:"started_at"`
 	CompletedAt *time.Time `json:"completed_at"` // null while started
-	// ExpiresAt is when the record leaves the retention window, as
-	// idem.Record.ExpiresAt says with the engine's Retention; null for never
+	// ExpiresAt is when the record leaves the retention window: the longer of
+	// its recorded window and the engine's Retention after it completed
+	// (after it started, while started); null for never
 	// (a record kept until resolved).
 	ExpiresAt *time.Time `json:"expires_at"`
 	// Retention is the retention window the record was written under, as a
@@ -220,6 +221,8 @@ func toAdminError(err error) *adminError {
 		out.status, out.code = http.StatusBadRequest, "invalid_key"
 	case errors.Is(err, idem.ErrNotFound):
 		out.status, out.code = http.StatusNotFound, "not_found"
+	case errors.Is(err, idem.ErrMessageNotFound):
+		out.status, out.code = http.StatusNotFound, "message_not_found"
 	case errors.Is(err, idem.ErrState):
 		out.status, out.code = http.StatusConflict, "wrong_state"
 	case errors.Is(err, idem.ErrInProgress):

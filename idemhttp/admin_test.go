@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -281,7 +282,7 @@ func TestAdminForget(t *testing.T) {
 	require.Equal(t, http.StatusOK, r.status)
 	require.JSONEq(t, `{"key":"order-1","forgotten":true}`, string(r.body))
 	p := adminProblemOf(t, adminCall(t, http.MethodGet, adminKeyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
-	require.Equal(t, idemhttp.AdminProblem{Type: p.Type, Title: "Not Found", Status: 404, Detail: "idem: record not found",
+	require.Equal(t, idemhttp.AdminProblem{Type: p.Type, Title: "Not Found", Status: 404, Detail: "record not found",
 		Code: "not_found", Op: "get", Key: "order-1"}, p)
 	adminProblemOf(t, adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "order-1"), adminToken, nil), http.StatusNotFound, "not_found")
 
@@ -399,14 +400,21 @@ func TestAdminStats(t *testing.T) {
 	require.Equal(t, "24h0m0s", s.Retention)
 }
 
-// adminDeadLetters opens an engine whose "charge" handler always fails once,
-// enqueues one charge per key and one "email" message (no handler: it stays
-// pending), and waits until the charges are dead letters.
-func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
+// adminDeadLetters opens an engine whose "charge" handler fails (one attempt
+// each: a dead letter) until the returned function is called, enqueues one
+// charge per key and one "email" message (no handler: it stays pending), and
+// waits until the charges are dead letters.
+func adminDeadLetters(t *testing.T, keys ...string) (e *idem.Engine, acceptCharges func()) {
 	t.Helper()
-	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Outbox: idem.OutboxOptions{
+	var accept atomic.Bool
+	e, _ = testkit.Open(t, &idem.Options{NoSync: true, Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
-		Handlers: map[string]idem.Handler{"charge": func(context.Context, idem.Message) error { return errors.New("declined") }},
+		Handlers: map[string]idem.Handler{"charge": func(context.Context, idem.Message) error {
+			if accept.Load() {
+				return nil
+			}
+			return errors.New("declined")
+		}},
 	}})
 	for _, k := range keys {
 		_, err := e.DoTx(context.Background(), k, nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
@@ -420,10 +428,10 @@ func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 	require.NoError(t, err)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Dead == len(keys) {
-			return e
+			return e, func() { accept.Store(true) }
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("no %d dead letters after 10 s: %+v", len(keys), s.Outbox)
@@ -433,7 +441,7 @@ func adminDeadLetters(t *testing.T, keys ...string) *idem.Engine {
 }
 
 func TestAdminOutbox(t *testing.T) {
-	e := adminDeadLetters(t, "order-1", "order-2")
+	e, acceptCharges := adminDeadLetters(t, "order-1", "order-2")
 	hidden := adminServer(t, e, adminBearerOpts(false))
 	shown := adminServer(t, e, adminBearerOpts(true))
 
@@ -472,24 +480,24 @@ func TestAdminOutbox(t *testing.T) {
 	seqURL := func(seq uint64) string { return hidden + "/outbox/" + adminItoa(seq) }
 	one := adminDecode[idemhttp.AdminMessage](t, adminCall(t, http.MethodGet, seqURL(first.Seq), adminToken, nil))
 	require.Equal(t, first.Key, one.Key)
-	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/999", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/999", adminToken, nil), http.StatusNotFound, "message_not_found")
 	adminProblemOf(t, adminCall(t, http.MethodGet, hidden+"/outbox/x", adminToken, nil), http.StatusBadRequest, "bad_request")
 
 	// A pending message is neither retried nor dropped.
-	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(mail.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
-	adminProblemOf(t, adminCall(t, http.MethodDelete, seqURL(mail.Seq), adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(mail.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "message_not_found")
+	adminProblemOf(t, adminCall(t, http.MethodDelete, seqURL(mail.Seq), adminToken, nil), http.StatusNotFound, "message_not_found")
 
 	r := adminCall(t, http.MethodDelete, seqURL(dead.Messages[0].Seq), adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	require.JSONEq(t, `{"op":"drop","seq":`+adminItoa(first.Seq)+`}`, string(r.body))
 
 	second := all.Messages[2]
-	e.Handle("charge", func(context.Context, idem.Message) error { return nil })
+	acceptCharges()
 	r = adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil)
 	require.Equal(t, http.StatusOK, r.status, "%s", r.body)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		require.NoError(t, err)
 		if s.Outbox.Delivered == 1 {
 			require.Zero(t, s.Outbox.Dead)
@@ -499,7 +507,7 @@ func TestAdminOutbox(t *testing.T) {
 		require.False(t, time.Now().After(deadline), "the retried dead letter was not delivered: %+v", s.Outbox)
 		time.Sleep(time.Millisecond)
 	}
-	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "not_found")
+	adminProblemOf(t, adminCall(t, http.MethodPost, seqURL(second.Seq)+"/retry", adminToken, nil), http.StatusNotFound, "message_not_found")
 }
 
 func adminItoa(n uint64) string { return strconv.FormatUint(n, 10) }

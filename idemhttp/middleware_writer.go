@@ -2,6 +2,7 @@ package idemhttp
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
 
@@ -13,8 +14,9 @@ import (
 var errNotStored = errors.New("idemhttp: response not stored")
 
 // errStreamed is the stored error of a response over the size limit; it
-// carries idem.CodeResponseTooLarge, so replays match idem.ErrResponseTooLarge.
-var errStreamed = errors.New("idemhttp: response over the size limit was streamed, not stored")
+// wraps idem.ErrResponseTooLarge, so the engine stores it with the code
+// replays match idem.ErrResponseTooLarge by.
+var errStreamed = fmt.Errorf("idemhttp: response over the size limit was streamed, not stored: %w", idem.ErrResponseTooLarge)
 
 // NotStored marks the response being written to w as not to be stored: a
 // transient failure (a 503 from a dependency, a lock timeout) whose effect
@@ -115,7 +117,7 @@ func (rec *recorder) outcome(headers []string) ([]byte, error) {
 	case rec.notStored || rec.status == http.StatusUnauthorized || rec.status == http.StatusForbidden:
 		return nil, idem.Retryable(errNotStored)
 	case rec.streaming:
-		return nil, idem.WithCode(errStreamed, idem.CodeResponseTooLarge)
+		return nil, errStreamed
 	}
 	stored := make(http.Header, len(headers))
 	for _, h := range headers {

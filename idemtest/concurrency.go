@@ -139,7 +139,7 @@ func (s *suite[T]) concurrency(t *testing.T) {
 		e, _ := s.fresh(t, Options{})
 		release, leader, _ := s.leaderWithWaiters(t, e, viaDo, "k", 0, ok[T]("v"), nil)
 		require.ErrorIs(t, e.Forget("k"), idem.ErrInProgress)
-		require.ErrorIs(t, e.Resolve("k", []byte("x"), "", ""), idem.ErrInProgress)
+		require.ErrorIs(t, e.Resolve("k", []byte("x"), nil), idem.ErrInProgress)
 		close(release)
 		l := <-leader
 		require.NoError(t, l.err)

@@ -92,7 +92,7 @@ type Engine[T any] interface {
 	// Forget deletes key's record in any state.
 	Forget(key string) error
 	// Resolve completes key's interrupted execution by hand.
-	Resolve(key string, response []byte, code, errMsg string) error
+	Resolve(key string, response []byte, outcome *idem.Error) error
 	// Records walks every live record.
 	Records(fn func(r *idem.Record, err error) error) error
 	// Prune reclaims the space of expired records now.

@@ -28,7 +28,7 @@ func (s *suite[T]) keys(t *testing.T) {
 		_, err := e.Get(key)
 		require.ErrorIs(t, err, idem.ErrInvalidKey, "Get(%q)", key)
 		require.ErrorIs(t, e.Forget(key), idem.ErrInvalidKey, "Forget(%q)", key)
-		require.ErrorIs(t, e.Resolve(key, nil, "", ""), idem.ErrInvalidKey, "Resolve(%q)", key)
+		require.ErrorIs(t, e.Resolve(key, nil, nil), idem.ErrInvalidKey, "Resolve(%q)", key)
 	}
 	storesNothing := func(t *testing.T, e Engine[T]) {
 		t.Helper()
@@ -70,7 +70,7 @@ func (s *suite[T]) keys(t *testing.T) {
 			_, err := e.Get(key)
 			require.ErrorIs(t, err, idem.ErrNotFound, "Get(%q)", key)
 			require.ErrorIs(t, e.Forget(key), idem.ErrNotFound, "Forget(%q)", key)
-			require.ErrorIs(t, e.Resolve(key, nil, "", ""), idem.ErrNotFound, "Resolve(%q)", key)
+			require.ErrorIs(t, e.Resolve(key, nil, nil), idem.ErrNotFound, "Resolve(%q)", key)
 		}
 		storesNothing(t, e)
 	})

@@ -191,7 +191,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		eventually(t, "the first failure recorded", nil, func() bool {
 			ms := messages(t, e)
-			return len(ms) == 1 && ms[0].Attempt == 1
+			return len(ms) == 1 && ms[0].Failures == 1
 		})
 		m := messages(t, e)[0]
 		require.Equal(t, "gateway timeout 1", m.LastError)
@@ -237,7 +237,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		ds := dead()
 		require.Equal(t, "gateway down", ds[0].LastError)
 		require.False(t, ds[0].DeadAt.IsZero())
-		require.ErrorIs(t, e.RetryDead(ds[0].Seq+ds[1].Seq+100), idem.ErrNotFound)
+		require.ErrorIs(t, e.RetryDead(ds[0].Seq+ds[1].Seq+100), idem.ErrMessageNotFound)
 
 		healthy.Store(true)
 		require.NoError(t, e.DropDead(ds[1].Seq))
@@ -247,7 +247,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		d := rec.delivered()[0]
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, idem.DownstreamKey("order-1", 0), d.DownstreamKey)
-		require.ErrorIs(t, e.DropDead(ds[1].Seq), idem.ErrNotFound, "dropped already")
+		require.ErrorIs(t, e.DropDead(ds[1].Seq), idem.ErrMessageNotFound, "dropped already")
 	})
 
 	t.Run("a dead letter does not hold back its ordering key", func(t *testing.T) {

@@ -343,7 +343,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			r := record(t, e, "k")
 			require.Equal(t, idem.StateDone, r.State, "fails closed: done with the error")
 			require.Nil(t, r.Response)
-			require.Equal(t, idem.CodeResponseTooLarge, r.Err.Code)
+			require.ErrorIs(t, r.Err, idem.ErrResponseTooLarge)
 			s.wantEffects(t, e, v, map[string]string{}, "fn's writes roll back")
 
 			e = s.reopen(t, e, store, opts)

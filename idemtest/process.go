@@ -56,7 +56,7 @@ func (s *suite[T]) process(t *testing.T) {
 		_, err := e.Do(bg, crashKey, fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.ErrorIs(t, err, idem.ErrIncomplete)
 		require.Contains(t, err.Error(), "attempt 1")
-		require.NoError(t, e.Resolve(crashKey, []byte("checked by hand"), "", ""))
+		require.NoError(t, e.Resolve(crashKey, []byte("checked by hand"), nil))
 		res, err := e.Do(bg, crashKey, fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.NoError(t, err)
 		require.True(t, res.Replayed)

@@ -92,7 +92,7 @@ func (s *suite[T]) retention(t *testing.T) {
 		_, err = e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.ErrorIs(t, err, idem.ErrIncomplete)
 		require.Equal(t, idem.StateStarted, record(t, e, "k").State)
-		require.NoError(t, e.Resolve("k", []byte("resolved"), "", ""))
+		require.NoError(t, e.Resolve("k", []byte("resolved"), nil))
 		res, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.NoError(t, err)
 		require.Equal(t, "resolved", string(res.Response))

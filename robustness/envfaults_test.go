@@ -197,7 +197,7 @@ func TestDamagedFiles(t *testing.T) {
 				if err != nil {
 					var op *idem.OpError
 					require.ErrorAs(t, err, &op, "the error names the operation and the file")
-					require.Equal(t, path, op.Key)
+					require.Equal(t, path, op.Path)
 				}
 				tc.check(t, err, ro)
 				if e != nil {

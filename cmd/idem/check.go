@@ -143,7 +143,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 				out.Records.Done++
 			}
 		case errors.Is(rerr, idem.ErrCorrupt) && errors.As(rerr, &op):
-			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: unprefix(op.Err.Error())})
+			out.Records.Corrupt = append(out.Records.Corrupt, corruptJSON{Key: op.Key, Error: op.Err.Error()})
 		default:
 			return rerr
 		}
@@ -153,7 +153,7 @@ func (a *app) checkRecords(out *checkJSON) (err error) {
 		return err
 	}
 	slices.SortFunc(out.Records.Corrupt, func(x, y corruptJSON) int { return strings.Compare(x.Key, y.Key) })
-	s, err := e.Stats()
+	s, err := e.ScanFile()
 	if err != nil {
 		return err
 	}

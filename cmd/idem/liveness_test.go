@@ -126,11 +126,11 @@ func TestOutboxCommandsJudgeDeadLettersFromTheFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	died := time.Now().Add(-10 * 24 * time.Hour) // past the default 7 days, inside 30
 	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1, Now: func() time.Time { return died },
-		Outbox: idem.OutboxOptions{MaxAttempts: 1, DeadLetterRetention: 30 * 24 * time.Hour,
+		Outbox: idem.OutboxOptions{Dispatch: true, MaxAttempts: 1, DeadLetterRetention: 30 * 24 * time.Hour,
 			Handlers: map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}}})
 	require.NoError(t, err)
 	enqueue(t, e, "order-1", func(tx *idem.Tx) error { return tx.Enqueue("t", []byte("p")) })
-	dispatchUntil(t, e, func(s idem.OutboxStats) bool { return s.Dead == 1 })
+	waitOutbox(t, e, func(s idem.OutboxStats) bool { return s.Dead == 1 })
 	require.NoError(t, e.Close())
 
 	l := decode[outboxLsJSON](t, idemDB(t, path, "--json", "outbox", "ls", "--dead").stdout)

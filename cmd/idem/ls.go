@@ -39,8 +39,8 @@ type lsJSON struct {
 func (a *app) ls(state string, limit int) (err error) {
 	var want idem.State
 	if state != "" {
-		if want, err = idem.ParseState(state); err != nil {
-			return &usageError{fmt.Errorf("--state: %s", unprefix(err.Error()))}
+		if want, err = parseState(state); err != nil {
+			return &usageError{fmt.Errorf("--state: %w", err)}
 		}
 	}
 	if limit < 0 {
@@ -100,4 +100,15 @@ func (a *app) ls(state string, limit int) (err error) {
 		fmt.Fprintf(a.stdout, "(%d of %d records; raise --limit for more)\n", len(out.Records), out.Matched)
 	}
 	return nil
+}
+
+// parseState is the inverse of idem.State.String ("started", "done").
+func parseState(s string) (idem.State, error) {
+	switch s {
+	case "started":
+		return idem.StateStarted, nil
+	case "done":
+		return idem.StateDone, nil
+	}
+	return 0, fmt.Errorf("unknown state %q (want started or done)", s)
 }

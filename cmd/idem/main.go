@@ -200,7 +200,7 @@ func errorKind(err error, code int) string {
 		return "in_use"
 	case errors.Is(err, errNoFile):
 		return "no_file"
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idem.ErrNotFound), errors.Is(err, idem.ErrMessageNotFound):
 		return "not_found"
 	case errors.Is(err, idem.ErrInvalidKey):
 		return "invalid_key"
@@ -453,8 +453,8 @@ func openError(path string, err error) error {
 // formatError says why the engine refused the file, in preflight's words:
 // "idem: PATH: not an idem file (...)", or its format's problem.
 func formatError(path string, err error) error {
-	detail := unprefix(err.Error())
-	if d, ok := strings.CutPrefix(detail, unprefix(idem.ErrFormat.Error())+": "); ok && strings.HasPrefix(d, "not an idem file") {
+	detail := err.Error()
+	if d, ok := strings.CutPrefix(detail, idem.ErrFormat.Error()+": "); ok && strings.HasPrefix(d, "not an idem file") {
 		detail = d
 	}
 	return fmt.Errorf("idem: %s: %s", path, detail)
@@ -491,21 +491,15 @@ func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
 	}
 }
 
-// errorLine renders err as one line starting with "idem:", without the
-// repeated prefixes of wrapped engine errors.
+// errorLine renders err as one line starting with "idem:". The library's
+// errors (*idem.OpError) and the CLI's own carry the prefix once and print as
+// they are; any other error gets it.
 func errorLine(err error) string {
-	var s string
-	if op, ok := err.(*idem.OpError); ok && op.Key != "" {
-		s = fmt.Sprintf("idem: %s %q: %s", op.Op, op.Key, unprefix(op.Err.Error()))
-	} else {
-		s = "idem: " + unprefix(err.Error())
+	s := err.Error()
+	if !strings.HasPrefix(s, "idem: ") {
+		s = "idem: " + s
 	}
 	return strings.ReplaceAll(s, "\n", "; ")
-}
-
-// unprefix drops the "idem: " prefixes that wrapped engine errors repeat.
-func unprefix(s string) string {
-	return strings.ReplaceAll(strings.TrimPrefix(s, "idem: "), ": idem: ", ": ")
 }
 
 // closeEngine closes e and keeps the first error.
@@ -536,7 +530,7 @@ func (a *app) expiresAt(r *idem.Record) time.Time {
 	if r.State == idem.StateStarted && a.recovery == "refuse" {
 		return time.Time{}
 	}
-	return r.ExpiresAt(a.retention)
+	return recordExpiry(r, a.retention)
 }
 
 // retentionNote says which retention window the counts follow.
@@ -660,4 +654,14 @@ func plural(n int, one, many string) string {
 		return "1 " + one
 	}
 	return strconv.Itoa(n) + " " + many
+}
+
+// recordExpiry is when r leaves the retention window under retention (0 for
+// its own): the engine's rule (layout.Expiry); the zero time for never.
+func recordExpiry(r *idem.Record, retention time.Duration) time.Time {
+	at := r.StartedAt
+	if r.State == idem.StateDone {
+		at = r.CompletedAt
+	}
+	return layout.Expiry(r.State == idem.StateStarted && r.KeptUntilResolved, at, r.Retention, retention)
 }

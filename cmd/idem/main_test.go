@@ -714,3 +714,43 @@ func TestCheckFindsCorruptOutboxMessages(t *testing.T) {
 	require.Equal(t, 1, r.code, r.stdout)
 	require.Contains(t, r.stdout, "FAILED: "+path+" has 1 corrupt outbox message\n")
 }
+
+// TestErrorsHaveOnePrefix is issue 9's table through the CLI: every error
+// line, a library error printed as it is or the CLI's own, reads "idem:"
+// once.
+func TestErrorsHaveOnePrefix(t *testing.T) {
+	t.Parallel()
+	path := fixture(t)
+	corrupt(t, path, "broken")
+	notIdem := filepath.Join(t.TempDir(), "other.db")
+	db, err := bbolt.Open(notIdem, 0o600, nil)
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	long := strings.Repeat("k", 300)
+	for _, args := range [][]string{
+		{"--db", path, "get", "nope"},                           // ErrNotFound
+		{"--db", path, "get", long},                             // ErrInvalidKey, a long key
+		{"--db", path, "get", "broken"},                         // ErrCorrupt
+		{"--db", path, "forget", "nope"},                        // ErrNotFound
+		{"--db", path, "resolve", "order-1", "--response", "x"}, // ErrState
+		{"--db", path, "resolve", "", "--response", "x"},        // ErrInvalidKey
+		{"--db", path, "outbox", "retry", "99"},                 // ErrMessageNotFound
+		{"--db", path, "outbox", "drop", "99"},                  // ErrMessageNotFound
+		{"--db", path, "outbox", "get", "99"},
+		{"--db", notIdem, "get", "k"}, // ErrFormat
+		{"--db", notIdem, "stats"},    // ErrFormat
+	} {
+		r := idemCmd(t, nil, "", args...)
+		require.NotZero(t, r.code, "%q", args)
+		require.NotEmpty(t, r.stderr, "%q", args)
+		for _, line := range strings.Split(strings.TrimSuffix(r.stderr, "\n"), "\n") {
+			if strings.HasPrefix(line, "Run 'idem --help'") {
+				continue
+			}
+			require.True(t, strings.HasPrefix(line, "idem: "), "%q: %s", args, line)
+			require.Equal(t, 1, strings.Count(line, "idem:"), "%q: %s", args, line)
+		}
+		j := idemCmd(t, nil, "", append([]string{"--json"}, args...)...)
+		require.LessOrEqual(t, strings.Count(j.stdout, "idem:"), 1, "%q --json: %s", args, j.stdout)
+	}
+}

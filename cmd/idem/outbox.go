@@ -147,7 +147,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 		Index:         m.Index,
 		DownstreamKey: m.DownstreamKey,
 		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Attempt,
+		Attempt:       m.Failures,
 		EnqueuedAt:    m.EnqueuedAt.UTC(),
 		NextAttemptAt: timePtr(m.NextAttemptAt),
 		Dead:          m.Dead,
@@ -166,7 +166,7 @@ func (a *app) messageJSON(m *idem.Message) messageJSON {
 	}
 	if m.Dead {
 		out.NextAttemptAt = nil
-		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultDeadLetterRetention), a.deadLetterRetention)))
+		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultOutboxDeadLetterRetention), a.deadLetterRetention)))
 	}
 	return out
 }
@@ -335,6 +335,10 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	defer closeEngine(e, &err)
 	m, err := findMessage(e, seq)
 	if err != nil {
+		var op *idem.OpError
+		if errors.As(err, &op) {
+			err = op.Err // the command names the operation, once
+		}
 		return fmt.Errorf("idem: outbox get %d: %w", seq, err)
 	}
 	if m == nil {
@@ -470,7 +474,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 		switch err := op.do(e, seq); {
 		case err == nil:
 			out.Done = append(out.Done, seq)
-		case errors.Is(err, idem.ErrNotFound):
+		case errors.Is(err, idem.ErrMessageNotFound):
 			out.Failed = append(out.Failed, seqErrorJSON{seq, notDeadReason(e, seq)})
 		case errors.Is(err, idem.ErrCorrupt):
 			out.Failed = append(out.Failed, seqErrorJSON{seq, fmt.Sprintf("dead letter %d fails to decode; it can only be dropped", seq)})

@@ -61,27 +61,23 @@ func outboxFixture(t *testing.T) string {
 	return path
 }
 
-// outboxSession opens path on the fixture clock with ob, runs calls, then
-// runs the dispatcher until done holds (at most 10 seconds) and closes.
+// outboxSession opens path on the fixture clock with ob and its dispatcher,
+// runs calls, waits until done holds (at most 10 seconds) and closes.
 func outboxSession(t *testing.T, path string, ob idem.OutboxOptions, calls func(*idem.Engine), done func(idem.OutboxStats) bool) {
 	t.Helper()
+	ob.Dispatch = true
 	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	calls(e)
-	dispatchUntil(t, e, done)
+	waitOutbox(t, e, done)
 }
 
-// dispatchUntil runs e's dispatcher until done holds, at most 10 seconds.
-func dispatchUntil(t *testing.T, e *idem.Engine, done func(idem.OutboxStats) bool) {
+// waitOutbox waits until e's outbox counts satisfy done, at most 10 seconds.
+func waitOutbox(t *testing.T, e *idem.Engine, done func(idem.OutboxStats) bool) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = e.Dispatch(ctx) })
-	defer wg.Wait()
-	defer cancel()
 	require.Eventually(t, func() bool {
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		return err == nil && done(s.Outbox)
 	}, 10*time.Second, time.Millisecond)
 }
@@ -113,7 +109,7 @@ func TestOutboxHumanOutput(t *testing.T) {
 	// One file for every case: the commands only read it, all at once.
 	path := outboxFixture(t)
 	at := base.Format(baseFmt)
-	deadExpires := base.Add(idem.DefaultDeadLetterRetention).Format(baseFmt)
+	deadExpires := base.Add(idem.DefaultOutboxDeadLetterRetention).Format(baseFmt)
 	tests := []struct {
 		name  string
 		args  []string
@@ -260,7 +256,7 @@ func TestOutboxJSONOutput(t *testing.T) {
 			require.Equal(t, 1, m.Attempt)
 			require.True(t, m.Dead)
 			require.Equal(t, base, *m.DeadAt)
-			require.Equal(t, base.Add(idem.DefaultDeadLetterRetention), *m.ExpiresAt)
+			require.Equal(t, base.Add(idem.DefaultOutboxDeadLetterRetention), *m.ExpiresAt)
 			require.Nil(t, m.NextAttemptAt)
 			require.Equal(t, "card declined", *m.LastError)
 			require.NotContains(t, out, "4242", "no payload")

@@ -130,7 +130,7 @@ func (a *app) openOperator() (operator, error) {
 
 // sizeOf is the file's size for stats: on disk, or with --url the size in
 // use that the server reports (s.FileSize).
-func (a *app) sizeOf(s idem.Stats) (int64, error) {
+func (a *app) sizeOf(s idem.FileStats) (int64, error) {
 	if a.remote.url != "" {
 		return s.FileSize, nil
 	}
@@ -201,14 +201,14 @@ func (r *remote) Forget(key string) error {
 	return r.do(http.MethodDelete, keyPath("/records", key), nil, nil)
 }
 
-func (r *remote) Resolve(key string, response []byte, code, errMsg string) error {
+func (r *remote) Resolve(key string, response []byte, outcome *idem.Error) error {
 	body := map[string]any{}
 	if response != nil {
 		text, enc := userBytes(response)
 		body["response"], body["response_encoding"] = *text, enc
 	}
-	if code != "" || errMsg != "" {
-		body["error"] = idemhttp.AdminErrorJSON{Code: code, Message: errMsg}
+	if outcome != nil {
+		body["error"] = idemhttp.AdminErrorJSON{Code: outcome.Code, Message: outcome.Message}
 	}
 	return r.do(http.MethodPost, keyPath("/records/resolve", key), body, nil)
 }
@@ -239,7 +239,7 @@ func (r *remote) Messages(fn func(*idem.Message, error) error) error {
 func (r *remote) Message(seq uint64) (*idem.Message, error) {
 	var m idemhttp.AdminMessage
 	err := r.do(http.MethodGet, "/outbox/"+strconv.FormatUint(seq, 10), nil, &m)
-	if errors.Is(err, idem.ErrNotFound) {
+	if errors.Is(err, idem.ErrMessageNotFound) {
 		return nil, nil
 	}
 	if err != nil {
@@ -256,17 +256,27 @@ func (r *remote) DropDead(seq uint64) error {
 	return r.do(http.MethodDelete, "/outbox/"+strconv.FormatUint(seq, 10), nil, nil)
 }
 
-func (r *remote) Stats() (idem.Stats, error) {
+// Stats is the server engine's counters since Open, from /stats.
+func (r *remote) Stats() idem.Stats {
 	var s idemhttp.AdminStats
 	if err := r.do(http.MethodGet, "/stats", nil, &s); err != nil {
-		return idem.Stats{}, err
+		return idem.Stats{}
 	}
 	return idem.Stats{
-		Started: s.Records.Started, Done: s.Records.Done,
-		ExpiredPending: s.Records.ExpiredPending, Corrupt: s.Records.Corrupt,
 		Pruned: s.SinceOpen.Pruned, Replays: s.SinceOpen.Replays,
 		Executions: s.SinceOpen.Executions, Conflicts: s.SinceOpen.Conflicts,
 		Commits: s.SinceOpen.Commits, Writes: s.SinceOpen.Writes,
+	}
+}
+
+func (r *remote) ScanFile() (idem.FileStats, error) {
+	var s idemhttp.AdminStats
+	if err := r.do(http.MethodGet, "/stats", nil, &s); err != nil {
+		return idem.FileStats{}, err
+	}
+	return idem.FileStats{
+		Started: s.Records.Started, Done: s.Records.Done,
+		ExpiredPending: s.Records.ExpiredPending, Corrupt: s.Records.Corrupt,
 		FileSize: s.FileSize,
 		Outbox: idem.OutboxStats{
 			Pending: s.Outbox.Pending, Retrying: s.Outbox.Retrying, Waiting: s.Outbox.Waiting,
@@ -276,7 +286,7 @@ func (r *remote) Stats() (idem.Stats, error) {
 }
 
 func (r *remote) record(a *idemhttp.AdminRecord) (*idem.Record, error) {
-	state, err := idem.ParseState(a.State)
+	state, err := parseState(a.State)
 	if err != nil {
 		return nil, r.badAnswer(err)
 	}
@@ -316,7 +326,7 @@ func (r *remote) message(a *idemhttp.AdminMessage) (*idem.Message, error) {
 	m := &idem.Message{
 		Seq: a.Seq, Topic: a.Topic, Key: a.Key, Index: a.Index,
 		DownstreamKey: a.DownstreamKey, OrderingKey: a.OrderingKey,
-		Attempt: a.Attempt, EnqueuedAt: a.EnqueuedAt, Dead: a.Dead,
+		Failures: a.Attempt, EnqueuedAt: a.EnqueuedAt, Dead: a.Dead,
 	}
 	if a.NextAttemptAt != nil {
 		m.NextAttemptAt = *a.NextAttemptAt
@@ -415,12 +425,13 @@ func (r *remote) do(method, path string, body, out any) error {
 
 // problemErrors are the engine's sentinels by problem code.
 var problemErrors = map[string]error{
-	"invalid_key": idem.ErrInvalidKey,
-	"not_found":   idem.ErrNotFound,
-	"wrong_state": idem.ErrState,
-	"in_progress": idem.ErrInProgress,
-	"corrupt":     idem.ErrCorrupt,
-	"closed":      idem.ErrClosed,
+	"invalid_key":       idem.ErrInvalidKey,
+	"not_found":         idem.ErrNotFound,
+	"message_not_found": idem.ErrMessageNotFound,
+	"wrong_state":       idem.ErrState,
+	"in_progress":       idem.ErrInProgress,
+	"corrupt":           idem.ErrCorrupt,
+	"closed":            idem.ErrClosed,
 }
 
 // problem turns an error answer back into the engine's error: an
@@ -436,7 +447,7 @@ func (r *remote) problem(p *idemhttp.AdminProblem) error {
 	}
 	sentinel, ok := problemErrors[p.Code]
 	if !ok {
-		return fmt.Errorf("idem: %s: %s (HTTP %d, %s)", r.base, unprefix(p.Detail), p.Status, p.Code)
+		return fmt.Errorf("idem: %s: %s (HTTP %d, %s)", r.base, p.Detail, p.Status, p.Code)
 	}
 	err := &remoteError{msg: p.Detail, sentinel: sentinel}
 	if p.Op != "" {

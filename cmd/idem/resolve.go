@@ -6,6 +6,8 @@ import (
 	"io"
 	"os"
 
+	"github.com/idemkit/idem"
+
 	"github.com/spf13/cobra"
 )
 
@@ -73,7 +75,11 @@ func (a *app) resolve(key string, o resolveOpts) (err error) {
 		return err
 	}
 	defer closeEngine(e, &err)
-	if err := e.Resolve(key, resp, o.code, o.errMsg); err != nil {
+	var outcome *idem.Error
+	if o.code != "" || o.errMsg != "" {
+		outcome = &idem.Error{Code: o.code, Message: o.errMsg}
+	}
+	if err := e.Resolve(key, resp, outcome); err != nil {
 		return err
 	}
 	out := resolveJSON{Key: key, State: "done"}

@@ -60,7 +60,7 @@ func (a *app) stats() error {
 	if err != nil {
 		return err
 	}
-	// The size on disk, which is what compact shrinks (Stats.FileSize is
+	// The size on disk, which is what compact shrinks (FileStats.FileSize is
 	// the size bbolt maps, up to the last page in use).
 	size, err := a.sizeOf(s)
 	if err != nil {
@@ -96,11 +96,11 @@ func (a *app) stats() error {
 	return w.Flush()
 }
 
-func (a *app) engineStats() (s idem.Stats, err error) {
+func (a *app) engineStats() (s idem.FileStats, err error) {
 	e, err := a.openOperator()
 	if err != nil {
 		return s, err
 	}
 	defer closeEngine(e, &err)
-	return e.Stats()
+	return e.ScanFile()
 }

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -97,6 +100,22 @@ SIGKILLed mid-call and restarted on the same file, and a retry with mutated
 arguments. Extra effects are counted by the server, in the transaction of
 each change.
 
+With --via mcp-proxy, the idem rows play the same through idem mcp-proxy (this
+program, with a generated configuration protecting the 7 write tools, the key
+from _meta, and marking the 9 others read-only; a file of its own per task)
+in front of the same tool server without idem; the baseline rows, the server
+without idem and no proxy. Under the crash schedule the proxy restarts the
+killed server and re-executes the call with "io.github.idemkit/recovered": true
+in its _meta (the server is not killed again), and the agent reads that answer.
+A server without idem killed after its commit runs the call again then: the
+effect happens twice, or the tool meets its own effect and answers an error (a
+cancelled order cannot be cancelled again). This is the proxy's limit in front
+of a server that does not reconcile by the key it is sent, and the table
+counts it in columns of its own (recovered calls, recovered diverged,
+recovered effects), outside outputs diverged and extra effects; a task with a
+divergent recovered answer is not matching. Every other count of an idem row
+must be zero.
+
 The data (τ-bench's retail domain: orders.json, users.json, products.json
 and tasks_test.jsonl) is not part of this repository. It is looked for, in
 order, in:
@@ -108,7 +127,8 @@ order, in:
                         from (go install ./cmd/idem from a checkout)
 --db does not apply: every task runs on a fresh copy in a temporary
 directory. Progress goes to stderr: a bar on a terminal, else a line per
-finished row. The exit status is 1 if any idem row falls short of every task.`,
+finished row. The exit status is 1 if any idem row falls short of every task
+(for --via mcp-proxy: other than by the answers of recovered calls).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			dir, err := findData(data, a.getenv, workDir(), builtFrom())
@@ -164,8 +184,21 @@ finished row. The exit status is 1 if any idem row falls short of every task.`,
 			case "direct":
 			case "mcp":
 				run = taubench.RunMCP
+			case "mcp-proxy":
+				dir, err := os.MkdirTemp("", "idem-taubench-proxy-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				opts, err := proxyOptions(dir)
+				if err != nil {
+					return err
+				}
+				run = func(ctx context.Context, cfg taubench.Config) (*taubench.Report, error) {
+					return taubench.RunMCPWith(ctx, cfg, opts)
+				}
 			default:
-				return &usageError{fmt.Errorf("--via must be direct or mcp, not %q", via)}
+				return &usageError{fmt.Errorf("--via must be direct, mcp or mcp-proxy, not %q", via)}
 			}
 			rep, err := run(cmd.Context(), taubench.Config{
 				DataDir: dir, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
@@ -203,12 +236,53 @@ finished row. The exit status is 1 if any idem row falls short of every task.`,
 	f.Uint64Var(&seed, "seed", 0, "seed of the random choices (default: from the clock, printed)")
 	f.IntVar(&limit, "limit", 0, "play only the first N tasks")
 	f.BoolVar(&baseline, "baseline", true, "also play every schedule without dedupe")
-	f.StringVar(&via, "via", "direct", "how the agent reaches the tools: direct (in-process calls) or mcp (an MCP tool server in a child process over stdio, driven by a go-sdk client)")
+	f.StringVar(&via, "via", "direct", "how the agent reaches the tools: direct (in-process calls), mcp (an MCP tool server in a child process over stdio, driven by a go-sdk client) or mcp-proxy (the same client, through idem mcp-proxy in front of the tool server without idem)")
 	for _, s := range taubench.Schedules {
 		on[s] = f.Bool(string(s), true, fmt.Sprintf("play the %s schedule", s))
 	}
 	c.AddCommand(newTaubenchServeCmd(a))
 	return c
+}
+
+// proxyOptions are the MCP runner's options of --via mcp-proxy: the idem
+// rows' tool server is the one without idem (ServeConfig.Idem false) behind
+// `idem mcp-proxy` (this program, re-executed), with a configuration, written
+// to dir, that protects the write tools with the key from _meta (refusing a
+// call without one) and marks the read tools read-only; each task's proxy
+// records in its own file beside the task's. The baseline rows' server is the
+// same server without the proxy.
+func proxyOptions(dir string) (taubench.MCPOptions, error) {
+	type tool struct {
+		ReadOnly bool `json:"readOnly,omitempty"`
+	}
+	cfg := struct {
+		Tools      map[string]tool `json:"tools"`
+		MissingKey string          `json:"missingKey"`
+	}{Tools: map[string]tool{}, MissingKey: "refuse"}
+	for _, t := range taubench.Tools() {
+		cfg.Tools[t.Name] = tool{ReadOnly: !t.Write}
+	}
+	raw, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		return taubench.MCPOptions{}, err
+	}
+	config := filepath.Join(dir, "proxy.json")
+	if err := os.WriteFile(config, raw, 0o600); err != nil {
+		return taubench.MCPOptions{}, err
+	}
+	return taubench.MCPOptions{
+		Recovers: true,
+		Command: func(exe string, sc taubench.ServeConfig) (*exec.Cmd, error) {
+			behind := sc.Idem
+			sc.Idem = false
+			server, err := taubench.MCPServerCommand(exe, sc)
+			if err != nil || !behind {
+				return server, err
+			}
+			args := append([]string{"mcp-proxy", "--db", sc.DB + ".proxy", "--config", config, "--", exe}, server.Args[1:]...)
+			return exec.Command(exe, args...), nil
+		},
+	}, nil
 }
 
 // envTaubenchData names the directory of the τ-bench data when --data is

@@ -18,10 +18,11 @@ import (
 )
 
 // TestMain runs this test binary as a crash child of the taubench crash
-// schedule when the runner starts it so (the CLI's hidden subcommand, as the
-// installed program runs it), else the tests.
+// schedule, an MCP tool server child or the mcp-proxy of --via mcp-proxy when
+// the runner starts it so (as the installed program runs them), else the
+// tests.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && (os.Args[1] == taubench.ChildCommand || os.Args[1] == taubench.MCPServerChildCommand) {
+	if len(os.Args) > 1 && (os.Args[1] == taubench.ChildCommand || os.Args[1] == taubench.MCPServerChildCommand || os.Args[1] == "mcp-proxy") {
 		os.Exit(run(context.Background(), os.Args[1:], os.Getenv, os.Stdin, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
@@ -155,11 +156,58 @@ func TestTaubenchViaMCP(t *testing.T) {
 	require.Contains(t, r.stdout, "--via=mcp")
 }
 
+// TestTaubenchViaMCPProxy plays two tasks through idem mcp-proxy (this test
+// binary, as TestMain runs it) in front of the tool server without idem:
+// outside the crash schedule, every idem row is exact; under it, the kill is
+// recovered by the proxy (the crash call answers, the runner checked the
+// server ran it recovered), and whatever differs is on the recovered calls,
+// in their own columns.
+func TestTaubenchViaMCPProxy(t *testing.T) {
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
+	r := idemCmd(t, nil, "", "--json", "taubench", "--via", "mcp-proxy", "--limit", "2", "--seed", "3", "--data", data)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	rep := decode[taubench.Report](t, r.stdout)
+	require.Len(t, rep.Rows, 2*len(taubench.Schedules))
+	for _, row := range rep.Rows {
+		if row.Mode == taubench.Baseline {
+			require.Zero(t, row.RecoveredCalls, "%s/baseline: no proxy, nothing recovered", row.Schedule)
+			continue
+		}
+		require.Zero(t, row.Diverged, "%s/idem: %v", row.Schedule, row.Failures)
+		require.Zero(t, row.ExtraEffects, "%s/idem", row.Schedule)
+		require.Zero(t, row.StateMismatches, "%s/idem", row.Schedule)
+		if row.Schedule != taubench.Crash {
+			require.Equal(t, 2, row.Matched, "%s/idem: %v", row.Schedule, row.Failures)
+			require.Zero(t, row.RecoveredCalls, "%s/idem", row.Schedule)
+			continue
+		}
+		require.Equal(t, 2, row.RecoveredCalls, "crash/idem: the proxy recovered each task's killed call")
+		require.Equal(t, 2, row.Matched+row.RecoveredDiverged, "crash/idem: a task falls short only by its recovered call: %v", row.Failures)
+	}
+	require.True(t, rep.OK())
+
+	// The table shows the recovered columns, and the legend says what they
+	// hold.
+	args := []string{"taubench", "--via", "mcp-proxy", "--limit", "1", "--seed", "3", "--data", data, "--baseline=false"}
+	for _, s := range taubench.Schedules {
+		if s != taubench.Crash {
+			args = append(args, "--"+string(s)+"=false")
+		}
+	}
+	r = idemCmd(t, nil, "", args...)
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, r.stdout, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches | recovered calls | recovered diverged | recovered effects |")
+	require.Regexp(t, `\| crash \| idem \| [01]/1 \| 0 \| 0 \| 0 \| 1 \| [01] \| [01] \|`, r.stdout)
+	require.Contains(t, r.stdout, taubench.RecoveredLegend)
+	require.Contains(t, r.stdout, "--via=mcp-proxy")
+}
+
 func TestTaubenchViaUnknown(t *testing.T) {
 	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
 	r := idemCmd(t, nil, "", "taubench", "--via", "carrier-pigeon", "--data", data)
 	require.Equal(t, 2, r.code)
-	require.Contains(t, r.stderr, `--via must be direct or mcp, not "carrier-pigeon"`)
+	require.Contains(t, r.stderr, `--via must be direct, mcp or mcp-proxy, not "carrier-pigeon"`)
 }
 
 // TestTaubenchServe drives `idem taubench serve` with a go-sdk client over

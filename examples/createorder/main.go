@@ -66,7 +66,7 @@ func main() {
 	}
 
 	gw.WaitCharged()
-	for s, _ := e.Stats(); s.Outbox.Pending > 0; s, _ = e.Stats() {
+	for s, _ := e.ScanFile(); s.Outbox.Pending > 0; s, _ = e.ScanFile() {
 		time.Sleep(10 * time.Millisecond) // let the dispatcher remove the delivered message
 	}
 	orders, _ := svc.Orders(ctx)

@@ -43,9 +43,21 @@ type MCPOptions struct {
 	// Command returns the command a task's calls are sent to, speaking MCP
 	// over its stdin and stdout, for the tool server sc: a proxy in front
 	// of MCPServerCommand(exe, sc), for example. Its Stderr is set by the
-	// runner. Nil means MCPServerCommand(cfg.Executable, sc). Under the
-	// crash schedule, the command's own process must die of SIGKILL.
+	// runner; files it makes beside sc.DB, named sc.DB followed by a dot and
+	// a suffix, are removed with sc.DB after the task. Nil means
+	// MCPServerCommand(cfg.Executable, sc). Under the crash schedule, the
+	// command's own process must die of SIGKILL, unless Recovers.
 	Command func(exe string, sc ServeConfig) (*exec.Cmd, error)
+	// Recovers says the command may survive the kill of its tool server and
+	// answer the call itself, as idem mcp-proxy does: it restarts the server
+	// and re-executes the call with _meta idemmcp.MetaRecovered true. Under
+	// the crash schedule, a call that answers is then accepted (the agent
+	// reads that answer, with no retry of its own) if the tool server ran
+	// it recovered (RecoveredBucket holds its key; else the run fails: the
+	// server was not killed); a call that fails is handled as without
+	// Recovers. The extra effects of recovered calls are counted in
+	// Row.RecoveredEffects, not Row.ExtraEffects.
+	Recovers bool
 }
 
 // RunMCPWith is RunMCP with the tool server started by opts.
@@ -107,15 +119,22 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 				}
 				out, err := play(ctx, &cfg, task, sched, mode, path, initial)
 				os.Remove(path)
+				beside, _ := filepath.Glob(path + ".*")
+				for _, f := range beside {
+					os.Remove(f)
+				}
 				if err != nil {
 					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
 				}
 				row.Diverged += out.diverged
 				row.ExtraEffects += out.extra
+				row.RecoveredCalls += out.recovered
+				row.RecoveredEffects += out.recoveredExtra
+				row.RecoveredDiverged += out.recoveredDiverged
 				if len(out.state) > 0 {
 					row.StateMismatches++
 				}
-				if out.diverged == 0 && len(out.state) == 0 {
+				if out.diverged == 0 && out.recoveredDiverged == 0 && len(out.state) == 0 {
 					row.Matched++
 				} else if len(row.Failures) < 5 {
 					row.Failures = append(row.Failures, fmt.Sprintf("task %d: %s", task.ID, strings.Join(append(out.notes, out.state...), "; ")))
@@ -141,6 +160,9 @@ type mcpPlay struct {
 	path  string
 
 	srv *mcpServer
+	// recoveredKey is the key of the crash call the command answered after
+	// recovering it (MCPOptions.Recovers), checked in RecoveredBucket.
+	recoveredKey string
 }
 
 // mcpServer is a running tool server child and the client's session to it.
@@ -223,11 +245,18 @@ func (p *mcpPlay) run(ctx context.Context, initial snapshot) (out outcome, err e
 		if err != nil {
 			return out, fmt.Errorf("action %d (%s): %w", i, a.Name, err)
 		}
+		recovered := i == crashAt && p.recoveredKey != ""
 		for _, s := range seen {
 			if s.refused || !EqualJSON(s.output, a.Output) {
-				out.diverged++
+				what := "action"
+				if recovered {
+					out.recoveredDiverged++
+					what = "recovered action"
+				} else {
+					out.diverged++
+				}
 				if len(out.notes) < 3 {
-					out.notes = append(out.notes, fmt.Sprintf("action %d %s: got %.120q, want %.120q", i, a.Name, s.output, a.Output))
+					out.notes = append(out.notes, fmt.Sprintf("%s %d %s: got %.120q, want %.120q", what, i, a.Name, s.output, a.Output))
 				}
 			}
 		}
@@ -242,10 +271,23 @@ func (p *mcpPlay) run(ctx context.Context, initial snapshot) (out outcome, err e
 	defer db.Close()
 	var final snapshot
 	err = db.View(func(tx *bbolt.Tx) error {
+		rb := tx.Bucket([]byte(RecoveredBucket))
+		if rb != nil {
+			out.recovered = rb.Stats().KeyN
+		}
+		if p.recoveredKey != "" && (rb == nil || rb.Get([]byte(p.recoveredKey)) == nil) {
+			return fmt.Errorf("action %d answered, but the tool server never ran it recovered: it was not killed", crashAt)
+		}
 		if b := tx.Bucket([]byte(EffectsBucket)); b != nil {
-			if err := b.ForEach(func(_, v []byte) error {
-				if len(v) == 8 {
-					out.extra += max(0, int(binary.BigEndian.Uint64(v))-1)
+			if err := b.ForEach(func(k, v []byte) error {
+				if len(v) != 8 {
+					return nil
+				}
+				extra := max(0, int(binary.BigEndian.Uint64(v))-1)
+				if rb != nil && rb.Get(k) != nil {
+					out.recoveredExtra += extra
+				} else {
+					out.extra += extra
 				}
 				return nil
 			}); err != nil {
@@ -362,9 +404,15 @@ func (p *mcpPlay) lose(ctx context.Context, i int, args map[string]any) error {
 
 // crash sends action i to a server armed to SIGKILL itself during it,
 // checks that it died so, restarts it on the same file and retries the call
-// with the same key: the agent reads the retry's answer.
+// with the same key: the agent reads the retry's answer. Under
+// MCPOptions.Recovers, a call that answers is the recovered call's answer,
+// which the agent reads.
 func (p *mcpPlay) crash(ctx context.Context, i int) ([]answer, error) {
-	_, err := p.call(ctx, i, p.task.Actions[i].Kwargs)
+	ans, err := p.call(ctx, i, p.task.Actions[i].Kwargs)
+	if err == nil && p.opts.Recovers {
+		p.recoveredKey = p.key(i)
+		return []answer{ans}, nil
+	}
 	if err == nil {
 		return nil, errors.New("the call answered: the server was not killed")
 	}
@@ -380,7 +428,7 @@ func (p *mcpPlay) crash(ctx context.Context, i int) ([]answer, error) {
 	if err := p.start(ctx, "", ""); err != nil {
 		return nil, err
 	}
-	ans, err := p.call(ctx, i, p.task.Actions[i].Kwargs)
+	ans, err = p.call(ctx, i, p.task.Actions[i].Kwargs)
 	return []answer{ans}, err
 }
 

@@ -23,6 +23,12 @@ import (
 // the change: what a killed server committed is counted, nothing else.
 const EffectsBucket = "tau_mcp_effects"
 
+// RecoveredBucket holds, per idempotency key, a mark (one byte, 1) that a
+// write call with the key was executed with _meta idemmcp.MetaRecovered true:
+// idem mcp-proxy re-executing a call whose server was killed. It is set in
+// the transaction of the call, whether or not the call changed anything.
+const RecoveredBucket = "tau_mcp_recovered"
+
 // The crash points of a served tool call: inside the write call after the
 // tool ran but before its transaction committed, or after the commit before
 // the answer is sent.
@@ -45,7 +51,10 @@ type ServeConfig struct {
 	Idem bool `json:"idem"`
 	// CrashKey and CrashPoint, if set, kill the server with SIGKILL at
 	// CrashPoint (MCPBeforeCommit or MCPAfterCommit) of the call whose
-	// _meta key is CrashKey.
+	// _meta key is CrashKey, unless the call's _meta has
+	// idemmcp.MetaRecovered true: a call re-executed after the kill (by
+	// idem mcp-proxy, which restarts the server with the same arguments)
+	// runs to its end.
 	CrashKey   string `json:"crash_key,omitempty"`
 	CrashPoint string `json:"crash_point,omitempty"`
 }
@@ -55,7 +64,7 @@ type ServeConfig struct {
 func ServeMCP(ctx context.Context, cfg ServeConfig, t mcp.Transport) error {
 	s := mcp.NewServer(&mcp.Implementation{Name: "taubench-retail", Version: "v1"}, nil)
 	crash := func(req *mcp.CallToolRequest, point string) {
-		if cfg.CrashKey != "" && cfg.CrashPoint == point && metaKey(req) == cfg.CrashKey {
+		if cfg.CrashKey != "" && cfg.CrashPoint == point && metaKey(req) == cfg.CrashKey && !recovered(req) {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // the signal is on its way
 		}
@@ -158,11 +167,24 @@ func textResult(out string) *mcp.CallToolResult {
 }
 
 // runWrite runs a write tool in b and counts its effect under the call's
-// key in the same transaction.
+// key in the same transaction; a recovered call (recovered) also marks its
+// key in RecoveredBucket.
 func runWrite(t Tool, b Buckets, req *mcp.CallToolRequest, in map[string]any) (string, error) {
 	out, err := t.Run(b, in)
-	if err != nil || strings.HasPrefix(out, "Error") {
+	if err != nil {
 		return out, err
+	}
+	if recovered(req) {
+		rb, err := b.Bucket([]byte(RecoveredBucket))
+		if err != nil {
+			return "", err
+		}
+		if err := rb.Put([]byte(metaKey(req)), []byte{1}); err != nil {
+			return "", err
+		}
+	}
+	if strings.HasPrefix(out, "Error") {
+		return out, nil
 	}
 	bkt, err := b.Bucket([]byte(EffectsBucket))
 	if err != nil {
@@ -174,6 +196,12 @@ func runWrite(t Tool, b Buckets, req *mcp.CallToolRequest, in map[string]any) (s
 		n = binary.BigEndian.Uint64(v)
 	}
 	return out, bkt.Put(k, binary.BigEndian.AppendUint64(nil, n+1))
+}
+
+// recovered reports whether the call's _meta has idemmcp.MetaRecovered true.
+func recovered(req *mcp.CallToolRequest) bool {
+	r, _ := req.Params.Meta[idemmcp.MetaRecovered].(bool)
+	return r
 }
 
 func metaKey(req *mcp.CallToolRequest) string {

@@ -95,13 +95,29 @@ type Row struct {
 	// reference and whose changed records equal the task's.
 	Matched int `json:"matched"`
 	Tasks   int `json:"tasks"`
-	// Diverged counts answers the agent read that differ from the reference.
+	// Diverged counts answers the agent read that differ from the reference,
+	// except those of recovered calls (RecoveredDiverged).
 	Diverged int `json:"diverged_outputs"`
 	// ExtraEffects counts write executions that changed the database beyond
 	// one per logical call.
 	ExtraEffects int `json:"extra_effects"`
 	// StateMismatches counts tasks whose changed records differ.
 	StateMismatches int `json:"state_mismatches"`
+	// RecoveredCalls counts write calls that a proxy in front of the tool
+	// server (idem mcp-proxy, RunMCPWith with MCPOptions.Recovers)
+	// re-executed after the server was killed during them: over MCP only.
+	RecoveredCalls int `json:"recovered_calls,omitempty"`
+	// RecoveredEffects counts the extra effects of those calls (write
+	// executions beyond one per logical call), not in ExtraEffects: a
+	// server without idem killed after it committed, before it answered,
+	// runs the call again when the proxy re-executes it. OK ignores them.
+	RecoveredEffects int `json:"recovered_effects,omitempty"`
+	// RecoveredDiverged counts the answers of those calls that differ from
+	// the reference, not in Diverged: the re-execution of a call whose
+	// effect had committed meets its own effect (a cancelled order cannot
+	// be cancelled again) and answers an error. A task with one is not
+	// Matched.
+	RecoveredDiverged int `json:"recovered_diverged_outputs,omitempty"`
 	// Failures describes the first few mismatches, for debugging.
 	Failures []string `json:"failures,omitempty"`
 	// Crashes are the crash schedule's random choices, one per task that
@@ -127,11 +143,15 @@ type Report struct {
 	Rows  []Row  `json:"rows"`
 }
 
-// OK reports whether every idem row matched every task with no divergent
-// output and no extra effect.
+// OK reports whether every idem row has no divergent output, no extra
+// effect and no state mismatch: every task matched, except tasks whose only
+// divergent answers are those of calls a proxy recovered after a kill
+// (Row.RecoveredDiverged; what idem mcp-proxy cannot prevent in front of a
+// server without idem, which it documents). Without recovered calls, that is
+// every task matched.
 func (r *Report) OK() bool {
 	for _, row := range r.Rows {
-		if row.Mode == Idem && (row.Matched != row.Tasks || row.Diverged != 0 || row.ExtraEffects != 0) {
+		if row.Mode == Idem && ((row.Matched != row.Tasks && row.RecoveredDiverged == 0) || row.Diverged != 0 || row.ExtraEffects != 0 || row.StateMismatches != 0) {
 			return false
 		}
 	}
@@ -250,6 +270,10 @@ type outcome struct {
 	notes    []string
 	state    []string
 	crash    *CrashChoice // the crash schedule's choice, if it crashed the task
+	// recovered, recoveredExtra and recoveredDiverged: calls a proxy
+	// re-executed after a kill, their extra effects (not in extra) and
+	// their divergent answers (not in diverged).
+	recovered, recoveredExtra, recoveredDiverged int
 }
 
 // key is the idempotency key of action i: minted once per logical call.
@@ -694,11 +718,31 @@ schedules         none: every call once; duplicate: every call twice in a row;
                   with the same key and changed arguments
 `
 
-// WriteTable prints the report as a markdown table, followed by Legend.
+// RecoveredLegend explains the columns WriteTable adds when a row has
+// recovered calls (Row.RecoveredCalls), and what they mean.
+const RecoveredLegend = `recovered calls   write calls idem mcp-proxy re-executed after it restarted their killed
+                  tool server (_meta "io.github.idemkit/recovered": true)
+recovered         answers of those calls that differ from the reference, and their extra
+  diverged,       effects: not in outputs diverged and extra effects. A server without
+  effects         idem killed after its commit runs the call again when it is recovered:
+                  the effect happens twice, or the tool meets its own effect and answers
+                  an error (a cancelled order cannot be cancelled again). Only a server
+                  that reconciles by the key the proxy sends avoids it
+`
+
+// WriteTable prints the report as a markdown table, followed by Legend (and
+// RecoveredLegend, with the columns recovered calls, recovered diverged and
+// recovered effects, if a row has recovered calls).
 func WriteTable(w io.Writer, rep *Report) {
+	recovered := slices.ContainsFunc(rep.Rows, func(r Row) bool { return r.RecoveredCalls > 0 })
 	fmt.Fprintf(w, "τ-bench retail, %d tasks, seed %d\n\n", rep.Tasks, rep.Seed)
-	fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches |")
-	fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|")
+	if recovered {
+		fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches | recovered calls | recovered diverged | recovered effects |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")
+	} else {
+		fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches |")
+		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|")
+	}
 	rows := append([]Row(nil), rep.Rows...)
 	order := map[Schedule]int{}
 	for i, s := range Schedules {
@@ -706,7 +750,14 @@ func WriteTable(w io.Writer, rep *Report) {
 	}
 	sort.SliceStable(rows, func(i, j int) bool { return order[rows[i].Schedule] < order[rows[j].Schedule] })
 	for _, r := range rows {
-		fmt.Fprintf(w, "| %s | %s | %d/%d | %d | %d | %d |\n", r.Schedule, r.Mode, r.Matched, r.Tasks, r.Diverged, r.ExtraEffects, r.StateMismatches)
+		fmt.Fprintf(w, "| %s | %s | %d/%d | %d | %d | %d |", r.Schedule, r.Mode, r.Matched, r.Tasks, r.Diverged, r.ExtraEffects, r.StateMismatches)
+		if recovered {
+			fmt.Fprintf(w, " %d | %d | %d |", r.RecoveredCalls, r.RecoveredDiverged, r.RecoveredEffects)
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintf(w, "\n%s", Legend)
+	if recovered {
+		fmt.Fprint(w, RecoveredLegend)
+	}
 }

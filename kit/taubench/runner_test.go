@@ -3,6 +3,7 @@ package taubench
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -80,4 +81,35 @@ func TestRunnerSeedRepeats(t *testing.T) {
 	q := &play{cfg: &Config{Seed: 43}, task: tasks[0]}
 	require.Equal(t, p.key(0), p.key(0))
 	require.NotEqual(t, p.key(0), q.key(0), "the seed decides the keys")
+}
+
+// TestReportRecovered: the recovered columns appear only when a row has
+// recovered calls; OK tolerates divergent answers of recovered calls (and
+// the tasks they leave unmatched), not any other shortfall.
+func TestReportRecovered(t *testing.T) {
+	plain := &Report{Tasks: 2, Rows: []Row{{Schedule: Crash, Mode: Idem, Tasks: 2, Matched: 2}}}
+	var b strings.Builder
+	WriteTable(&b, plain)
+	require.NotContains(t, b.String(), "recovered")
+	require.True(t, plain.OK())
+
+	row := Row{Schedule: Crash, Mode: Idem, Tasks: 2, Matched: 1, RecoveredCalls: 2, RecoveredDiverged: 1, RecoveredEffects: 1}
+	rep := &Report{Tasks: 2, Rows: []Row{row}}
+	b.Reset()
+	WriteTable(&b, rep)
+	require.Contains(t, b.String(), "| crash | idem | 1/2 | 0 | 0 | 0 | 2 | 1 | 1 |")
+	require.Contains(t, b.String(), RecoveredLegend)
+	require.True(t, rep.OK(), "the shortfall is the recovered call's")
+
+	for name, bad := range map[string]func(*Row){
+		"a divergent answer":      func(r *Row) { r.Diverged = 1 },
+		"an extra effect":         func(r *Row) { r.ExtraEffects = 1 },
+		"a state mismatch":        func(r *Row) { r.StateMismatches = 1 },
+		"unmatched, no recovered": func(r *Row) { r.RecoveredDiverged = 0 },
+	} {
+		r := row
+		bad(&r)
+		require.False(t, (&Report{Rows: []Row{r}}).OK(), name)
+	}
+	require.False(t, (&Report{Rows: []Row{{Mode: Idem, Tasks: 2, Matched: 1}}}).OK())
 }

@@ -53,7 +53,7 @@ func run() error {
 	}
 	<-delivered
 	for { // until the dispatcher has passed outbox-after-handler
-		s, err := e.Stats()
+		s, err := e.ScanFile()
 		if err != nil {
 			return err
 		}
