@@ -140,7 +140,7 @@ type Options struct {
 	// InitialMmapSize is the size, in bytes, of the memory map bbolt opens
 	// the file with (bbolt's InitialMmapSize). A commit that grows the file
 	// past the map must remap it, and waits until every read transaction
-	// (View, Backup, Records, Messages, Stats, a long scan) has ended: calls
+	// (View, Backup, Records, Messages, ScanFile, a long scan) has ended: calls
 	// stall behind a long reader then. A map larger than the file will grow
 	// (it costs address space, not memory) lets commits go on beside any
 	// reader. Zero means bbolt's default (the file's size, rounded up).
