@@ -42,3 +42,11 @@ func validateStoredKey(key string) error {
 	}
 	return nil
 }
+
+// ValidateKey checks key by the rules Do and DoTx apply to a new call's key
+// (listed on ErrInvalidKey): nil, or an error wrapping ErrInvalidKey that
+// names the rule broken. Adapters that store a hash of a client's key
+// (KeyOf, a scope) check the client's key with it first, so that a key the
+// engine refuses is refused in their hands too rather than hidden in the
+// hash.
+func ValidateKey(key string) error { return validateKey(key) }

@@ -16,7 +16,9 @@
 // value is not a valid sf-string, the raw value (stripe-go sends unquoted
 // keys such as 1796107146426231270_GaGLhw, which are not sf-tokens either).
 // So `"abc"` and abc are the same key. A key is 1 to idem.MaxKeyLen (255)
-// bytes of UTF-8 without control characters, Stripe's limit.
+// bytes of UTF-8 (Stripe's limit) that meets the engine's rules
+// (idem.ErrInvalidKey: no white space at either end, no control or format
+// character), with or without Options.Scope.
 //
 // Without Options.Scope there is ONE PRINCIPAL: every caller shares one key
 // space, and a caller that sends another caller's key gets 422 (so learns the

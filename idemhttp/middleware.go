@@ -366,6 +366,11 @@ func parseKey(values []string) (string, *problem) {
 	case strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
 		return "", problemKeyInvalid("the key holds control characters")
 	}
+	// The engine's rules (white space at an end, format characters), also
+	// when Scope stores a hash of the key, which the engine cannot check.
+	if err := idem.ValidateKey(v); err != nil {
+		return "", problemKeyInvalid(strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": "))
+	}
 	return v, nil
 }
 

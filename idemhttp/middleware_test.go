@@ -797,3 +797,29 @@ func TestNotStoredWithWaiters(t *testing.T) {
 		t.Fatalf("runs %d, want 2", runs.Load())
 	}
 }
+
+// The key rules are the engine's whether or not Scope hashes the client's
+// key into the stored one: a key with white space at an end or a format
+// character (the engine's ErrInvalidKey) is refused with 400 in both cases,
+// not stored under a hash that hides it.
+func TestKeyRulesWithAndWithoutScope(t *testing.T) {
+	for _, scoped := range []bool{false, true} {
+		t.Run(map[bool]string{false: "unscoped", true: "scoped"}[scoped], func(t *testing.T) {
+			var opts *idemhttp.Options
+			if scoped {
+				opts = &idemhttp.Options{Scope: func(*http.Request) string { return "alice" }}
+			}
+			o := &orders{}
+			s := newServer(t, openEngine(t, nil), opts, o)
+			for _, key := range []string{"k\u00a0", "\u00a0k", `" k"`, "\ufeffk", "k\u200bk"} {
+				resp, body := mustPost(t, s.Client(), s.URL, key, "x")
+				if resp.StatusCode != http.StatusBadRequest || problemOf(t, resp, body).Type != idemhttp.ProblemKeyInvalid {
+					t.Errorf("key %q: %d %s", key, resp.StatusCode, body)
+				}
+			}
+			if o.effects.Load() != 0 {
+				t.Fatalf("%d effects under refused keys", o.effects.Load())
+			}
+		})
+	}
+}

@@ -17,7 +17,8 @@ const (
 	// an Idempotency-Key header. Stripe code "idempotency_key_missing".
 	ProblemKeyMissing = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemKeyMissing"
 	// ProblemKeyInvalid: HTTP 400, the header is empty, repeated, longer than
-	// idem.MaxKeyLen bytes or holds control characters. Stripe code
+	// idem.MaxKeyLen bytes, has white space at either end or holds control
+	// or format characters (idem.ValidateKey). Stripe code
 	// "idempotency_key_invalid".
 	ProblemKeyInvalid = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemKeyInvalid"
 	// ProblemKeyMismatch: HTTP 422, the key was used with another request

@@ -53,7 +53,8 @@ const (
 //     again with the same key,
 //     after an exponential backoff with jitter (cenkalti/backoff/v5,
 //     randomization 0.5) or the response's Retry-After (delay-seconds or an
-//     HTTP date) when it has one;
+//     HTTP date) when it has one and it is at least InitialInterval (a
+//     Retry-After of 0, or a date already past, gets the backoff instead);
 //   - stops when an answer comes that is not retried, when the request's
 //     context ends (its error is returned), or when the next wait would pass
 //     MaxElapsedTime after the first attempt: then the last response is
@@ -132,6 +133,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	ctx := req.Context()
+	initial := or(t.InitialInterval, DefaultInitialInterval)
 	attempt := func() (*http.Response, error) {
 		r := req.Clone(ctx)
 		r.Header.Set(HeaderKey, key)
@@ -151,14 +153,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		rerr := error(&statusError{resp.StatusCode})
-		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok {
+		// A Retry-After shorter than the first backoff wait (0, a date
+		// already past) gives way to the backoff: honoured, it would send
+		// the attempts one after another without a pause.
+		if d, ok := retryAfter(resp.Header.Get("Retry-After"), time.Now()); ok && d >= initial {
 			rerr = &backoff.RetryAfterError{Duration: d}
 		}
 		return resp, rerr
 	}
 
 	b := backoff.NewExponentialBackOff()
-	b.InitialInterval = or(t.InitialInterval, DefaultInitialInterval)
+	b.InitialInterval = initial
 	b.MaxInterval = or(t.MaxInterval, DefaultMaxInterval)
 	var last *http.Response
 	resp, err := backoff.Retry(ctx, func() (*http.Response, error) {

@@ -299,3 +299,33 @@ func httptestServer(t *testing.T, h http.Handler) string {
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
+
+// A Retry-After of 0, or an HTTP date already past, is no reason to retry at
+// once: the attempts would follow one another without a pause until
+// MaxElapsedTime (thousands a second). Such a wait gives way to the
+// exponential backoff, whose first wait here (an hour, jitter included at
+// least half) passes the deadline, so the one answer comes back.
+func TestTransportRetryAfterZeroBacksOff(t *testing.T) {
+	for _, ra := range []string{"0", "Thu, 01 Jan 1970 00:00:00 GMT"} {
+		t.Run(ra, func(t *testing.T) {
+			var hits atomic.Int64
+			url := httptestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				hits.Add(1)
+				w.Header().Set("Retry-After", ra)
+				w.WriteHeader(http.StatusServiceUnavailable)
+			}))
+			tr := fastTransport()
+			tr.InitialInterval = time.Hour
+			tr.MaxInterval = time.Hour
+			tr.MaxElapsedTime = time.Second
+			resp, err := (&http.Client{Transport: tr}).Post(url, "text/plain", strings.NewReader("x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || hits.Load() != 1 {
+				t.Fatalf("%d after %d attempts: Retry-After %q retried without a pause", resp.StatusCode, hits.Load(), ra)
+			}
+		})
+	}
+}

@@ -63,6 +63,9 @@
 //     handler's error, which go-sdk keeps as CallToolResult.GetError on the
 //     server): answered, not stored, the key is free;
 //   - a result with InputRequests: not final, answered, not stored;
+//   - an outcome over the engine's MaxResponseSize: answered to the caller
+//     whose call ran the tool, not stored; the key is done with
+//     idem.ErrResponseTooLarge, and a retry gets a JSON-RPC internal error;
 //   - a context error (the request was cancelled): an interrupted execution
 //     for Do (the engine's recovery policy decides on the next call); for
 //     DoTx nothing committed and the key is free;
@@ -84,7 +87,7 @@
 //
 //	code    data.type                       when
 //	-32060  idempotency_key_required        side-effecting tool, no key
-//	-32061  idempotency_key_invalid         key blank, > 255 bytes, not UTF-8, control characters, not a string
+//	-32061  idempotency_key_invalid         key blank, > 255 bytes, not UTF-8, white space at an end, control or format characters, not a string
 //	-32062  idempotency_key_conflict        the key was used with another tool or other arguments
 //	-32063  idempotency_key_in_progress     the first call with the key still runs (retryAfter)
 //	-32064  idempotency_key_incomplete      interrupted execution under idem.RecoverRefuse

@@ -26,8 +26,8 @@ import (
 // specification asks of _meta prefixes.
 const (
 	// MetaKey is the request _meta entry that carries the idempotency key:
-	// a JSON string of 1 to 255 bytes of UTF-8, not blank, without control
-	// characters. The key is read from there only (go-sdk drops unknown
+	// a JSON string of 1 to 255 bytes of UTF-8, without white space at
+	// either end or control or format characters (idem.ValidateKey). The key is read from there only (go-sdk drops unknown
 	// fields of params), never from the JSON-RPC id, which differs between
 	// a request and its retry.
 	MetaKey = "io.github.idemkit/idempotency-key"
@@ -407,6 +407,12 @@ func badKey(key string) string {
 	case strings.ContainsFunc(key, unicode.IsControl):
 		return "holds control characters"
 	}
+	// The engine's rules (white space at an end, format characters), also
+	// when the stored key is a hash (Scope, a continuation), which the
+	// engine cannot check.
+	if err := idem.ValidateKey(key); err != nil {
+		return strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ")
+	}
 	return ""
 }
 
@@ -432,11 +438,17 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		own    bool
 		ownRes mcp.Result
 		ownErr error
+		// ran, ranRes, ranErr: the answer of this call's own handling, for
+		// an outcome too large to record (the engine's MaxResponseSize).
+		ran    bool
+		ranRes mcp.Result
+		ranErr error
 	)
 	body := func(ctx context.Context) ([]byte, error) {
 		own, ownRes, ownErr = false, nil, nil // fn of DoTx may run again
 		st := &callState{m: m, tx: ctx.Value(txKey{})}
 		res, err := next(context.WithValue(ctx, stateKey{}, st), method, r)
+		ran, ranRes, ranErr = true, res, err
 		keep := func(why error) ([]byte, error) {
 			own, ownRes, ownErr = true, res, err
 			return nil, idem.Retryable(why)
@@ -479,6 +491,11 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 	res, err := t.do(ctx, key, fp, body)
 	if own {
 		return ownRes, ownErr // not stored: this execution's own answer
+	}
+	if ran && errors.Is(err, idem.ErrResponseTooLarge) {
+		// The tool ran and answered, but the answer is over the engine's
+		// limit: its caller gets it; retries get the stored error.
+		return ranRes, ranErr
 	}
 	var ie *idem.Error
 	var ip *idem.InProgressError

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -737,4 +738,65 @@ func TestStoreFailureRefusesAndRunsNothing(t *testing.T) {
 	require.EqualValues(t, idemmcp.CodeUnavailable, ref.Code)
 	require.Positive(t, ref.RetryAfter)
 	require.Zero(t, orders.Load())
+}
+
+// The key rules are the engine's whether or not the stored key is a hash
+// (Options.Scope): a key with white space at an end or a format character
+// is refused as invalid in both cases, and the tool does not run.
+func TestKeyRulesWithAndWithoutScope(t *testing.T) {
+	for name, opts := range map[string]*idemmcp.Options{
+		"unscoped": nil,
+		"scoped":   {Scope: func(context.Context, *mcp.CallToolRequest) (string, error) { return "alice", nil }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var orders atomic.Int32
+			r := newRig(t, "", opts, nil, shop(&orders))
+			for _, key := range []string{" k", "k\u00a0", "\ufeffk", "k\u200bk"} {
+				_, err := r.call(key, "create_order", map[string]any{"sku": "A1", "qty": 1})
+				ref, ok := idemmcp.RefusalOf(err)
+				if !ok || ref.Type != idemmcp.TypeKeyInvalid {
+					t.Errorf("key %q: %v", key, err)
+				}
+			}
+			require.EqualValues(t, 0, orders.Load())
+		})
+	}
+}
+
+// A result over the engine's MaxResponseSize cannot be recorded: the key is
+// done with idem.ErrResponseTooLarge stored. The caller whose call ran the
+// tool still gets its result (the effect happened: an error saying the store
+// failed and the tool did not run would be false), and a retry with the key
+// gets an internal error, not a refusal that invites it to retry.
+func TestResultOverTheEngineLimit(t *testing.T) {
+	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{PruneInterval: -1, MaxResponseSize: 1 << 10})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	var runs atomic.Int32
+	server := mcp.NewServer(&mcp.Implementation{Name: "shop", Version: "v1"}, nil)
+	m := idemmcp.New(e, nil)
+	idemmcp.AddTool(server, m, &mcp.Tool{Name: "export"},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			runs.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("z", 4<<10)}}}, nil, nil
+		}, nil)
+	server.AddReceivingMiddleware(m.Wrap)
+	st, ct := mcp.NewInMemoryTransports()
+	_, err = server.Connect(t.Context(), st, nil)
+	require.NoError(t, err)
+	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
+	client.AddSendingMiddleware(idemmcp.ClientMiddleware(nil))
+	cs, err := client.Connect(t.Context(), ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { cs.Close() })
+
+	ctx := idemmcp.WithKey(t.Context(), "big-1")
+	first, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
+	require.NoError(t, err, "the caller whose call ran gets its result")
+	require.Len(t, text(t, first), 4<<10)
+	_, err = cs.CallTool(ctx, &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
+	require.Error(t, err)
+	_, isRefusal := idemmcp.RefusalOf(err)
+	require.False(t, isRefusal, "a retry cannot help: %v", err)
+	require.EqualValues(t, 1, runs.Load())
 }

@@ -24,7 +24,9 @@ const (
 	// data.type is TypeKeyRequired.
 	CodeKeyRequired = -32060
 	// CodeKeyInvalid: the key is empty, blank, longer than 255 bytes, not
-	// UTF-8, holds control characters, or is not a JSON string.
+	// UTF-8, has white space at either end, holds control or format
+	// characters (idem.ValidateKey), or is not a JSON string; with
+	// Options.Scope too.
 	CodeKeyInvalid = -32061
 	// CodeConflict: the key was used before with another tool or other
 	// arguments (the IETF Idempotency-Key draft's HTTP 422). The stored

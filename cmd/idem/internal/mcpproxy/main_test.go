@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +42,8 @@ func TestMain(m *testing.M) {
 // proxyMain is the proxy: IDEM_TEST_DB is its file, IDEM_TEST_CONFIG the
 // configuration's text, IDEM_TEST_COMMAND the server's argv as a JSON array;
 // IDEM_TEST_INFLIGHT=fail and IDEM_TEST_RECOVERY=refuse set the engine's
-// policies, IDEM_TEST_MAXWAIT the proxy's MaxWait.
+// policies, IDEM_TEST_MAXRESPONSE its MaxResponseSize, IDEM_TEST_MAXWAIT the
+// proxy's MaxWait.
 func proxyMain() int {
 	signal.Ignore(syscall.SIGPIPE) // as the idem command does
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -62,6 +64,9 @@ func proxyMain() int {
 	}
 	if os.Getenv("IDEM_TEST_RECOVERY") == "refuse" {
 		opts.Recovery = idem.RecoverRefuse
+	}
+	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_MAXRESPONSE")); err == nil {
+		opts.MaxResponseSize = n
 	}
 	e, err := idem.Open(os.Getenv("IDEM_TEST_DB"), opts)
 	if err != nil {

@@ -39,11 +39,21 @@
 //     recognised by their text; a server of another SDK that answers a schema
 //     failure as an isError result has it recorded). They are answered and
 //     the key stays free.
+//   - An answer over the engine's MaxResponseSize is sent to the caller whose
+//     call ran, not recorded: the key is done with idem.ErrResponseTooLarge,
+//     and a retry gets an internal error (-32603) instead of a replay.
 //   - A cancellation (notifications/cancelled) of a protected call is never
 //     forwarded, neither the first caller's nor a waiter's: the call runs to
 //     its end so its outcome is recorded, and a retry replays it instead of
 //     meeting an unknown outcome. The cancelled request gets no response
 //     (the receiver of a cancellation should not answer it).
+//   - A JSON-RPC batch (an array of messages, which the 2025-03-26 protocol
+//     allows) that holds a tools/call of a protected tool is refused: each
+//     request in it gets an invalid-request error (-32600), and nothing of it
+//     reaches the server. Other batches are relayed as they are. A
+//     tools/call of a protected tool without an id (a notification) is
+//     dropped with a warning, and one with a null id gets an invalid-request
+//     error: neither can be recorded and answered as a call.
 //
 // Calls of tools not in the configuration are relayed unprotected, with a
 // warning on stderr the first time each one is called, unless the server's
@@ -319,6 +329,9 @@ func (s *session) readClient(in io.Reader) error {
 }
 
 func (s *session) fromClient(msg []byte) {
+	if msg[0] == '[' && s.refuseBatch(msg) {
+		return
+	}
 	var h header
 	if json.Unmarshal(msg, &h) != nil {
 		s.relay(msg, nil, "") // not ours to judge: the server answers it
@@ -340,6 +353,15 @@ func (s *session) fromClient(msg []byte) {
 		}
 	case h.Method == "tools/call" && h.hasID():
 		s.toolsCall(msg, &h)
+	case h.Method == "tools/call" && s.protects(h.Params):
+		// No id (a notification) or a null one: it cannot be recorded as
+		// a call nor answered under its own id, and relayed it would run
+		// unprotected.
+		s.warn("a tools/call of a protected tool without an id was not relayed")
+		if h.ID != nil {
+			s.writeClient(errorResponse(h.ID, jsonrpc.CodeInvalidRequest, "",
+				"a tools/call of a protected tool needs an id (not null)", nil))
+		}
 	case h.Method == "notifications/cancelled":
 		var p struct {
 			RequestID json.RawMessage `json:"requestId"`
@@ -368,6 +390,54 @@ func (s *session) fromClient(msg []byte) {
 		}
 		s.relay(msg, nil, "")
 	}
+}
+
+// refuseBatch answers a JSON-RPC batch (an array of messages, which the
+// 2025-03-26 protocol allows) that holds a tools/call of a protected tool:
+// each request in it gets an invalid-request error and nothing reaches the
+// server, which would otherwise run its calls unprotected. It reports false,
+// and does nothing, for any other batch, which is relayed as it is.
+func (s *session) refuseBatch(msg []byte) bool {
+	var batch []json.RawMessage
+	if json.Unmarshal(msg, &batch) != nil {
+		return false
+	}
+	protected := false
+	for _, m := range batch {
+		var h header
+		if json.Unmarshal(m, &h) == nil && h.Method == "tools/call" && s.protects(h.Params) {
+			protected = true
+		}
+	}
+	if !protected {
+		return false
+	}
+	var answers [][]byte
+	for _, m := range batch {
+		var h header
+		if json.Unmarshal(m, &h) != nil || !h.hasID() || h.Method == "" {
+			continue // a notification, or an answer, gets no answer
+		}
+		answers = append(answers, errorResponse(h.ID, jsonrpc.CodeInvalidRequest, "",
+			"a batch that holds a tools/call of a protected tool is refused: send each request on its own", nil))
+	}
+	if len(answers) > 0 {
+		s.writeClient(append(append([]byte{'['}, bytes.Join(answers, []byte{','})...), ']'))
+	}
+	return true
+}
+
+// protects reports whether params (of a tools/call) name a tool the
+// configuration protects.
+func (s *session) protects(params json.RawMessage) bool {
+	var p struct {
+		Name string `json:"name"`
+	}
+	if json.Unmarshal(params, &p) != nil {
+		return false
+	}
+	tool, ok := s.cfg.Tools[p.Name]
+	return ok && !tool.ReadOnly
 }
 
 // relay sends msg to the live server as it is, waiting for a restart if
@@ -507,6 +577,11 @@ func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[s
 	if err := json.Unmarshal(raw, &key); err != nil {
 		return "", fmt.Errorf("_meta %q must be a string", MetaKey)
 	}
+	// Checked here, not only by the engine: a continuation's stored key is
+	// a hash of it, which the engine cannot check.
+	if err := idem.ValidateKey(key); err != nil {
+		return "", err
+	}
 	return key, nil
 }
 
@@ -532,8 +607,13 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		// The deadline bounds a duplicate's wait; the first call's fn
 		// outlives it (execute), so its outcome is always recorded.
 		ctx, cancel := context.WithTimeout(c.ctx, maxWait)
+		var ran []byte // the server's answer to this call's own execution
 		res, err := s.p.Engine.Do(ctx, stored, fp, func(ctx context.Context) ([]byte, error) {
-			return s.execute(ctx, c, msg, key)
+			resp, err := s.execute(ctx, c, msg, key)
+			if err == nil {
+				ran = resp
+			}
+			return resp, err
 		})
 		cancel()
 		var inProgress *idem.InProgressError
@@ -542,6 +622,13 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 			answer, err = reply(res.Response, id, res.Replayed)
 		case errors.Is(err, idem.ErrRetryable) && res.Response != nil:
 			answer, err = reply(res.Response, id, false)
+		case errors.Is(err, idem.ErrResponseTooLarge) && ran != nil:
+			// The server answered, over the engine's limit: its caller
+			// gets the answer; retries get the stored error.
+			answer, err = reply(ran, id, false)
+		case errors.Is(err, idem.ErrResponseTooLarge):
+			answer = errorResponse(id, jsonrpc.CodeInternalError, "",
+				"the answer to the first call with this idempotency key was too large to record, so it cannot be replayed: "+err.Error(), nil)
 		case c.ctx.Err() != nil && !s.isDone() && round < MaxRounds:
 			continue // the server died: run it again on the next one
 		case c.ctx.Err() != nil:

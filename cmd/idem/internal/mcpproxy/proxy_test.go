@@ -716,3 +716,119 @@ func TestClientGoneMidCall(t *testing.T) {
 	require.Equal(t, "order 1: 1 x L", textOf(t, r))
 	require.Len(t, f.executionsOf("gated_order"), 1)
 }
+
+// TestKeyRulesHoldForContinuations: a continuation's stored key is a hash of
+// the client's key, which must still meet the engine's key rules: a key
+// with white space at an end or a format character is refused as invalid
+// for the first round and for a continuation alike, and nothing runs.
+func TestKeyRulesHoldForContinuations(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":%q}}}`
+	id := 10
+	for _, key := range []string{" k", "k\u00a0", "\ufeffk"} {
+		for _, state := range []string{``, `"requestState":"round-2",`} {
+			id++
+			s.send(fmt.Sprintf(call, id, state, key))
+			m := s.await(strconv.Itoa(id))
+			require.Contains(t, m, "error", "key %q %s: %v", key, state, m)
+			require.Contains(t, string(m["error"]), idemmcp.TypeKeyInvalid, "key %q %s", key, state)
+		}
+	}
+	require.Empty(t, f.effects())
+}
+
+// TestBatchOfProtectedCallsIsRefused: a JSON-RPC batch (an array, which
+// clients of the 2025-03-26 protocol may send) holding a tools/call of a
+// protected tool is refused, each of its requests with an error, and none
+// reaches the server: relayed as it is, its calls would run unprotected, the
+// same key twice included.
+func TestBatchOfProtectedCallsIsRefused(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(strings.Replace(rawInit, "2025-11-25", "2025-03-26", 1))
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"B","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"batch-k"}}}`
+	s.send("[" + fmt.Sprintf(call, 10) + "," + fmt.Sprintf(call, 11) + `,{"jsonrpc":"2.0","method":"notifications/progress","params":{"progressToken":1,"progress":1}}]`)
+	var answers []map[string]json.RawMessage
+	select {
+	case line := <-s.lines:
+		require.NoError(t, json.Unmarshal(line, &answers), "%s", line)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the batch")
+	}
+	require.Len(t, answers, 2, "one answer per request of the batch")
+	ids := map[string]bool{}
+	for _, a := range answers {
+		ids[string(a["id"])] = true
+		require.Contains(t, string(a["error"]), fmt.Sprint(jsonrpc.CodeInvalidRequest), "%v", a)
+	}
+	require.Equal(t, map[string]bool{"10": true, "11": true}, ids)
+	// The session goes on, and the key is free.
+	s.send(fmt.Sprintf(call, 12))
+	m := s.await("12")
+	require.Contains(t, m, "result", "%v", m)
+	require.Len(t, f.effects(), 1)
+}
+
+// TestProtectedCallWithoutIDDoesNotReachTheServer: a tools/call of a
+// protected tool with a null id, or none (a notification), cannot be
+// answered under its own id nor recorded as a call: it is refused (an
+// invalid-request error with a null id, as JSON-RPC answers a request whose
+// id it cannot tell) or dropped with a warning, never relayed to run
+// unprotected.
+func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
+	f := newFixture(t)
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	params := `"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"N","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"null-k"}}`
+	s.send(`{"jsonrpc":"2.0",` + params + `}`)
+	s.send(`{"jsonrpc":"2.0","id":null,` + params + `}`)
+	var m map[string]json.RawMessage
+	select {
+	case line := <-s.lines:
+		require.NoError(t, json.Unmarshal(line, &m), "%s", line)
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer to the call with a null id")
+	}
+	require.Equal(t, "null", string(m["id"]))
+	require.Contains(t, string(m["error"]), fmt.Sprint(jsonrpc.CodeInvalidRequest), "%v", m)
+	// The session goes on; the server ran nothing of the two.
+	s.send(`{"jsonrpc":"2.0","id":5,` + params + `}`)
+	m = s.await("5")
+	require.Contains(t, m, "result", "%v", m)
+	require.Len(t, f.effects(), 1)
+	require.Contains(t, f.stderr.String(), "without an id")
+}
+
+// TestAnswerOverTheEngineLimit: a server's answer over the engine's
+// MaxResponseSize cannot be recorded (the key is done with
+// idem.ErrResponseTooLarge). The caller whose call ran still gets the
+// server's answer: the effect happened, and "the store failed, retry" would
+// be false. A retry with the key gets an internal error, not a refusal with
+// retryAfter, and the server does not run it again.
+func TestAnswerOverTheEngineLimit(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_MAXRESPONSE=1024"}
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	sku := strings.Repeat("s", 4<<10)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"big-k"}}}`
+	s.send(fmt.Sprintf(call, 10, sku))
+	m := s.await("10")
+	require.Contains(t, m, "result", "the caller whose call ran gets the answer")
+	require.Contains(t, string(m["result"]), sku)
+	s.send(fmt.Sprintf(call, 11, sku))
+	m = s.await("11")
+	require.Contains(t, string(m["error"]), fmt.Sprint(jsonrpc.CodeInternalError), "%s", m["error"])
+	require.NotContains(t, string(m["error"]), "retryAfter")
+	require.Len(t, f.effects(), 1)
+}
