@@ -32,6 +32,8 @@ func TestMain(m *testing.M) {
 		holdChild()
 	case "script":
 		scriptChild()
+	case "history":
+		historyChild()
 	default:
 		fmt.Fprintf(os.Stderr, "no child %q\n", os.Getenv(envChild))
 		os.Exit(3)
