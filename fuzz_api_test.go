@@ -133,7 +133,12 @@ func FuzzAPI(f *testing.F) {
 					}
 					if want == nil {
 						delete(model, key)
-					} // else the interrupted record stays as it was
+					} else {
+						// fn's promise covers its own attempt only: the
+						// earlier one's effect is still unknown, so this
+						// attempt's started record stays.
+						model[key] = &apiRecord{fp: fp, attempt: wantAttempt, at: clock.Now()}
+					}
 					continue
 				case 2:
 					next.code, next.msg = "card_declined", "declined"
