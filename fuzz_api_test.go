@@ -131,9 +131,9 @@ func FuzzAPI(f *testing.F) {
 					if !errors.Is(err, idem.ErrRetryable) {
 						t.Fatalf("%s: want ErrRetryable, got %v", step, err)
 					}
-					if want == nil {
-						delete(model, key)
-					} else {
+					// With no live record, nothing changes (an expired one
+					// Prune has not reached stays: Forget may find it).
+					if want != nil {
 						// fn's promise covers its own attempt only: the
 						// earlier one's effect is still unknown, so this
 						// attempt's started record stays.
@@ -146,9 +146,7 @@ func FuzzAPI(f *testing.F) {
 					if !errors.Is(err, context.Canceled) {
 						t.Fatalf("%s: want context.Canceled, got %v", step, err)
 					}
-					if tx {
-						delete(model, key) // DoTx stores nothing
-					} else {
+					if !tx { // DoTx stores nothing
 						model[key] = &apiRecord{fp: fp, attempt: wantAttempt, at: clock.Now()}
 					}
 					continue
