@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )
@@ -21,18 +22,10 @@ var effectsBucket = []byte("effects")
 var boltHarness = idemtest.Harness[*idem.Tx]{
 	New: func(t testing.TB) string { return filepath.Join(t.TempDir(), "idem.db") },
 	Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
-		return idem.Open(store, &idem.Options{
-			Retention:       o.Retention,
-			Recovery:        o.Recovery,
-			InFlight:        o.InFlight,
-			RetryAfter:      o.RetryAfter,
-			MaxResponseSize: o.MaxResponseSize,
-			Now:             o.Now,
-			Outbox:          o.Outbox,
-			Logger:          o.Logger,
-			// The suite prunes when it means to (Engine.Prune).
-			PruneInterval: -1,
-		})
+		return idem.Open(store, boltOptions(o))
+	},
+	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[*idem.Tx]) core.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
+		return idem.OpenWrapped(store, boltOptions(o), wrap)
 	},
 	PutEffect: func(tx *idem.Tx, key, value string) error {
 		b, err := tx.Bucket(effectsBucket)
@@ -55,6 +48,22 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
 	Hook:    hookVia(fault.Set),
 	Check:   testkit.Check,
+}
+
+// boltOptions are the engine's options for the suite's.
+func boltOptions(o idemtest.Options) *idem.Options {
+	return &idem.Options{
+		Retention:       o.Retention,
+		Recovery:        o.Recovery,
+		InFlight:        o.InFlight,
+		RetryAfter:      o.RetryAfter,
+		MaxResponseSize: o.MaxResponseSize,
+		Now:             o.Now,
+		Outbox:          o.Outbox,
+		Logger:          o.Logger,
+		// The suite prunes when it means to (Engine.Prune).
+		PruneInterval: -1,
+	}
 }
 
 func TestConformance(t *testing.T) {

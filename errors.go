@@ -2,11 +2,8 @@ package idem
 
 import (
 	"errors"
-	"fmt"
-	"strconv"
-	"strings"
-	"time"
-	"unicode/utf8"
+
+	"github.com/idemkit/idem/internal/core"
 )
 
 // Input errors: nothing was stored, so the call can be corrected and retried.
@@ -25,12 +22,12 @@ var (
 	// characters). Inner white space is allowed. Get, Forget and Resolve
 	// check only the length and UTF-8, so that records stored under keys an
 	// earlier version accepted stay reachable.
-	ErrInvalidKey = errors.New("invalid idempotency key")
+	ErrInvalidKey = core.ErrInvalidKey
 
 	// ErrFingerprintMismatch is returned when a key is reused with a different
 	// fingerprint, whatever state its record is in (the IETF Idempotency-Key
 	// draft answers this case with HTTP 422). The stored record is untouched.
-	ErrFingerprintMismatch = errors.New("fingerprint mismatch")
+	ErrFingerprintMismatch = core.ErrFingerprintMismatch
 
 	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered for a
 	// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
@@ -46,38 +43,38 @@ var (
 var (
 	// ErrInProgress is returned, under InFlightFail, while another call with the
 	// same key runs in this process (the IETF draft's HTTP 409).
-	ErrInProgress = errors.New("request in progress")
+	ErrInProgress = core.ErrInProgress
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
 	// that no live call owns (after a crash, a panic, an error fn returned once
 	// its own context had ended, or a failed commit) under RecoverRefuse, and to
 	// waiters whose leader left such a record behind. Resolve the key with
 	// Engine.Resolve or Forget.
-	ErrIncomplete = errors.New("execution incomplete")
+	ErrIncomplete = core.ErrIncomplete
 
 	// ErrRetryable is wrapped by errors made with Retryable: fn promised that its
 	// effect did not happen, the started record was deleted and the key is free
 	// (unless the call recovered an interrupted execution: see Retryable).
-	ErrRetryable = errors.New("retryable")
+	ErrRetryable = core.ErrRetryable
 
 	// ErrResponseTooLarge is returned when fn's response exceeds
 	// Options.MaxResponseSize. The key is done with this error stored: every
 	// replay returns it, fn does not run again, nothing is truncated.
-	ErrResponseTooLarge = errors.New("response too large")
+	ErrResponseTooLarge = core.ErrResponseTooLarge
 
 	// ErrNotFound is returned by the record operator calls (Get, Forget,
 	// Resolve) for a key that has no live record. Outbox messages have their
 	// own: ErrMessageNotFound.
-	ErrNotFound = errors.New("record not found")
+	ErrNotFound = core.ErrNotFound
 
 	// ErrMessageNotFound is returned by RetryDead and DropDead for a sequence
 	// number that names no dead letter (none, a pending message, or a dead
 	// letter past its retention).
-	ErrMessageNotFound = errors.New("outbox message not found")
+	ErrMessageNotFound = core.ErrMessageNotFound
 
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
-	ErrState = errors.New("record in the wrong state")
+	ErrState = core.ErrState
 )
 
 // InProgressError is the error, wrapped in an *OpError, of a duplicate refused
@@ -85,38 +82,26 @@ var (
 // It matches ErrInProgress with errors.Is. Adapters turn it into the IETF
 // Idempotency-Key draft's HTTP 409 with a Retry-After header, or an MCP
 // error with a retryAfter hint.
-type InProgressError struct {
-	// StartedAt is when the running call took the key (engine clock).
-	StartedAt time.Time
-	// RetryAfter is how long to wait before retrying: Options.RetryAfter.
-	RetryAfter time.Duration
-}
-
-func (e *InProgressError) Error() string {
-	return fmt.Sprintf("%s (started %s; retry after %v)", ErrInProgress.Error(), e.StartedAt.UTC().Format(time.RFC3339), e.RetryAfter)
-}
-
-// Is reports whether target is ErrInProgress.
-func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+type InProgressError = core.InProgressError
 
 // Engine errors.
 var (
 	// ErrCorrupt is returned for a stored record that fails to decode (bad
 	// checksum, truncated, unknown version). The error names the key.
-	ErrCorrupt = errors.New("corrupt record")
+	ErrCorrupt = core.ErrCorrupt
 
 	// ErrClosed is returned by every call made after Close.
-	ErrClosed = errors.New("engine closed")
+	ErrClosed = core.ErrClosed
 
 	// ErrTxClosed is returned by the methods of a Tx used after its DoTx fn
 	// returned (bbolt's ErrTxClosed is the model); nothing is written.
-	ErrTxClosed = errors.New("Tx used after its fn returned")
+	ErrTxClosed = core.ErrTxClosed
 
 	// ErrReentrant is returned for a call that would wait for itself: any call
 	// of the engine from inside a DoTx fn (which holds the file's single
 	// writer), and a call with fn's own key from fn (passing fn's context,
 	// or any context from the goroutine running fn). The error says which.
-	ErrReentrant = errors.New("re-entrant call")
+	ErrReentrant = core.ErrReentrant
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
@@ -128,7 +113,7 @@ var (
 	// fit ran no fn; one whose done record did not fit leaves an interrupted
 	// execution. The engine goes on: Prune, Forget and expiry free pages that
 	// later commits reuse.
-	ErrFileFull = errors.New("file reached its maximum size")
+	ErrFileFull = core.ErrFileFull
 
 	// ErrStorageFailed is returned when a commit failed to write or sync the
 	// file (an I/O error, a full disk, a failed fsync: the cause is wrapped
@@ -137,7 +122,7 @@ var (
 	// what the file holds, and it fails closed (as PostgreSQL does after an
 	// fsync error). Close the engine and open the file again: Open reads what
 	// reached the disk, and every answer given before the failure is there.
-	ErrStorageFailed = errors.New("storage failed; close and reopen the engine")
+	ErrStorageFailed = core.ErrStorageFailed
 )
 
 // OpError reports which operation failed on which key, and why; every error
@@ -153,110 +138,23 @@ var (
 // prefix, if it came from another idem call). Err is never nil; errors.Is
 // and errors.As see through it (bbolt's errors included, for example
 // bbolt's ErrTimeout from Open).
-type OpError struct {
-	// Op is the operation: "do", "dotx", "get", "forget", "resolve", "open",
-	// "backup", "prune", "records", "dispatch", "enqueue", ...
-	Op string
-	// Key is the idempotency key the operation was for, whole; empty for
-	// operations on no key. The text shows a key over 64 bytes as its first
-	// 32 bytes and "…(N bytes)".
-	Key string
-	// Path is the file path, for "open" and "backup" to a file; empty
-	// otherwise.
-	Path string
-	Err  error
-}
+type OpError = core.OpError
 
-func (e *OpError) Error() string {
-	var b strings.Builder
-	b.WriteString("idem: ")
-	b.WriteString(e.Op)
-	if e.Key != "" {
-		b.WriteByte(' ')
-		b.WriteString(quoteKey(e.Key))
-	}
-	if e.Path != "" {
-		b.WriteByte(' ')
-		b.WriteString(e.Path)
-	}
-	b.WriteString(": ")
-	b.WriteString(e.Err.Error())
-	return b.String()
-}
-
-// quoteKey quotes key for error text: a key over 64 bytes as its first 32
-// bytes (cut at a rune boundary) and "…(N bytes)".
-func quoteKey(key string) string {
-	if len(key) <= 64 {
-		return strconv.Quote(key)
-	}
-	cut := 32
-	for cut > 0 && !utf8.RuneStart(key[cut]) {
-		cut--
-	}
-	return strconv.Quote(key[:cut]) + "…(" + strconv.Itoa(len(key)) + " bytes)"
-}
-
-// opError wraps err for op on key, so that its text carries the prefix once:
-// nil stays nil; fn's stored outcome (*Error) is fn's and stays as it is; an
-// *OpError made deeper down (a decode, a write) takes op and key, so the
-// error reports the operation the caller made.
-func opError(op, key string, err error) error {
-	switch e := err.(type) {
-	case nil:
-		return nil
-	case *Error:
-		return err
-	case *OpError:
-		if e.Op == op && (e.Key == key || key == "") {
-			return err
-		}
-		if key == "" {
-			key = e.Key
-		}
-		return &OpError{Op: op, Key: key, Path: e.Path, Err: e.Err}
-	}
-	return &OpError{Op: op, Key: key, Err: err}
-}
-
-func (e *OpError) Unwrap() error { return e.Err }
+// opError wraps err for op on key, so that its text carries the prefix once
+// (core.OpErr): nil stays nil; fn's stored outcome (*Error) is fn's and stays
+// as it is; an *OpError made deeper down takes op and key.
+func opError(op, key string, err error) error { return core.OpErr(op, key, err) }
 
 // Error is the outcome of a call whose fn returned a permanent error. The first
 // call's Error wraps fn's own error, so errors.Is works on the user's sentinels;
 // a replay (also after a restart) carries only the stored Code and Message.
-type Error struct {
-	// Code is the machine-readable code: from WithCode, or from the first error
-	// in fn's chain with a Code() string method; empty otherwise.
-	Code string
-	// Message is the text of fn's error (err.Error()), as stored.
-	Message string
-	// Replayed tells that this error was answered from the stored record.
-	Replayed bool
-
-	err error // fn's error; nil on replays
-}
-
-func (e *Error) Error() string {
-	if e.Code == "" {
-		return e.Message
-	}
-	return e.Code + ": " + e.Message
-}
-
-// Unwrap returns fn's error on the first call, nil on a replay.
-func (e *Error) Unwrap() error { return e.err }
-
-// Is reports ErrResponseTooLarge for the stored outcome of an oversized
-// response, so the replay matches the sentinel as the first answer did.
-func (e *Error) Is(target error) bool {
-	return target == ErrResponseTooLarge && e.Code == codeResponseTooLarge
-}
+type Error = core.Error
 
 // codeResponseTooLarge is the Code of the Error stored for an oversized
 // outcome: one over Options.MaxResponseSize, or an error of fn's that wraps
 // ErrResponseTooLarge (an adapter that streamed a response too large to
 // store). Error.Is matches it to ErrResponseTooLarge on replays.
-const codeResponseTooLarge = "idem_response_too_large"
+const codeResponseTooLarge = core.CodeResponseTooLarge
 
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and
@@ -265,47 +163,8 @@ const codeResponseTooLarge = "idem_response_too_large"
 // execution, whose effect is still unknown, the key keeps a started record
 // with this attempt's number, and the next call recovers again (DESIGN.md,
 // "what frees a key"). Retryable(nil) is nil.
-func Retryable(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &retryableError{err}
-}
-
-type retryableError struct{ err error }
-
-func (e *retryableError) Error() string        { return "retryable: " + e.err.Error() }
-func (e *retryableError) Unwrap() []error      { return []error{ErrRetryable, e.err} }
-func (e *retryableError) Is(target error) bool { return target == ErrRetryable }
+func Retryable(err error) error { return core.Retryable(err) }
 
 // WithCode attaches a machine-readable code to err, stored with the record and
 // replayed as Error.Code ("card_declined"). WithCode(nil, code) is nil.
-func WithCode(err error, code string) error {
-	if err == nil {
-		return nil
-	}
-	return &codedError{err: err, code: code}
-}
-
-type codedError struct {
-	err  error
-	code string
-}
-
-func (e *codedError) Error() string { return e.err.Error() }
-func (e *codedError) Unwrap() error { return e.err }
-func (e *codedError) Code() string  { return e.code }
-
-// errorCode returns the code of the first error in err's chain that has a
-// Code() string method; for an error without one that wraps
-// ErrResponseTooLarge, codeResponseTooLarge, so its replays match it too.
-func errorCode(err error) string {
-	var c interface{ Code() string }
-	if errors.As(err, &c) {
-		return c.Code()
-	}
-	if errors.Is(err, ErrResponseTooLarge) {
-		return codeResponseTooLarge
-	}
-	return ""
-}
+func WithCode(err error, code string) error { return core.WithCode(err, code) }

@@ -132,8 +132,9 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		}},
 		{"Do/re-entrant", ErrReentrant, func(t *testing.T) error {
 			var inner error
-			_, err := open(t, nil).Do(t.Context(), "k", nil, func(ctx context.Context) ([]byte, error) {
-				_, inner = callEngine(ctx).Do(context.Background(), "k", nil, ok)
+			e := open(t, nil)
+			_, err := e.Do(t.Context(), "k", nil, func(ctx context.Context) ([]byte, error) {
+				_, inner = e.Do(context.Background(), "k", nil, ok)
 				return nil, nil
 			})
 			require.NoError(t, err)
@@ -290,9 +291,4 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 			}
 		})
 	}
-}
-
-// callEngine is the engine fn's context belongs to (test helper).
-func callEngine(ctx context.Context) *Engine {
-	return ctx.Value(callCtxKey{}).(*callCtx).e
 }

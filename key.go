@@ -1,47 +1,16 @@
 package idem
 
-import (
-	"fmt"
-	"unicode"
-	"unicode/utf8"
-)
+import "github.com/idemkit/idem/internal/core"
 
-// The key rules, documented on ErrInvalidKey: validateKey for new calls,
-// validateStoredKey (the rules of every earlier version) for operator calls,
-// so that records stored under keys the later rules refuse stay reachable.
+// The key rules, documented on ErrInvalidKey, are the state machine's
+// (internal/core): validateKey for new calls (Do, DoTx), validateStoredKey
+// (the rules of every earlier version: non-empty, at most MaxKeyLen bytes,
+// UTF-8) for operator calls, so that records stored under keys the later
+// rules refuse stay reachable.
 
-// validateKey checks a key for a new call (Do, DoTx): every key rule.
-func validateKey(key string) error {
-	if err := validateStoredKey(key); err != nil {
-		return err
-	}
-	first, _ := utf8.DecodeRuneInString(key)
-	last, _ := utf8.DecodeLastRuneInString(key)
-	if unicode.IsSpace(first) || unicode.IsSpace(last) {
-		return fmt.Errorf("%w: leading or trailing white space (refused, not trimmed)", ErrInvalidKey)
-	}
-	for i, r := range key {
-		if unicode.In(r, unicode.Cc, unicode.Cf) {
-			return fmt.Errorf("%w: control or format character %U at byte %d", ErrInvalidKey, r, i)
-		}
-	}
-	return nil
-}
+func validateKey(key string) error { return core.ValidateKey(key) }
 
-// validateStoredKey checks a key for an operator call (Get, Forget,
-// Resolve): the rules any stored record's key meets, non-empty, at most
-// MaxKeyLen bytes, valid UTF-8.
-func validateStoredKey(key string) error {
-	switch {
-	case key == "":
-		return fmt.Errorf("%w: empty", ErrInvalidKey)
-	case len(key) > MaxKeyLen:
-		return fmt.Errorf("%w: %d bytes, the limit is %d", ErrInvalidKey, len(key), MaxKeyLen)
-	case !utf8.ValidString(key):
-		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
-	}
-	return nil
-}
+func validateStoredKey(key string) error { return core.ValidateStoredKey(key) }
 
 // ValidateKey checks key by the rules Do and DoTx apply to a new call's key
 // (listed on ErrInvalidKey): nil, or an error wrapping ErrInvalidKey that

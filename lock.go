@@ -2,78 +2,37 @@ package idem
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
-	"time"
+
+	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem/internal/core"
 )
 
-// keyLocks is the per-key singleflight: at most one call per key leads (runs
-// the state machine and fn); the others with the same key wait for its outcome.
-// Because one process holds the file, a started record whose key has no entry
-// here is owned by nobody: an interrupted execution.
-type keyLocks struct {
-	mu sync.Mutex
-	m  map[string]*flight
-	// released counts flights ended, on any key: a record read while it did
-	// not change is still current, since every record is written under its key.
-	released atomic.Uint64
+// The bbolt claim rule. One process holds the file: bbolt's file lock
+// (flock), taken by Open and held until Close, which a second Open, in this
+// process or another, waits for until Options.LockTimeout. And within the
+// process the engine's per-key singleflight (internal/core) holds a key while
+// it claims it. So a started record found by the leader of its key is owned
+// by nobody: an interrupted execution, recovered at once (no lease to wait
+// out); a claim never lapses (no heartbeat) and is never taken over by
+// another owner (no write is fenced off).
+
+// Owner: always an orphan (see above).
+func (b *boltBackend) Owner(context.Context, *Record) (core.Ownership, error) {
+	return core.Ownership{}, nil
 }
 
-// flight is one leading call. Its outcome fields are written by the leader
-// before done is closed and only read after.
-type flight struct {
-	fp      uint64
-	done    chan struct{}
-	started time.Time // when the leader took the key (engine clock)
-	// executing is set once the leader claims the key with fp (it found no
-	// live record, or recovers an interrupted execution with fp): from then
-	// on a call with another fingerprint conflicts without waiting.
-	executing atomic.Bool
-	// runner is the id of the goroutine that runs the leader's Do fn, 0
-	// until it runs: a wait from that goroutine would wait for itself.
-	runner atomic.Uint64
-
-	res Result
-	err error
-	// again tells waiters that the leader stored nothing and left: one of
-	// them should try to lead (the key is free or back to its previous state).
-	again bool
-}
-
-func newKeyLocks() *keyLocks { return &keyLocks{m: make(map[string]*flight)} }
-
-// acquire makes the caller the leader of key, or returns the flight to wait
-// for. A flight with another fingerprint is a conflict, reported at once.
-func (l *keyLocks) acquire(key string, fp uint64, now time.Time) (f *flight, leader bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if f := l.m[key]; f != nil {
-		return f, false
+// Claim commits the started record, replacing the interrupted execution it
+// recovers, if any. The fencing token is the attempt.
+func (b *boltBackend) Claim(_ context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	if err := b.write(func(tx *bbolt.Tx) error { return b.st.put(tx, req.Started, req.Prev) }); err != nil {
+		return core.ClaimResult{}, err
 	}
-	f = &flight{fp: fp, done: make(chan struct{}), started: now}
-	l.m[key] = f
-	return f, true
+	return core.ClaimResult{Status: core.Claimed, Claim: &core.Claim{
+		Key: req.Started.Key, Fingerprint: req.Started.Fingerprint, Token: core.Fence(req.Started.Attempt),
+		Started: req.Started, Prev: req.Prev,
+	}}, nil
 }
 
-// release ends the leader's flight and wakes its waiters.
-func (l *keyLocks) release(key string, f *flight) {
-	l.mu.Lock()
-	delete(l.m, key)
-	l.released.Add(1)
-	l.mu.Unlock()
-	close(f.done)
-}
-
-// generation changes whenever a flight ends.
-func (l *keyLocks) generation() uint64 { return l.released.Load() }
-
-// wait blocks until the flight ends or ctx is done. A cancelled wait returns
-// ctx.Err() and changes nothing, for the leader or the other waiters.
-func (f *flight) wait(ctx context.Context) error {
-	select {
-	case <-f.done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+// Renew has nothing to do: a bbolt claim never lapses.
+func (b *boltBackend) Renew(context.Context, *core.Claim) error { return nil }

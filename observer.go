@@ -1,8 +1,9 @@
 package idem
 
 import (
-	"strconv"
 	"time"
+
+	"github.com/idemkit/idem/internal/core"
 )
 
 // Observer receives the engine's events, for metrics: Options.Observer.
@@ -14,77 +15,56 @@ import (
 // (an EventCommit arrives while the committer holds the file's writer). An
 // Event never carries an idempotency key, a response, a payload or an
 // error's text: only its Kind, the operation ("do", "dotx"), an outbox
-// topic, a count and a duration.
-type Observer interface {
-	Observe(Event)
-}
+// topic, a count and a duration. The types are the state machine's
+// (internal/core), shared by every backend.
+type Observer = core.Observer
 
-// EventKind says what an Event reports.
-type EventKind uint8
+// EventKind says what an Event reports; String gives its name in snake case
+// ("execution", "in_progress", "dead_letter"), or "EventKind(N)" for an
+// unknown kind.
+type EventKind = core.EventKind
 
+// The event kinds (internal/core documents each).
 const (
 	// EventExecution: fn starts running (Op "do" or "dotx"). N is the
 	// attempt: 1 for a new key, more when it re-executes an interrupted
 	// execution (RecoverReexecute).
-	EventExecution EventKind = iota + 1
+	EventExecution = core.EventExecution
 	// EventReplay: a call is answered from a done record, fn does not run
 	// (Op). Duplicates answered by the call they waited for are
 	// EventWait, not replays.
-	EventReplay
+	EventReplay = core.EventReplay
 	// EventConflict: a call is refused with ErrFingerprintMismatch (Op).
-	EventConflict
+	EventConflict = core.EventConflict
 	// EventWait: a duplicate starts waiting for the running call with its
 	// key, under InFlightWait (Op).
-	EventWait
+	EventWait = core.EventWait
 	// EventInProgress: a duplicate is refused with ErrInProgress, under
 	// InFlightFail (Op): the HTTP adapter's 409.
-	EventInProgress
+	EventInProgress = core.EventInProgress
 	// EventCommit: a write transaction committed. N is the writes it
 	// carried (the group-commit batch size), Duration the time bbolt's
 	// Commit took, fsync included (real time, not Options.Now).
-	EventCommit
+	EventCommit = core.EventCommit
 	// EventPrune: a prune run ended (the background pruner or Prune). N is
 	// the records it removed, Duration how long it ran (real time).
-	EventPrune
+	EventPrune = core.EventPrune
 	// EventDelivery: an outbox message was delivered and removed (Topic).
-	EventDelivery
+	EventDelivery = core.EventDelivery
 	// EventDeliveryFailed: a delivery attempt failed (Topic); N is the
 	// message's failed attempts so far.
-	EventDeliveryFailed
+	EventDeliveryFailed = core.EventDeliveryFailed
 	// EventDeadLetter: a message became a dead letter (Topic), after
 	// OutboxOptions.MaxAttempts failed attempts or because it fails to
 	// decode.
-	EventDeadLetter
+	EventDeadLetter = core.EventDeadLetter
 )
 
-var eventNames = [...]string{
-	EventExecution: "execution", EventReplay: "replay", EventConflict: "conflict",
-	EventWait: "wait", EventInProgress: "in_progress", EventCommit: "commit",
-	EventPrune: "prune", EventDelivery: "delivery", EventDeliveryFailed: "delivery_failed",
-	EventDeadLetter: "dead_letter",
-}
-
-// String is the kind's name in snake case ("execution", "in_progress",
-// "dead_letter"), or "EventKind(N)" for an unknown kind.
-func (k EventKind) String() string {
-	if int(k) < len(eventNames) && eventNames[k] != "" {
-		return eventNames[k]
-	}
-	return "EventKind(" + strconv.Itoa(int(k)) + ")"
-}
-
-// Event is one thing the engine did. Fields a kind does not use are zero.
-type Event struct {
-	Kind EventKind
-	// Op is "do" or "dotx" for the events of a call.
-	Op string
-	// Topic is the outbox message's topic for the outbox events.
-	Topic string
-	// N is a count, as the kind says.
-	N int
-	// Duration is a latency, as the kind says.
-	Duration time.Duration
-}
+// Event is one thing the engine did: its Kind; Op ("do" or "dotx") for the
+// events of a call; Topic, the outbox message's topic for the outbox events;
+// N, a count, and Duration, a latency, as the kind says. Fields a kind does
+// not use are zero.
+type Event = core.Event
 
 // observe hands ev to the observer; unset, it costs a nil check.
 func (e *Engine) observe(ev Event) {

@@ -22,6 +22,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
+	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
@@ -149,55 +150,38 @@ type OutboxStats struct {
 type Handler func(ctx context.Context, m Message) error
 
 // Message is an outbox message: as given to a Handler, and as listed by
-// Engine.Messages.
-type Message struct {
-	// Seq names the message in the file (RetryDead, DropDead, the CLI): it
-	// is unique and increases in enqueue order.
-	Seq uint64
-	// Topic selects the handler.
-	Topic string
-	// Key is the idempotency key of the DoTx call that enqueued the message.
-	Key string
-	// Index is the message's position among the messages of that call,
-	// from 0.
-	Index int
-	// DownstreamKey is DownstreamKey(Key, Index): the key to pass on to the
-	// downstream system. Retries of the message reuse it; other messages
-	// never share it.
-	DownstreamKey string
-	// OrderingKey groups the messages delivered in enqueue order, one at a
-	// time: by default Key, else the one given to Tx.EnqueueOrdered.
-	OrderingKey string
-	// Payload is the bytes given to Enqueue (nil and empty differ). The
-	// handler owns its copy.
-	Payload []byte
-	// Attempt is, in a handler, the delivery attempt in progress: 1 on the
-	// first delivery, Failures+1. Zero in Messages.
-	Attempt int
-	// Failures counts the failed delivery attempts recorded so far (a
-	// handler's error or panic); an attempt cut short by a crash or by the
-	// end of Dispatch is not counted. RetryDead resets it to 0.
-	Failures int
-	// EnqueuedAt is when the call enqueued it (engine clock).
-	EnqueuedAt time.Time
-
-	// NextAttemptAt is when a message that failed may be tried again
-	// (engine clock); zero for at once.
-	NextAttemptAt time.Time
-	// LastError is the text of the last failed attempt's error (its first
-	// 4 KiB), empty if none.
-	LastError string
-	// Dead is true for a dead letter, DeadAt when it died (engine clock).
-	Dead   bool
-	DeadAt time.Time
-	// DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
-	// when the message died, recorded with it: a dead letter lives at least
-	// this long after DeadAt (or a later Open's longer retention), whatever a
-	// later Open passes. Zero for a message that is not dead, and for a dead
-	// letter that died before the file recorded it (format version 1), which
-	// lives at least DefaultOutboxDeadLetterRetention.
-	DeadLetterRetention time.Duration
-}
+// Engine.Messages. The type is the state machine's (internal/core), shared by
+// every backend; its fields:
+//
+//   - Seq names the message in the file (RetryDead, DropDead, the CLI): it is
+//     unique and increases in enqueue order.
+//   - Topic selects the handler.
+//   - Key is the idempotency key of the DoTx call that enqueued the message,
+//     Index its position among the messages of that call, from 0.
+//   - DownstreamKey is DownstreamKey(Key, Index): the key to pass on to the
+//     downstream system. Retries of the message reuse it; other messages
+//     never share it.
+//   - OrderingKey groups the messages delivered in enqueue order, one at a
+//     time: by default Key, else the one given to Tx.EnqueueOrdered.
+//   - Payload is the bytes given to Enqueue (nil and empty differ). The
+//     handler owns its copy.
+//   - Attempt is, in a handler, the delivery attempt in progress: 1 on the
+//     first delivery, Failures+1. Zero in Messages.
+//   - Failures counts the failed delivery attempts recorded so far (a
+//     handler's error or panic); an attempt cut short by a crash or by the
+//     end of Dispatch is not counted. RetryDead resets it to 0.
+//   - EnqueuedAt is when the call enqueued it (engine clock); NextAttemptAt
+//     when a message that failed may be tried again (zero for at once).
+//   - LastError is the text of the last failed attempt's error (its first 4
+//     KiB), empty if none.
+//   - Dead is true for a dead letter, DeadAt when it died (engine clock).
+//   - DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
+//     when the message died, recorded with it: a dead letter lives at least
+//     this long after DeadAt (or a later Open's longer retention), whatever a
+//     later Open passes. Zero for a message that is not dead, and for a dead
+//     letter that died before the file recorded it (format version 1), which
+//     lives at least DefaultOutboxDeadLetterRetention.
+type Message = core.Message
 
 // DownstreamKey is the key a message passes on to the downstream system
 // (Message.DownstreamKey): key + "/" + index, for example "order-42/0". If
@@ -243,14 +227,9 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if orderingKey == "" {
 		orderingKey = t.key
 	}
-	b := outboxBucket(t.tx)
-	seq, err := b.NextSequence()
-	if err != nil {
-		return &OpError{Op: "enqueue", Key: t.key, Err: err}
-	}
-	m := &Message{Seq: seq, Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
+	m := &Message{Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
 		Payload: payload, EnqueuedAt: t.e.now()}
-	if err := b.Put(layout.U64(seq), encodeMessage(nil, m)); err != nil {
+	if err := t.e.b.Enqueue(t, m); err != nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	t.msgs++
@@ -261,38 +240,26 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 // the pending ones in enqueue order, then the dead letters inside their
 // retention, by Seq. A message that fails to decode is passed with only Seq
 // and Dead set and an error wrapping ErrCorrupt. An error from fn stops the
-// walk and is returned. fn runs inside the read transaction: it must not call
-// RetryDead, DropDead or other writing methods (collect the Seqs, then act).
-// Under ReadOnly, Messages works; RetryDead and DropDead fail.
+// walk and is returned. fn runs inside the read transaction: any engine call
+// from it (on its goroutine), RetryDead and DropDead included, returns
+// ErrReentrant, since a write would wait for the transaction to end (collect
+// the Seqs, then act); fn must not call Close. Under ReadOnly, Messages
+// works; RetryDead and DropDead fail.
 func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: "messages", Err: err}
 	}
-	defer e.calls.Done()
+	defer e.exitOp()
 	now := e.now()
 	var fnErr error // fn's own error, returned as it is
-	err := e.db.View(func(tx *bbolt.Tx) error {
-		for _, dead := range []bool{false, true} {
-			b := outboxBucket(tx)
-			if dead {
-				b = deadBucket(tx)
-			}
-			c := b.Cursor()
-			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, _ := layout.ParseU64(k)
-				m, err := decodeMessage(seq, v)
-				if err != nil {
-					m = &Message{Seq: seq, Dead: dead}
-					err = opError("messages", "", err)
-				} else if dead && e.deadExpired(m, now) {
-					continue
-				}
-				if fnErr = fn(m, err); fnErr != nil {
-					return fnErr
-				}
-			}
+	err := e.b.Messages(context.Background(), func(m *Message, err error) error {
+		if err != nil {
+			err = opError("messages", "", err)
+		} else if m.Dead && e.deadExpired(m, now) {
+			return nil
 		}
-		return nil
+		fnErr = fn(m, err)
+		return fnErr
 	})
 	if err != nil && err == fnErr {
 		return err
@@ -307,24 +274,14 @@ func (e *Engine) Messages(fn func(m *Message, err error) error) error {
 // ErrCorrupt if it does not decode. Like every engine call, it returns
 // ErrReentrant from inside a DoTx fn (which holds the writer).
 func (e *Engine) RetryDead(seq uint64) error {
-	err := e.operateDead("retry dead", func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
-		v := deadBucket(tx).Get(k)
-		if v == nil {
-			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
-		}
-		m, err := decodeMessage(seq, v)
-		if err != nil {
-			return err
-		}
-		if e.deadExpired(m, e.now()) {
-			return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
-		}
-		m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
-		if err := outboxBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
-			return err
-		}
-		return deadBucket(tx).Delete(k)
+	err := e.operateDead("retry dead", func() error {
+		return e.b.RetryDead(context.Background(), seq, func(m *Message) error {
+			if e.deadExpired(m, e.now()) {
+				return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
+			}
+			m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
+			return nil
+		})
 	})
 	if err == nil {
 		ob := e.outbox()
@@ -337,21 +294,15 @@ func (e *Engine) RetryDead(seq uint64) error {
 // DropDead deletes dead letter seq, also one that fails to decode. It fails
 // with ErrMessageNotFound if seq is not a dead letter.
 func (e *Engine) DropDead(seq uint64) error {
-	return e.operateDead("drop dead", func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
-		if deadBucket(tx).Get(k) == nil {
-			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
-		}
-		return deadBucket(tx).Delete(k)
-	})
+	return e.operateDead("drop dead", func() error { return e.b.DropDead(context.Background(), seq) })
 }
 
-func (e *Engine) operateDead(op string, fn func(tx *bbolt.Tx) error) error {
+func (e *Engine) operateDead(op string, fn func() error) error {
 	if err := e.enterOp(); err != nil {
 		return &OpError{Op: op, Err: err}
 	}
-	defer e.calls.Done()
-	if err := e.pipe.Do(fn); err != nil {
+	defer e.exitOp()
+	if err := fn(); err != nil {
 		return e.writeErr(op, "", err)
 	}
 	return nil

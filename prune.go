@@ -33,7 +33,7 @@ func (e *Engine) Prune(ctx context.Context) (int, error) {
 	if err := e.enterOp(); err != nil {
 		return 0, &OpError{Op: "prune", Err: err}
 	}
-	defer e.calls.Done()
+	defer e.exitOp()
 	n, err := e.prune(ctx)
 	return n, opError("prune", "", err)
 }
@@ -54,7 +54,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	e.pruneMu.Lock() // Prune and the background pruner take turns
 	defer e.pruneMu.Unlock()
 	total := 0
-	defer func() { e.n.pruned.Add(uint64(total)) }()
+	defer func() { e.core.Counters().Pruned.Add(uint64(total)) }()
 	defer e.observePrune(&total, e.observeStart())
 	now := e.now()
 	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention

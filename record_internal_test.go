@@ -178,7 +178,7 @@ func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
 		}
 		return errors.New("record not found")
 	}))
-	e.cache.forget("k")
+	e.core.Uncache("k")
 	for _, fp := range []string{"args", "other args"} {
 		_, err = e.Do(ctx, "k", []byte(fp), func(context.Context) ([]byte, error) {
 			t.Error("fn ran over a damaged record")

@@ -9,7 +9,8 @@ import (
 
 // Contenders lists every contender: benchkit's driver-free ones (idem first,
 // the reference of the ratios; bare; naive-bbolt), then those that need a
-// database driver: SQLite with synchronous FULL and NORMAL, and PostgreSQL.
+// database driver: SQLite with synchronous FULL and NORMAL, PostgreSQL's
+// naive pattern, and idem's Postgres backend (idempg) beside it.
 func Contenders() []benchkit.Contender {
 	return append(benchkit.Contenders(), DriverContenders()...)
 }
@@ -25,6 +26,9 @@ func DriverContenders() []benchkit.Contender {
 		}},
 		{Name: "postgres", Open: func(ctx context.Context, _ string) (benchkit.Deduper, error) {
 			return OpenPostgres(ctx, os.Getenv(PostgresEnv))
+		}},
+		{Name: "idempg", Open: func(ctx context.Context, _ string) (benchkit.Deduper, error) {
+			return OpenIdemPG(ctx, os.Getenv(PostgresEnv))
 		}},
 	}
 }

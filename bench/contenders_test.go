@@ -1,6 +1,8 @@
 package bench_test
 
 import (
+	"context"
+	"os"
 	"slices"
 	"testing"
 
@@ -10,10 +12,14 @@ import (
 )
 
 // TestContenders checks the contenders this module adds; benchkit's tests
-// check the driver-free ones. PostgreSQL's are skipped without IDEM_BENCH_PG.
+// check the driver-free ones. PostgreSQL's are skipped without IDEM_TEST_PG
+// when run by hand, and fail without it (or without its server) under CI.
 func TestContenders(t *testing.T) {
 	for _, c := range bench.DriverContenders() {
 		t.Run(c.Name, func(t *testing.T) {
+			if c.Name == "postgres" || c.Name == "idempg" {
+				requirePostgresInCI(t)
+			}
 			t.Run("dedupe", func(t *testing.T) { benchtest.Dedupe(t, c) })
 			t.Run("workloads", func(t *testing.T) { benchtest.Workloads(t, c, benchtest.TinySizes()) })
 		})
@@ -25,8 +31,29 @@ func TestContendersOrder(t *testing.T) {
 	for _, c := range bench.Contenders() {
 		names = append(names, c.Name)
 	}
-	want := []string{benchkit.Reference, "bare", benchkit.Fallback, "sqlite-full", "sqlite-normal", "postgres"}
+	want := []string{benchkit.Reference, "bare", benchkit.Fallback, "sqlite-full", "sqlite-normal", "postgres", "idempg"}
 	if !slices.Equal(names, want) {
 		t.Errorf("contenders %q, want %q", names, want)
+	}
+}
+
+// requirePostgresInCI fails t when CI is set and IDEM_TEST_PG does not name a
+// server that answers: in CI a skipped PostgreSQL row would hide a missing
+// server (.ci/run starts one with scripts/postgres.sh).
+func requirePostgresInCI(t *testing.T) {
+	t.Helper()
+	if os.Getenv("CI") == "" {
+		return
+	}
+	dsn := os.Getenv(bench.PostgresEnv)
+	if dsn == "" {
+		t.Fatalf("CI is set and %s is not: start the server with scripts/postgres.sh start", bench.PostgresEnv)
+	}
+	d, err := bench.OpenPostgres(context.Background(), dsn)
+	if err != nil {
+		t.Fatalf("CI is set and %s does not answer: %v", bench.PostgresEnv, err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

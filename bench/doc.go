@@ -15,8 +15,8 @@
 //	go run ./compare                        # side by side, a markdown table
 //	go run ./compare --quick --only 'first' # a smoke test of one workload
 //
-// PostgreSQL rows need a server: scripts/postgres.sh start prints the
-// IDEM_BENCH_PG value to export. Without it they say "skipped".
+// PostgreSQL rows need a server: ../scripts/postgres.sh start prints the
+// IDEM_TEST_PG value to export. Without it they say "skipped".
 //
 // Measure within one run: the disk of a shared machine drifts by tens of
 // percent over minutes, so only figures from the same run compare.

@@ -3,12 +3,13 @@ module github.com/idemkit/idem/bench
 go 1.26.0
 
 require (
+	github.com/idemkit/idem/idempg v0.0.0-00010101000000-000000000000
 	github.com/idemkit/idem/kit v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.12.0
 	modernc.org/sqlite v1.62.0
 )
 
-require github.com/idemkit/idem v0.0.0-00010101000000-000000000000 // indirect
+require github.com/idemkit/idem v0.0.0-00010101000000-000000000000
 
 require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
@@ -32,5 +33,3 @@ require (
 	modernc.org/mathutil v1.7.1 // indirect
 	modernc.org/memory v1.12.1 // indirect
 )
-
-

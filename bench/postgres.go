@@ -17,8 +17,8 @@ import (
 // PostgresEnv names the environment variable that holds the DSN of the
 // PostgreSQL server to measure, for example
 // postgres://postgres@127.0.0.1:54329/postgres?sslmode=disable (what
-// scripts/postgres.sh start prints).
-const PostgresEnv = "IDEM_BENCH_PG"
+// ../scripts/postgres.sh start prints).
+const PostgresEnv = "IDEM_TEST_PG"
 
 // postgresPoolSize is the number of connections: enough for PostgreSQL's
 // group commit to gather many commits per WAL flush at 64 callers and more,
@@ -41,7 +41,7 @@ type Postgres struct {
 // not answer.
 func OpenPostgres(ctx context.Context, dsn string) (benchkit.Deduper, error) {
 	if dsn == "" {
-		return nil, fmt.Errorf("%w: %s not set (scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
+		return nil, fmt.Errorf("%w: %s not set (../scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
 	}
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {

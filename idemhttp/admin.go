@@ -141,7 +141,8 @@ func adminBearer(r *http.Request) (string, bool) {
 // Errors are RFC 9457 problem details (application/problem+json) whose
 // "code" member names the case: invalid_key and bad_request (400),
 // forbidden (403), not_found and message_not_found (404), wrong_state and in_progress (409, the
-// latter with Retry-After), unsupported_media_type (415), too_large (413),
+// latter with Retry-After), unsupported_media_type (415), too_large (413: a
+// body over MaxBody, or a resolution over the engine's MaxResponseSize),
 // closed (503), corrupt and internal (500). "op" and "key" name the
 // engine's operation and key when it reported them (idem.OpError), and
 // "detail" says why. The handler logs nothing: keys and responses go only

@@ -230,6 +230,9 @@ func toAdminError(err error) *adminError {
 		if errors.As(err, &ip) {
 			out.retryAfter = ip.RetryAfter
 		}
+	case errors.Is(err, idem.ErrResponseTooLarge):
+		// A resolution over the engine's Options.MaxResponseSize.
+		out.status, out.code = http.StatusRequestEntityTooLarge, "too_large"
 	case errors.Is(err, idem.ErrClosed):
 		out.status, out.code = http.StatusServiceUnavailable, "closed"
 	case errors.Is(err, idem.ErrCorrupt):

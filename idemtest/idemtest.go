@@ -28,6 +28,9 @@
 //	             re-entrance, histories checked against a model (porcupine)
 //	recovery     re-execution with Recovered and the attempt, refusal with
 //	             ErrIncomplete, Resolve, Forget
+//	owned        a started record owned by a live process elsewhere (the
+//	             backend's ownership rule, through OwnedElsewhere): waited
+//	             for or refused, never recovered
 //	restart      exact replays, nil versus empty, recovery at Open, ErrClosed
 //	outbox       delivery with downstream keys, backoff, dead letters, order,
 //	             restarts
@@ -52,6 +55,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/core"
 )
 
 // Options are the contract's settings the suite opens engines with: each field
@@ -165,6 +169,13 @@ type Harness[T any] struct {
 	// process become orphans. Required if OwnedAcrossProcesses.
 	ExpireOwners func(t testing.TB, store string)
 
+	// OpenWrapped opens an engine as Open does, over the engine's backend
+	// wrapped by wrap: the suite passes test backends (OwnedElsewhere) that
+	// change one backend operation, to exercise the engine's side of it.
+	// The suite closes every engine it opens. If nil, the ownership cases
+	// are skipped with a message.
+	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(core.Backend[T]) core.Backend[T]) (Engine[T], error)
+
 	// Check, if set, checks the store's consistency after the suite closed
 	// its engines (bbolt's Tx.Check).
 	Check func(t testing.TB, store string)
@@ -194,6 +205,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("retention", s.retention)
 	t.Run("concurrency", s.concurrency)
 	t.Run("recovery", s.recovery)
+	t.Run("owned", s.owned)
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("process", s.process)

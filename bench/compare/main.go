@@ -8,7 +8,7 @@
 //
 // --only selects the rows whose "workload/contender" matches REGEXP, for
 // example --only 'replay/keys=1e6' or --only '/(idem|postgres)$'. PostgreSQL
-// rows need IDEM_BENCH_PG (scripts/postgres.sh start prints it); without it
+// rows need IDEM_TEST_PG (../scripts/postgres.sh start prints it); without it
 // they say "skipped". A full run takes some 9 minutes; --quick, seconds.
 //
 // The progress bar goes to standard error, the table to standard output.

@@ -7,14 +7,22 @@ import (
 )
 
 func newForgetCmd(a *app) *cobra.Command {
-	return &cobra.Command{
+	c := &cobra.Command{
 		Use:   "forget KEY",
 		Short: "Delete KEY's record in any state: the next call with KEY runs as new",
 		Long: `forget deletes every stored version of KEY's record, started or done, expired
 or not. The next call with KEY runs its function again, as for a new key.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error { return a.forget(args[0]) },
 	}
+	key := keyArg(c)
+	c.RunE = func(_ *cobra.Command, args []string) error {
+		k, err := key(args)
+		if err != nil {
+			return err
+		}
+		return a.forget(k)
+	}
+	return c
 }
 
 type forgetJSON struct {

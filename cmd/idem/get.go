@@ -21,7 +21,14 @@ With --json the response is a string: UTF-8 text as is, other bytes in base64
 (response_encoding says which); null when there is no response, which differs
 from an empty one.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error { return a.get(args[0], raw) },
+	}
+	key := keyArg(c)
+	c.RunE = func(_ *cobra.Command, args []string) error {
+		k, err := key(args)
+		if err != nil {
+			return err
+		}
+		return a.get(k, raw)
 	}
 	c.Flags().BoolVar(&raw, "raw", false, "write only the response bytes to stdout")
 	return c

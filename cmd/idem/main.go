@@ -12,6 +12,7 @@
 //	idem outbox ls [--dead]           the outbox's messages, or its dead letters
 //	idem outbox get SEQ               one message, with its payload
 //	idem outbox retry|drop SEQ...     put dead letters back in the outbox, or delete them
+//	idem migrate --pg DSN             create or upgrade the Postgres backend's schema (idempg)
 //
 // Every command works on a file that no program holds: bbolt lets one process
 // open a file for writing, so a file in use gives a one-line error after half a
@@ -85,6 +86,7 @@ var subcommands = []func(*app) *cobra.Command{
 	newCompactCmd,
 	newBenchCmd,
 	newOutboxCmd,
+	newMigrateCmd,
 	newTaubenchCmd,
 	newTaubenchChildCmd,
 	newTaubenchMCPServerChildCmd,

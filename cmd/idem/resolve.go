@@ -27,11 +27,16 @@ permanent error it would have returned (--error MESSAGE, --code CODE), which
 later calls replay as *idem.Error. To run the function again instead, use
 idem forget KEY.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			o.responseSet = cmd.Flags().Changed("response")
-			o.fileSet = cmd.Flags().Changed("response-file")
-			return a.resolve(args[0], o)
-		},
+	}
+	key := keyArg(c)
+	c.RunE = func(cmd *cobra.Command, args []string) error {
+		o.responseSet = cmd.Flags().Changed("response")
+		o.fileSet = cmd.Flags().Changed("response-file")
+		k, err := key(args)
+		if err != nil {
+			return err
+		}
+		return a.resolve(k, o)
 	}
 	f := c.Flags()
 	f.StringVar(&o.response, "response", "", "the response to store, as a string")

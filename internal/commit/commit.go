@@ -15,10 +15,8 @@
 package commit
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -26,6 +24,8 @@ import (
 
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
+
+	"github.com/idemkit/idem/internal/goid"
 )
 
 // ErrStopped is returned by Do after Stop.
@@ -399,24 +399,9 @@ func commit(tx *bbolt.Tx) (err error) {
 	return tx.Commit()
 }
 
-// GoroutineID is the id of the calling goroutine, read from its stack header
-// ("goroutine 123 [running]:"); never 0. It costs a runtime.Stack call, small
-// beside a commit but not free: it is read once per commit, once per
-// execution of a Do fn, and by re-entrance checks before a wait, never per
-// replay.
-func GoroutineID() uint64 {
-	var buf [32]byte
-	b := buf[:runtime.Stack(buf[:], false)]
-	b = bytes.TrimPrefix(b, []byte("goroutine "))
-	var id uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			break
-		}
-		id = id*10 + uint64(c-'0')
-	}
-	return id
-}
+// GoroutineID is the id of the calling goroutine (goid.ID: never 0, one
+// runtime.Stack call; read once per commit, never per replay).
+func GoroutineID() uint64 { return goid.ID() }
 
 func finish(rs []*request, err error) {
 	for _, r := range rs {

@@ -1,4 +1,4 @@
-package idem
+package core
 
 import (
 	"sync"
@@ -169,7 +169,7 @@ func (c *replayCache) forget(key string) {
 
 // cached answers a replay from the cache: ok is false on a miss or for an
 // entry past the retention window at now.
-func (e *Engine) cached(key string, now time.Time) (*Record, bool) {
+func (e *Engine[T]) cached(key string, now time.Time) (*Record, bool) {
 	r := e.cache.get(key)
 	if r == nil || !e.live(r, now) {
 		return nil, false

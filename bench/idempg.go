@@ -1,0 +1,130 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idempg"
+	"github.com/idemkit/idem/kit/benchkit"
+)
+
+// IdemPG is idem's Postgres backend (idempg) on the server at IDEM_TEST_PG,
+// through a pgx pool of the same size as the naive Postgres pattern's, in a
+// schema of its own, dropped on Close.
+type IdemPG struct {
+	pool   *pgxpool.Pool
+	e      *idempg.Engine
+	schema string
+}
+
+// OpenIdemPG migrates a fresh schema on the server at dsn and opens an
+// idempg engine on it. It returns an error wrapping ErrSkipped when dsn is
+// empty or the server does not answer.
+func OpenIdemPG(ctx context.Context, dsn string) (benchkit.Deduper, error) {
+	if dsn == "" {
+		return nil, fmt.Errorf("%w: %s not set (../scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: %s: %w", PostgresEnv, err)
+	}
+	cfg.MaxConns = postgresPoolSize
+	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: %w", err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("%w: postgres unreachable: %v", benchkit.ErrSkipped, err)
+	}
+	var suffix [6]byte
+	_, _ = rand.Read(suffix[:])
+	p := &IdemPG{pool: pool, schema: "idem_bench_pg_" + hex.EncodeToString(suffix[:])}
+	opts := &idempg.Options{Schema: p.schema}
+	if _, err := idempg.Migrate(ctx, pool, opts); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+p.schema+".effects (key bytea PRIMARY KEY, value bytea NOT NULL)"); err != nil {
+		_ = p.drop()
+		return nil, err
+	}
+	p.e, err = idempg.Open(ctx, pool, opts, &idempg.EngineOptions{PruneInterval: -1})
+	if err != nil {
+		_ = p.drop()
+		return nil, err
+	}
+	return p, nil
+}
+
+// Name implements benchkit.Deduper.
+func (p *IdemPG) Name() string { return "idempg" }
+
+// Do calls Engine.Do.
+func (p *IdemPG) Do(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) ([]byte, bool, error) {
+	res, err := p.e.Do(ctx, key, fp, fn)
+	return res.Response, res.Replayed, pgErr(err)
+}
+
+// DoTx calls Engine.DoTx; fn's effect is a row of the schema's effects
+// table, written in the transaction that stores the record.
+func (p *IdemPG) DoTx(ctx context.Context, key string, fp []byte, fn benchkit.TxFunc) ([]byte, bool, error) {
+	res, err := p.e.DoTx(ctx, key, fp, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		eff, resp, err := fn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		_, err = tx.Exec(ctx, "INSERT INTO "+p.schema+".effects (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", eff.Key, eff.Value)
+		return resp, err
+	})
+	return res.Response, res.Replayed, pgErr(err)
+}
+
+// Prune calls Engine.Prune.
+func (p *IdemPG) Prune(ctx context.Context) (int, error) { return p.e.Prune(ctx) }
+
+// DiskSize is the size of the records and effects tables with their
+// indexes and TOAST data, as the server reports it (as Postgres.DiskSize).
+func (p *IdemPG) DiskSize(ctx context.Context) (int64, error) {
+	var n int64
+	err := p.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass) + pg_total_relation_size($2::regclass)`,
+		p.schema+".idem_records", p.schema+".effects").Scan(&n)
+	return n, err
+}
+
+// Close closes the engine, drops the schema and closes the pool.
+func (p *IdemPG) Close() error {
+	err := p.e.Close()
+	return errors.Join(err, p.drop())
+}
+
+func (p *IdemPG) drop() error {
+	defer p.pool.Close()
+	_, err := p.pool.Exec(context.Background(), "DROP SCHEMA "+p.schema+" CASCADE")
+	return err
+}
+
+// pgErr maps the engine's sentinels to the harness's, as benchkit's idem
+// contender does.
+func pgErr(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		return errors.Join(benchkit.ErrConflict, err)
+	case errors.Is(err, idem.ErrInProgress):
+		return errors.Join(benchkit.ErrInProgress, err)
+	}
+	return err
+}

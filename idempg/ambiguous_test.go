@@ -1,0 +1,96 @@
+package idempg_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idempg"
+	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/internal/core"
+)
+
+// TestAmbiguousCommitReadBack cuts the connection of the done record's
+// UPDATE through a TCP proxy, and the engine reads the record back by its
+// fencing token instead of writing again:
+//
+//   - cut after the statement (and so its COMMIT) reached the server and
+//     ran, before its answer came back: the record is done with this
+//     claim's token, so the call answers as if nothing happened;
+//   - cut while pgx prepared the statement, before it ran: the record is
+//     still started with this claim's token, so the outcome stays unknown
+//     and the call fails; the key is an interrupted execution, never
+//     written twice.
+func TestAmbiguousCommitReadBack(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		marker    string // what the cut connection sends last
+		committed bool
+	}{
+		// The response is a parameter of the UPDATE's Bind: it reaches the
+		// server only with the execution.
+		{"cut after the commit", "charged-7f3a", true},
+		// The statement's text is in its Parse, before any execution.
+		{"cut before the execution", "state = 2, owner = NULL", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := newStore(t, pgtest.Env)
+			cfg, err := pgxpool.ParseConfig(pgtest.DSN(t, pgtest.Env))
+			if err != nil {
+				t.Fatal(err)
+			}
+			proxy := pgtest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+			host, port, _ := net.SplitHostPort(proxy.Addr())
+			p, _ := strconv.Atoi(port)
+			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(pool.Close)
+			o := st.opts
+			e, err := idempg.Open(context.Background(), pool, &o, &idempg.EngineOptions{PruneInterval: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = e.Close() })
+
+			var runs atomic.Int32
+			proxy.CutAfter(tc.marker)
+			res, err := e.Do(context.Background(), "k", nil, func(context.Context) ([]byte, error) {
+				runs.Add(1)
+				return []byte("charged-7f3a"), nil
+			})
+			if proxy.Cut() != 1 {
+				t.Fatalf("the proxy cut %d connections, want 1", proxy.Cut())
+			}
+			if runs.Load() != 1 {
+				t.Fatalf("fn ran %d times", runs.Load())
+			}
+			rec, gerr := st.open(t, nil).Get("k")
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			if tc.committed {
+				if err != nil || string(res.Response) != "charged-7f3a" {
+					t.Fatalf("Do after a cut commit that did commit: %+v, %v; want its answer", res, err)
+				}
+				if rec.State != core.StateDone || string(rec.Response) != "charged-7f3a" {
+					t.Fatalf("record: %+v, want done", rec)
+				}
+				return
+			}
+			if err == nil || errors.Is(err, core.ErrFenced) {
+				t.Fatalf("Do after a cut before the execution: %v, want the connection's error", err)
+			}
+			if rec.State != core.StateStarted || rec.Attempt != 1 {
+				t.Fatalf("record: %+v, want the interrupted execution, attempt 1", rec)
+			}
+		})
+	}
+}

@@ -1,0 +1,748 @@
+package idempg
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/goid"
+	"github.com/idemkit/idem/internal/layout"
+)
+
+// backend is the Postgres storage of one engine: core.Backend over pgx, with
+// fn's DoTx transaction a pgx.Tx.
+type backend struct {
+	pool     *pgxpool.Pool
+	s        *settings
+	owner    string
+	ownsPool bool
+
+	// offset is added to the database's now() in every statement that
+	// judges a lease: the tests' way to move the database clock (never
+	// set in production: see export_test.go).
+	offset func() time.Duration
+
+	onCommit atomic.Pointer[func()]
+
+	// inFn counts RunTx fns running; fnGoroutines holds their goroutine
+	// ids, for Holding.
+	inFn         atomic.Int32
+	fnGoroutines sync.Map // uint64 → struct{}
+
+	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
+
+	closeOnce sync.Once
+}
+
+var _ core.Backend[pgx.Tx] = (*backend)(nil)
+
+// newBackend returns the backend over pool with s; the schema must be at
+// SchemaVersion.
+func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool bool) (*backend, error) {
+	if m := pool.Config().ConnConfig.DefaultQueryExecMode; s.PollOnly && m != pgx.QueryExecModeExec && m != pgx.QueryExecModeSimpleProtocol {
+		return nil, fmt.Errorf("%w: PollOnly needs a pool whose DefaultQueryExecMode is QueryExecModeExec or QueryExecModeSimpleProtocol (no prepared statements), not %v", ErrOptions, m)
+	}
+	if err := checkVersion(ctx, pool, s); err != nil {
+		return nil, err
+	}
+	b := &backend{pool: pool, s: s, owner: s.Owner, ownsPool: ownsPool, offset: s.clockOffset}
+	if b.owner == "" {
+		b.owner = defaultOwner()
+	}
+	if !s.PollOnly {
+		b.l = newListener(pool, s, b.notifiedOutbox)
+	}
+	return b, nil
+}
+
+// defaultOwner names this process: host, pid and a random suffix (a pid is
+// reused after a restart).
+func defaultOwner() string {
+	host, _ := os.Hostname()
+	var r [4]byte
+	_, _ = rand.Read(r[:])
+	return host + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(r[:])
+}
+
+// txOwner names the owner of a key held by another process's uncommitted
+// DoTx transaction.
+const txOwner = "a DoTx transaction of another process"
+
+// Record columns, in the order scanRecord reads them.
+const recordColumns = `key, fingerprint, state, attempt, fence, owner, lease_until, started_ns, completed_ns,
+	retention_ns, kept_until_resolved, response, has_error, error_code, error_message`
+
+// now is the SQL for the database's clock, the tests' offset added.
+func (b *backend) now() string {
+	if b.offset == nil {
+		return "now()"
+	}
+	d := b.offset()
+	if d == 0 {
+		return "now()"
+	}
+	return "(now() + interval '" + strconv.FormatInt(d.Microseconds(), 10) + " microseconds')"
+}
+
+// sql returns q with {schema} and {now} replaced.
+func (b *backend) sql(q string) string {
+	return strings.ReplaceAll(b.s.sql(q), "{now}", b.now())
+}
+
+// leaseSQL is the SQL of a new lease's end.
+func (b *backend) leaseSQL() string {
+	return "(" + b.now() + " + interval '" + strconv.FormatInt(b.s.Lease.Microseconds(), 10) + " microseconds')"
+}
+
+// Info implements core.Backend.
+func (b *backend) Info() core.Info {
+	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval}
+}
+
+// scanned is one record row as read.
+type scanned struct {
+	rec         core.Record
+	fence       int64
+	owner       *string
+	leaseUntil  *time.Time
+	hasError    bool
+	code, msg   string
+	fp          int64
+	startedNs   int64
+	completedNs int64
+	retentionNs int64
+}
+
+func (r *scanned) dest() []any {
+	return []any{&r.rec.Key, &r.fp, &r.rec.State, &r.rec.Attempt, &r.fence, &r.owner, &r.leaseUntil,
+		&r.startedNs, &r.completedNs, &r.retentionNs, &r.rec.KeptUntilResolved, &r.rec.Response,
+		&r.hasError, &r.code, &r.msg}
+}
+
+// record finishes r's Record.
+func (r *scanned) record() (*core.Record, error) {
+	rec := r.rec
+	rec.Fingerprint = uint64(r.fp)
+	rec.StartedAt = fromNs(r.startedNs)
+	rec.CompletedAt = fromNs(r.completedNs)
+	rec.Retention = time.Duration(r.retentionNs)
+	if r.hasError {
+		rec.Err = &core.Error{Code: r.code, Message: r.msg, Replayed: true} // a stored error is a replay's
+	}
+	if rec.State != core.StateStarted && rec.State != core.StateDone {
+		return &core.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", core.ErrCorrupt, rec.Key, rec.State)
+	}
+	return &rec, nil
+}
+
+// toNs and fromNs convert engine-clock times to the bigint columns: the
+// zero time is 0.
+func toNs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNs(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// expiresNs is the end of r's own retention window, Unix ns; 0 for never.
+func expiresNs(r *core.Record) int64 {
+	if r.State == core.StateStarted && r.KeptUntilResolved {
+		return 0
+	}
+	at := r.StartedAt
+	if r.State == core.StateDone {
+		at = r.CompletedAt
+	}
+	return toNs(layout.Expiry(false, at, r.Retention, 0))
+}
+
+// errFields are the stored error columns of r.
+func errFields(r *core.Record) (has bool, code, msg string) {
+	if r.Err == nil {
+		return false, "", ""
+	}
+	return true, r.Err.Code, r.Err.Message
+}
+
+// storable reports whether key can be stored in a text column: valid UTF-8
+// without NUL. Any other key (an operator's call for a key of the old rules)
+// has no record here.
+func storable(key string) bool { return utf8.ValidString(key) && strings.IndexByte(key, 0) < 0 }
+
+// Lookup implements core.Backend: one SELECT by key.
+func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, error) {
+	if !storable(q.Key) {
+		return nil, nil
+	}
+	var r scanned
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(q.Key)...).Scan(r.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return r.record()
+}
+
+// Owner implements core.Backend: a started record is owned while its lease
+// has not lapsed by the database's clock.
+func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
+	if rec.Attempt == 0 {
+		// Claim's placeholder for a row an uncommitted transaction holds.
+		return core.Ownership{Owned: true, Owner: txOwner}, nil
+	}
+	var (
+		owner  string
+		left   int64 // µs until the lease lapses; ≤ 0 once it has
+		before = time.Now()
+	)
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT owner, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint
+		FROM {schema}.idem_records WHERE key = $1::text AND state = 1 AND attempt = $2::integer AND started_ns = $3::bigint`),
+		b.s.args(rec.Key, rec.Attempt, toNs(rec.StartedAt))...).Scan(&owner, &left)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The record changed since it was read: Claim says how.
+		return core.Ownership{}, nil
+	}
+	if err != nil {
+		return core.Ownership{}, err
+	}
+	if left <= 0 || owner == b.owner {
+		// Lapsed; or claimed by this engine, whose calls the engine knows:
+		// none runs for the key while it asks (it holds the key), so the
+		// record is an interrupted execution of this engine's, recovered at
+		// once, as on bbolt.
+		return core.Ownership{Owner: owner}, nil
+	}
+	return core.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
+}
+
+// expiredSQL is the condition under which a stored row (its columns
+// unqualified, or qualified by the table name in ON CONFLICT) may be
+// replaced by a new claim: outside its retention window at the engine's now
+// ($now, ns) with the longer of its window and the engine's ($ret, ns), and
+// not held by a live lease of another engine ($me, %[4]s: this engine's own
+// are interrupted executions).
+const expiredSQL = `NOT (%[1]s.state = 1 AND %[1]s.kept_until_resolved)
+	AND (CASE WHEN %[1]s.state = 2 THEN %[1]s.completed_ns ELSE %[1]s.started_ns END) + GREATEST(%[1]s.retention_ns, %[2]s) <= %[3]s
+	AND (%[1]s.state = 2 OR %[1]s.lease_until <= {now} OR %[1]s.owner = %[4]s)`
+
+// Claim implements core.Backend.
+func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	st := req.Started
+	before := time.Now()
+	var (
+		fence int64
+		left  int64
+		err   error
+	)
+	if req.Prev == nil {
+		// Insert, or replace a row that has expired but is not pruned yet.
+		q := `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
+		VALUES ($1::text, $2::bigint, 1, $3::integer, nextval('{schema}.idem_fence'), $4::text, ` + b.leaseSQL() + `,
+			$5::bigint, 0, $6::bigint, $7::boolean, $8::bigint)
+		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
+			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
+			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
+			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
+			response = NULL, has_error = false, error_code = '', error_message = ''
+		WHERE ` + fmt.Sprintf(expiredSQL, "r", "$6::bigint", "$5::bigint", "$4::text") + `
+		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
+		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
+			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st)}, &fence, &left)
+	} else {
+		// Take over the interrupted execution, if it is still the stored
+		// version and its lease has lapsed.
+		p := req.Prev
+		q := `UPDATE {schema}.idem_records SET fingerprint = $2::bigint, attempt = $3::integer,
+			fence = nextval('{schema}.idem_fence'), owner = $4::text, lease_until = ` + b.leaseSQL() + `,
+			started_ns = $5::bigint, retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
+		WHERE key = $1::text AND state = 1 AND attempt = $9::integer AND started_ns = $10::bigint AND (lease_until <= {now} OR owner = $4::text)
+		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
+		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
+			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st), p.Attempt, toNs(p.StartedAt)}, &fence, &left)
+	}
+	switch {
+	case err == nil:
+		started := *st
+		return core.ClaimResult{Status: core.Claimed, Claim: &core.Claim{
+			Key: st.Key, Fingerprint: st.Fingerprint, Token: core.Fence(fence), Started: &started, Prev: req.Prev,
+			LeaseUntil: before.Add(time.Duration(left) * time.Microsecond),
+		}}, nil
+	case isLockTimeout(err) && req.Prev == nil:
+		// A DoTx transaction of another process holds the row, uncommitted
+		// (invisible to Lookup): the key is owned by a live owner. Say so
+		// with a placeholder started record (Attempt 0) that Owner answers
+		// as owned, so that the engine waits or fails fast and never takes
+		// the key for free.
+		return core.ClaimResult{Status: core.ClaimChanged, Current: &core.Record{Key: st.Key, State: core.StateStarted,
+			Fingerprint: st.Fingerprint, StartedAt: st.StartedAt, Retention: st.Retention}}, nil
+	case isLockTimeout(err):
+		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true, Owner: txOwner}}, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return core.ClaimResult{}, err
+	}
+	// Not claimed: say why, from the row now stored.
+	cur, err := b.Lookup(ctx, core.Lookup{Key: st.Key})
+	if err != nil {
+		return core.ClaimResult{}, err
+	}
+	if req.Prev != nil && cur != nil && cur.State == core.StateStarted && cur.Attempt == req.Prev.Attempt && cur.StartedAt.Equal(req.Prev.StartedAt) {
+		own, err := b.Owner(ctx, cur)
+		if err != nil {
+			return core.ClaimResult{}, err
+		}
+		if own.Owned {
+			return core.ClaimResult{Status: core.ClaimOwned, Ownership: own}, nil
+		}
+	}
+	return core.ClaimResult{Status: core.ClaimChanged, Current: cur}, nil
+}
+
+// Renew implements core.Backend: it extends c's lease, fenced. A failure
+// other than the fence is tried again, every quarter of a heartbeat, until
+// the lease would lapse; then the last error is returned.
+func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
+	for {
+		before := time.Now()
+		var left int64
+		err := b.writeRow(ctx, `UPDATE {schema}.idem_records SET lease_until = `+b.leaseSQL()+`
+			WHERE key = $1::text AND fence = $2::bigint AND state = 1
+			RETURNING (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`, []any{c.Key, int64(c.Token)}, &left)
+		if err == nil {
+			c.LeaseUntil = before.Add(time.Duration(left) * time.Microsecond)
+			return nil
+		}
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: renewing the lease", core.ErrFenced)
+		}
+		wait := b.s.Heartbeat / 4
+		if time.Now().Add(wait).After(c.LeaseUntil) || ctx.Err() != nil {
+			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+		case <-time.After(wait):
+		}
+	}
+}
+
+// completeSQL replaces a started row held by token $2 with its done
+// outcome, and notifies the waiters of the key.
+const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, lease_until = NULL,
+	attempt = $3::integer, started_ns = $4::bigint, completed_ns = $5::bigint, retention_ns = $6::bigint,
+	kept_until_resolved = false, expires_ns = $7::bigint, response = $8::bytea, has_error = $9::boolean,
+	error_code = $10::text, error_message = $11::text
+WHERE key = $1::text AND fence = $2::bigint AND state = 1`
+
+// doneArgs are completeSQL's arguments $3 on.
+func doneArgs(done *core.Record) []any {
+	has, code, msg := errFields(done)
+	return []any{done.Attempt, toNs(done.StartedAt), toNs(done.CompletedAt), int64(done.Retention),
+		expiresNs(done), done.Response, has, code, msg}
+}
+
+// Complete implements core.Backend: one fenced UPDATE. If its answer is
+// lost (the connection dropped after the statement, and so its COMMIT, was
+// sent), the record is read back by the claim's fencing token: done with
+// that token means the write committed; anything else that it did not.
+func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record) error {
+	tag, err := b.exec(ctx, b.notifying(completeSQL), append([]any{c.Key, int64(c.Token)}, doneArgs(done)...)...)
+	if err == nil {
+		if tag.RowsAffected() == 0 {
+			return fmt.Errorf("%w: completing the call", core.ErrFenced)
+		}
+		return nil
+	}
+	if !ambiguous(err) {
+		return err
+	}
+	return b.readBack(ctx, c, core.StateDone, err)
+}
+
+// readBack resolves a write whose outcome is unknown (cause) by reading the
+// key's row: with c's token and state want, the write committed (nil); with
+// c's token and another state, it did not (cause); with another token or
+// none, another owner took the key (ErrFenced).
+func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, cause error) error {
+	var (
+		fence int64
+		state core.State
+	)
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(c.Key)...).Scan(&fence, &state)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", core.ErrFenced, cause)
+	case err != nil:
+		return fmt.Errorf("the write's answer was lost (%w), and so was the read back: %v", cause, err)
+	case core.Fence(fence) != c.Token:
+		return fmt.Errorf("%w: the write's answer was lost: %v", core.ErrFenced, cause)
+	case state == want:
+		return nil
+	}
+	return cause
+}
+
+// ambiguous reports whether err leaves a statement's outcome unknown: the
+// connection failed after the statement may have reached the server.
+func ambiguous(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return false // the server answered: the statement failed
+	}
+	return !pgconn.SafeToRetry(err)
+}
+
+// notifying wraps a statement that changes a key's row ($1) so that it
+// also notifies the key's waiters in other processes (delivered at commit),
+// unless PollOnly.
+func (b *backend) notifying(q string) string {
+	if b.s.PollOnly {
+		return q
+	}
+	return `WITH w AS (` + q + ` RETURNING key) SELECT pg_notify('` + b.s.channel() + `', key) FROM w`
+}
+
+// exec runs the write q with args (see write) and returns the rows it
+// changed (a notifying statement's rows count as its changed rows).
+func (b *backend) exec(ctx context.Context, q string, args ...any) (tag pgconn.CommandTag, err error) {
+	err = b.write(ctx, q, args, func(br pgx.BatchResults) error {
+		tag, err = br.Exec()
+		return err
+	})
+	return tag, err
+}
+
+// writeRow runs the write q with args (see write) and scans its one row
+// into dest; no row gives pgx.ErrNoRows.
+func (b *backend) writeRow(ctx context.Context, q string, args []any, dest ...any) error {
+	return b.write(ctx, q, args, func(br pgx.BatchResults) error { return br.QueryRow().Scan(dest...) })
+}
+
+// limitSQL sets lock_timeout and idle_in_transaction_session_timeout for the
+// current transaction only (is_local).
+const limitSQL = `SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true)`
+
+// write sends limitSQL and q in one batch: one round trip, and one implicit
+// transaction, so that q's wait for a row lock (a DoTx transaction of
+// another process holding the key) is bounded by Options.LockTimeout
+// without session state (PgBouncer in transaction pooling mode keeps none).
+func (b *backend) write(ctx context.Context, q string, args []any, read func(pgx.BatchResults) error) error {
+	batch := &pgx.Batch{}
+	batch.Queue(limitSQL, ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout))
+	batch.Queue(b.sql(q), args...)
+	br := b.pool.SendBatch(ctx, batch)
+	_, err := br.Exec()
+	if err == nil {
+		err = read(br)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// Release implements core.Backend.
+func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+	var (
+		tag pgconn.CommandTag
+		err error
+	)
+	if restore == nil {
+		tag, err = b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text AND fence = $2::bigint AND state = 1`), c.Key, int64(c.Token))
+	} else {
+		// Back to the interrupted execution, with a lapsed lease and a
+		// token nobody holds.
+		tag, err = b.exec(ctx, b.notifying(`UPDATE {schema}.idem_records SET fingerprint = $3::bigint, attempt = $4::integer,
+			fence = nextval('{schema}.idem_fence'), lease_until = 'epoch', started_ns = $5::bigint,
+			retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
+		WHERE key = $1::text AND fence = $2::bigint AND state = 1`), c.Key, int64(c.Token), int64(restore.Fingerprint),
+			restore.Attempt, toNs(restore.StartedAt), int64(restore.Retention), restore.KeptUntilResolved, expiresNs(restore))
+	}
+	if err != nil {
+		if ambiguous(err) {
+			return b.readBackGone(ctx, c, restore == nil, err)
+		}
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: releasing the key", core.ErrFenced)
+	}
+	return nil
+}
+
+// readBackGone resolves a Release whose answer was lost: the row is gone
+// (deleted) or no longer holds c's token (restored), or the write did not
+// happen (cause).
+func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool, cause error) error {
+	var fence int64
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(c.Key)...).Scan(&fence)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		if deleted {
+			return nil
+		}
+		return fmt.Errorf("%w: the key's record is gone", core.ErrFenced)
+	case err != nil:
+		return fmt.Errorf("the write's answer was lost (%w), and so was the read back: %v", cause, err)
+	case core.Fence(fence) == c.Token:
+		return cause
+	case deleted:
+		return fmt.Errorf("%w: the write's answer was lost: %v", core.ErrFenced, cause)
+	}
+	// Restored (a new token), or another owner's: the restore is the only
+	// write that gives the row a token of no claim, and another owner's
+	// claim fences this one either way.
+	return nil
+}
+
+// isLockTimeout reports whether err is lock_timeout's (55P03).
+func isLockTimeout(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
+// Holding implements core.Backend: true on a goroutine running a RunTx fn.
+func (b *backend) Holding() bool {
+	if b.inFn.Load() == 0 {
+		return false
+	}
+	_, ok := b.fnGoroutines.Load(goid.ID())
+	return ok
+}
+
+// Forget implements core.Backend.
+func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
+	if !storable(key) {
+		return false, nil
+	}
+	tag, err := b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text`), key)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() > 0, nil
+}
+
+// Resolve implements core.Backend: fn runs with the row locked (FOR
+// UPDATE); its record replaces the row with a new token, so that a claim
+// still running is fenced off.
+func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Record) (*core.Record, error)) error {
+	if !storable(key) {
+		_, err := fn(nil)
+		if err == nil {
+			err = fmt.Errorf("%w: key %q cannot be stored in Postgres", core.ErrInvalidKey, key)
+		}
+		return err
+	}
+	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		var (
+			r   scanned
+			cur *core.Record
+		)
+		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`), b.s.args(key)...).Scan(r.dest()...)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return err
+		default:
+			if cur, err = r.record(); err != nil {
+				return err
+			}
+		}
+		rec, err := fn(cur)
+		if err != nil {
+			return err
+		}
+		if rec == nil {
+			_, err = tx.Exec(ctx, b.sql(b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text`)), b.s.args(key)...)
+			return err
+		}
+		return b.put(ctx, tx, rec)
+	})
+}
+
+// put stores rec in tx in place of any row of its key, with a new token
+// and, for a started record, a lapsed lease (no live call holds it).
+func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *core.Record) error {
+	has, code, msg := errFields(rec)
+	var owner, lease any
+	if rec.State == core.StateStarted {
+		owner, lease = b.owner, "epoch"
+	}
+	_, err := tx.Exec(ctx, b.sql(b.notifying(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
+			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns, response, has_error, error_code, error_message)
+		VALUES ($1::text, $2::bigint, $3::smallint, $4::integer, nextval('{schema}.idem_fence'), $5::text, $6::timestamptz,
+			$7::bigint, $8::bigint, $9::bigint, $10::boolean, $11::bigint, $12::bytea, $13::boolean, $14::text, $15::text)
+		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, attempt = EXCLUDED.attempt,
+			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, started_ns = EXCLUDED.started_ns,
+			completed_ns = EXCLUDED.completed_ns, retention_ns = EXCLUDED.retention_ns,
+			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns, response = EXCLUDED.response,
+			has_error = EXCLUDED.has_error, error_code = EXCLUDED.error_code, error_message = EXCLUDED.error_message`)),
+		b.s.args(rec.Key, int64(rec.Fingerprint), int16(rec.State), rec.Attempt, owner, lease,
+			toNs(rec.StartedAt), toNs(rec.CompletedAt), int64(rec.Retention), rec.KeptUntilResolved, expiresNs(rec),
+			rec.Response, has, code, msg)...)
+	return err
+}
+
+// inTx runs fn in a transaction with the session limits set (SET LOCAL
+// lock_timeout and idle_in_transaction_session_timeout), committing if it
+// returns nil.
+func (b *backend) inTx(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, b.pool, opts, func(tx pgx.Tx) error {
+		if err := b.limit(ctx, tx); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// limit sets the transaction's lock_timeout and
+// idle_in_transaction_session_timeout, for this transaction only.
+//
+// It also sets idem.schema to Options.Schema, so that a DoTx fn can find
+// the engine's schema: current_setting('idem.schema').
+func (b *backend) limit(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
+		set_config('idem.schema', $3::text, true)`,
+		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...)
+	return err
+}
+
+// ms is d in whole milliseconds (at least 1), as a setting's text.
+func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
+
+// Prune implements core.Backend: DELETEs of at most req.Limit expired rows
+// each, by the expiry index, until none is left.
+func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+	limit := req.Limit
+	if limit <= 0 {
+		limit = b.s.PruneBatch
+	}
+	var res core.PruneResult
+	now := toNs(req.Now)
+	for {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		rows, err := b.pool.Query(ctx, b.sql(`DELETE FROM {schema}.idem_records WHERE key IN (
+				SELECT key FROM {schema}.idem_records AS r
+				WHERE expires_ns > 0 AND expires_ns <= $1::bigint AND (NOT $3::boolean OR state = 2)
+					AND `+fmt.Sprintf(expiredSQL, "r", "$2::bigint", "$1::bigint", "$5::text")+`
+				ORDER BY expires_ns LIMIT $4::integer FOR UPDATE SKIP LOCKED)
+			RETURNING state`), b.s.args(now, int64(req.Retention), req.KeepStarted, limit, b.owner)...)
+		if err != nil {
+			return res, err
+		}
+		states, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err != nil {
+			return res, err
+		}
+		for _, s := range states {
+			res.Deleted++
+			if core.State(s) == core.StateStarted {
+				res.Interrupted++
+			}
+		}
+		if len(states) < limit {
+			return res, nil
+		}
+	}
+}
+
+// Scan implements core.Backend: one REPEATABLE READ transaction, by key.
+func (b *backend) Scan(ctx context.Context, fn func(r *core.Record, err error) error) error {
+	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records ORDER BY key`), b.s.args()...)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r scanned
+			if err := rows.Scan(r.dest()...); err != nil {
+				return err
+			}
+			if err := fn(r.record()); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+}
+
+// OnCommit implements core.Backend.
+func (b *backend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
+
+// committed wakes the dispatcher after a commit that may have enqueued.
+func (b *backend) committed() {
+	if fn := b.onCommit.Load(); fn != nil && *fn != nil {
+		(*fn)()
+	}
+}
+
+// notifiedOutbox is the listener's callback for another process's enqueue.
+func (b *backend) notifiedOutbox() { b.committed() }
+
+// WaitChange implements core.Backend: a notification for key, or one poll
+// period, or the end of ctx.
+func (b *backend) WaitChange(ctx context.Context, key string) error {
+	var ch <-chan struct{}
+	if b.l != nil {
+		var unsub func()
+		ch, unsub = b.l.subscribe(key)
+		defer unsub()
+	}
+	t := time.NewTimer(b.s.PollInterval)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-ch:
+	case <-t.C:
+	}
+	return nil
+}
+
+// Close implements core.Backend.
+//
+// The engine calls it after its last call returned, so every started record
+// this backend claimed is an interrupted execution: Close ends their leases
+// (lease_until in the past), so that other processes recover them at once
+// instead of waiting a lease out.
+func (b *backend) Close() error {
+	b.closeOnce.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), b.s.LockTimeout)
+		_, _ = b.exec(ctx, `UPDATE {schema}.idem_records SET lease_until = 'epoch' WHERE owner = $1::text AND state = 1`, b.owner)
+		cancel()
+		if b.l != nil {
+			b.l.close()
+		}
+		if b.ownsPool {
+			b.pool.Close()
+		}
+	})
+	return nil
+}

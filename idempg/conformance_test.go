@@ -1,0 +1,176 @@
+package idempg_test
+
+// The conformance suite (idemtest) run on the Postgres backend: against the
+// server, and once more through PgBouncer in transaction pooling mode with
+// PollOnly.
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idempg"
+	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+// pgHarness opens engines on schemas of the server env names. Its stores
+// are schemas; each has a database clock offset that ExpireOwners moves
+// (the engines of this process add it to now()).
+type pgHarness struct {
+	env string
+
+	once sync.Once
+	pool *pgxpool.Pool
+	err  error
+
+	mu      sync.Mutex
+	offsets map[string]*atomic.Int64
+}
+
+// suiteLease is the lease of the suite's engines: long enough that no
+// claim of a live call lapses while the suite runs it.
+const suiteLease = 30 * time.Second
+
+func (h *pgHarness) connect(t testing.TB) *pgxpool.Pool {
+	t.Helper()
+	dsn := pgtest.DSN(t, h.env)
+	h.once.Do(func() {
+		cfg, err := pgxpool.ParseConfig(dsn)
+		if err != nil {
+			h.err = err
+			return
+		}
+		if h.env == pgtest.BouncerEnv {
+			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+		}
+		cfg.MaxConns = 32
+		h.pool, h.err = pgxpool.NewWithConfig(context.Background(), cfg)
+	})
+	if h.err != nil {
+		t.Fatalf("%s: %v", h.env, h.err)
+	}
+	return h.pool
+}
+
+func (h *pgHarness) offset(store string) *atomic.Int64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.offsets == nil {
+		h.offsets = map[string]*atomic.Int64{}
+	}
+	o := h.offsets[store]
+	if o == nil {
+		o = new(atomic.Int64)
+		h.offsets[store] = o
+	}
+	return o
+}
+
+func (h *pgHarness) options(store string) *idempg.Options {
+	o := &idempg.Options{Schema: store, PollOnly: h.env == pgtest.BouncerEnv, Lease: suiteLease, PollInterval: 10 * time.Millisecond}
+	off := h.offset(store)
+	idempg.SetClockOffset(o, func() time.Duration { return time.Duration(off.Load()) })
+	return o
+}
+
+func engineOptions(o idemtest.Options) *idempg.EngineOptions {
+	return &idempg.EngineOptions{
+		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
+		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Logger: o.Logger, PruneInterval: -1, Outbox: o.Outbox,
+	}
+}
+
+func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
+	return idemtest.Harness[pgx.Tx]{
+		New: func(t testing.TB) string {
+			pool := h.connect(t)
+			schema := pgtest.Schema(t, pool)
+			if _, err := idempg.Migrate(context.Background(), pool, h.options(schema)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := pool.Exec(context.Background(), "CREATE TABLE "+schema+".effects (key text PRIMARY KEY, value text NOT NULL)"); err != nil {
+				t.Fatal(err)
+			}
+			return schema
+		},
+		Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[pgx.Tx], error) {
+			return idempg.Open(context.Background(), h.connect(t), h.options(store), engineOptions(o))
+		},
+		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
+			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store), engineOptions(o), wrap)
+		},
+		PutEffect: func(tx pgx.Tx, key, value string) error {
+			ctx := context.Background()
+			var schema string
+			if err := tx.QueryRow(ctx, "SELECT current_setting('idem.schema')").Scan(&schema); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, "INSERT INTO "+pgx.Identifier{schema}.Sanitize()+".effects (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", key, value)
+			return err
+		},
+		Effects: func(e idemtest.Engine[pgx.Tx]) (map[string]string, error) {
+			rows, err := h.pool.Query(context.Background(), "SELECT key, value FROM "+pgx.Identifier{e.(*idempg.Engine).Schema()}.Sanitize()+".effects")
+			if err != nil {
+				return nil, err
+			}
+			m := map[string]string{}
+			var k, v string
+			_, err = pgx.ForEachRow(rows, []any{&k, &v}, func() error { m[k] = v; return nil })
+			return m, err
+		},
+		Enqueue:              func(tx pgx.Tx, topic string, payload []byte) error { return idempg.Enqueue(tx, topic, payload) },
+		Hook:                 hookVia(fault.Set),
+		OwnedAcrossProcesses: true,
+		ExpireOwners: func(t testing.TB, store string) {
+			h.offset(store).Add(int64(suiteLease + time.Second))
+		},
+	}
+}
+
+var (
+	direct  = &pgHarness{env: pgtest.Env}
+	bouncer = &pgHarness{env: pgtest.BouncerEnv}
+)
+
+func TestConformance(t *testing.T) {
+	pgtest.DSN(t, pgtest.Env)
+	// The suite's hooks are failpoints: it runs in the build with them.
+	if !testkit.Failpoints(t) {
+		return
+	}
+	idemtest.Run(t, direct.harness())
+}
+
+// TestConformancePgBouncer runs the suite through PgBouncer in transaction
+// pooling mode, the backend in PollOnly mode.
+func TestConformancePgBouncer(t *testing.T) {
+	pgtest.DSN(t, pgtest.BouncerEnv)
+	if !testkit.Failpoints(t) {
+		return
+	}
+	idemtest.Run(t, bouncer.harness())
+}
+
+// hookVia adapts a failpoint setter to Harness.Hook, whichever form its hook
+// takes: func(), or func() error.
+func hookVia[H func() | func() error](set func(point string, hook H) (unset func())) func(string, func()) func() {
+	return func(point string, fn func()) func() {
+		var h H
+		switch any(h).(type) {
+		case func():
+			h = any(fn).(H)
+		case func() error:
+			h = any(func() error { fn(); return nil }).(H)
+		}
+		return set(point, h)
+	}
+}

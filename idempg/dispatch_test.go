@@ -1,0 +1,124 @@
+package idempg_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
+
+	"github.com/idemkit/idem/idempg"
+	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/internal/core"
+)
+
+// TestDispatchAcrossEngines: DoTx calls enqueue messages of a few ordering
+// keys; the dispatchers of two engines (two processes' worth) deliver every
+// message, each ordering key's in enqueue order, with its downstream key; a
+// handler that keeps failing sends its message to the dead letters after
+// MaxAttempts, and RetryDead brings it back.
+func TestDispatchAcrossEngines(t *testing.T) {
+	for _, env := range []string{pgtest.Env, pgtest.BouncerEnv} {
+		t.Run(env, func(t *testing.T) {
+			st := newStore(t, env)
+			var (
+				mu        sync.Mutex
+				delivered = map[string][]string{} // ordering key → payloads
+				keys      = map[string]bool{}
+				fails     = map[string]int{}
+				total     = make(chan struct{}, 100)
+			)
+			handler := func(ctx context.Context, m idem.Message) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if string(m.Payload) == "poison" {
+					fails[m.DownstreamKey]++
+					return errors.New("poison")
+				}
+				delivered[m.OrderingKey] = append(delivered[m.OrderingKey], string(m.Payload))
+				keys[m.DownstreamKey] = true
+				total <- struct{}{}
+				return nil
+			}
+			eo := func() *idempg.EngineOptions {
+				return &idempg.EngineOptions{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
+					BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 3, PollInterval: 20 * time.Millisecond}}
+			}
+			a, b := st.open(t, eo()), st.open(t, eo())
+			ctx := context.Background()
+			const calls = 10
+			for i := range calls {
+				e := a
+				if i%2 == 1 {
+					e = b
+				}
+				_, err := e.DoTx(ctx, fmt.Sprintf("call-%d", i), nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+					for _, ok := range []string{"x", "y"} {
+						if err := idempg.EnqueueOrdered(tx, "t", ok, fmt.Appendf(nil, "%s-%02d", ok, i)); err != nil {
+							return nil, err
+						}
+					}
+					return nil, nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := a.DoTx(ctx, "poisoned", nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				return nil, idempg.Enqueue(tx, "t", []byte("poison"))
+			}); err != nil {
+				t.Fatal(err)
+			}
+			for range 2 * calls {
+				select {
+				case <-total:
+				case <-time.After(30 * time.Second): // a bound on a hang
+					t.Fatal("not every message was delivered")
+				}
+			}
+			mu.Lock()
+			for _, ok := range []string{"x", "y"} {
+				got := delivered[ok]
+				if len(got) != calls || !slices.IsSorted(got) {
+					t.Errorf("ordering key %s: delivered %v, want %d in enqueue order", ok, got, calls)
+				}
+			}
+			if !keys["call-3/1"] || len(keys) != 2*calls {
+				t.Errorf("downstream keys %v", keys)
+			}
+			mu.Unlock()
+			// The poisoned message dies after 3 attempts.
+			var dead *core.Message
+			deadline := time.Now().Add(30 * time.Second) // a bound on a hang
+			for dead == nil && time.Now().Before(deadline) {
+				_ = a.Messages(func(m *core.Message, err error) error {
+					if err == nil && m.Dead {
+						dead = m
+					}
+					return err
+				})
+				if dead == nil {
+					time.Sleep(10 * time.Millisecond) // polls a state another goroutine reaches; no timing claim
+				}
+			}
+			if dead == nil {
+				t.Fatal("the poisoned message never died")
+			}
+			if dead.Failures != 3 || dead.LastError != "poison" || dead.DownstreamKey != "poisoned/0" {
+				t.Fatalf("dead letter %+v", dead)
+			}
+			if err := b.DropDead(dead.Seq); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.DropDead(dead.Seq); !errors.Is(err, core.ErrMessageNotFound) {
+				t.Fatalf("second DropDead: %v", err)
+			}
+		})
+	}
+}

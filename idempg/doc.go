@@ -1,0 +1,80 @@
+// Package idempg is idem's Postgres backend (github.com/idemkit/idem/idempg,
+// a module of its own, so that users of the bbolt engine never download a
+// Postgres driver; its users get the root module github.com/idemkit/idem as
+// well, whose types and errors it shares): the same contract as the bbolt
+// engine, for several processes or machines that share one database, through
+// pgx/v5.
+//
+// # Schema
+//
+// The tables live in one schema (Options.Schema, default "public"): records
+// (idem_records), the outbox (idem_outbox), dead letters (idem_dead_letters)
+// and the applied schema versions (idem_migrations). Migrate creates and
+// upgrades them, as does the CLI:
+//
+//	idem migrate --pg 'postgres://user@host/db' [--schema idem]
+//
+// Migrations are versioned, applied in order, each in a transaction of its
+// own, idempotent, and safe to run from several processes at once without
+// advisory locks (so they also run on engines where those are stubs).
+//
+// # Guarantees
+//
+// The contract is the bbolt engine's (idem's doc.go and DESIGN.md), across
+// every process that shares the schema:
+//
+//   - Do is at least once across processes, and at most once while a claim
+//     is alive: fn runs again for a key only when the process that ran it
+//     left its started record behind (crashed, was stopped or lost the
+//     database) and its lease lapsed; the new run sees CallFrom's Recovered
+//     and the next attempt number. A process stopped or cut off holds a
+//     key for Options.Lease after its last renewal, which came at most
+//     Options.Heartbeat before it stopped: with the defaults, 20 to 30 s
+//     after it stopped. Under RecoverRefuse a lapsed claim is refused with
+//     ErrIncomplete instead.
+//   - A stale owner never overwrites: every claim takes a new fencing
+//     token, and the owner's renewals and completion name it; a completion
+//     after a takeover is refused with ErrFenced. fn's context is cancelled
+//     with cause ErrLeaseLost when a renewal fails, so that fn can stop.
+//   - DoTx is exactly once for what fn writes through its pgx.Tx: fn's
+//     writes, its outbox messages and the done record commit in one
+//     transaction, or none of them (a crash, a stopped process past
+//     idle_in_transaction_session_timeout, a lost connection: the server
+//     rolls back). Effects outside the database are at least once, as in
+//     Do.
+//   - The outbox is at least once and never loses a message: several
+//     processes drain it, each message of an ordering key is delivered after
+//     the ones before it were delivered or died (only the head of an
+//     ordering key is claimable, FOR UPDATE SKIP LOCKED), and a dispatcher
+//     that dies mid-delivery lets the message go after one lease.
+//   - An ambiguous COMMIT (the connection dropped after the statement was
+//     sent) is resolved by reading the record back by its fencing token,
+//     never by writing it again.
+//
+// # Caveats
+//
+//   - Isolation: DoTx runs at READ COMMITTED, Postgres's default: each of
+//     fn's statements sees what committed before it began. fn cannot raise
+//     the level (the backend's own statements come first in the
+//     transaction); it locks what it reads instead (SELECT … FOR UPDATE).
+//     Every transaction the
+//     backend runs sets lock_timeout (Options.LockTimeout) and
+//     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
+//     so that a stopped process holding row locks blocks the others for at
+//     most those.
+//   - A key held by another process's DoTx transaction (not yet committed)
+//     is in progress for others: their claim waits up to LockTimeout, then
+//     waits on (InFlightWait) or fails with an *InProgressError.
+//   - Waiters in other processes wake on LISTEN/NOTIFY, with a poll every
+//     Options.PollInterval as the fallback. PgBouncer in transaction pooling
+//     mode (tested in CI) and CockroachDB (documented, not tested here) need
+//     Options.PollOnly: no LISTEN, no prepared statements; the pool must use
+//     pgx.QueryExecModeExec or QueryExecModeSimpleProtocol.
+//
+// # Clocks
+//
+// Leases are judged by the database's clock (now()), never a client's, so
+// that processes on machines whose clocks disagree agree on who owns a key.
+// Retention and the outbox's backoff use the engine's clock (Options.Now), as
+// on the bbolt backend.
+package idempg

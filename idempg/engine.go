@@ -1,0 +1,223 @@
+package idempg
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/core"
+)
+
+// EngineOptions are the engine's settings, each meaning what the
+// idem.Options field of the same name means, zero values included.
+type EngineOptions struct {
+	// Retention is the retention window, wall-clock; zero means 24 h.
+	Retention time.Duration
+	// Recovery is the policy for interrupted executions: re-execute
+	// (default; at least once) or refuse (idem.RecoverRefuse).
+	Recovery idem.RecoveryPolicy
+	// InFlight is the policy for a call whose key another call holds, in
+	// this process or another: wait (default) or fail with an
+	// *idem.InProgressError (idem.InFlightFail).
+	InFlight idem.InFlightPolicy
+	// RetryAfter is the wait an InProgressError suggests; zero means 1 s.
+	RetryAfter time.Duration
+	// MaxResponseSize is the most bytes stored for an outcome; zero means
+	// 1 MiB.
+	MaxResponseSize int
+	// ReplayCacheBytes bounds the replay cache; negative disables it.
+	ReplayCacheBytes int
+	// Now is the engine's clock (retention, the outbox's backoff); nil
+	// means time.Now. Leases never use it: they use the database's.
+	Now func() time.Time
+	// Logger receives the engine's events; nil discards them.
+	Logger *slog.Logger
+	// Outbox configures the dispatcher, as for the bbolt engine. Its
+	// PollInterval is also how often a dispatcher looks for messages that
+	// other processes enqueued when no NOTIFY comes (PollOnly mode).
+	Outbox idem.OutboxOptions
+	// PruneInterval is how often the background pruner deletes expired
+	// records (in batches of Options.PruneBatch); zero means
+	// idem.DefaultPruneInterval, negative disables it (call Prune).
+	PruneInterval time.Duration
+}
+
+// Engine is idem's engine on Postgres: the same state machine as the bbolt
+// engine, over records that several processes share. It is safe for
+// concurrent use.
+type Engine struct {
+	c   *core.Engine[pgx.Tx]
+	b   *backend
+	ob  *outbox
+	lg  *slog.Logger
+	dwg sync.WaitGroup // the dispatcher started by OutboxOptions.Dispatch
+
+	closing   context.Context
+	cancel    context.CancelFunc
+	stopPrune chan struct{}
+	pruneDone chan struct{}
+	closeOnce sync.Once
+}
+
+// Open returns an engine on the schema opts.Schema of the database pool
+// reaches, with the engine settings eo. The schema must be at SchemaVersion
+// (run Migrate first), else the error wraps ErrSchemaVersion. The engine
+// does not close pool. nil opts mean defaults. The pool's own settings
+// decide its size; in PollOnly mode (PgBouncer in transaction pooling mode)
+// set its DefaultQueryExecMode to pgx.QueryExecModeExec or
+// QueryExecModeSimpleProtocol, for fn's statements in DoTx too.
+func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOptions) (*Engine, error) {
+	return open(ctx, pool, opts, eo, nil)
+}
+
+// open is Open with the state machine over wrap(backend) if wrap is set
+// (the conformance suite's test backends); the outbox uses the backend.
+func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOptions, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
+	s, err := resolve(opts)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: open: %w", err)
+	}
+	var o EngineOptions
+	if eo != nil {
+		o = *eo
+	}
+	if o.Now != nil {
+		s.engineNow = o.Now
+	}
+	s.retention = o.Retention
+	if s.retention <= 0 {
+		s.retention = core.DefaultRetention
+	}
+	b, err := newBackend(ctx, pool, s, false)
+	if err != nil {
+		return nil, fmt.Errorf("idempg: open: %w", err)
+	}
+	var cb core.Backend[pgx.Tx] = b
+	if wrap != nil {
+		cb = wrap(b)
+	}
+	e := &Engine{b: b, c: core.New[pgx.Tx](cb, core.Options{
+		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
+		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes, Now: o.Now, Logger: o.Logger,
+	})}
+	e.closing, e.cancel = context.WithCancel(context.Background())
+	e.lg = o.Logger
+	if e.lg == nil {
+		e.lg = slog.New(slog.DiscardHandler)
+	}
+	e.ob = newOutbox(o.Outbox)
+	b.OnCommit(e.ob.poke)
+	if o.Outbox.Dispatch {
+		e.dwg.Go(func() { _ = e.Dispatch(e.closing) })
+	}
+	if o.PruneInterval >= 0 {
+		e.stopPrune, e.pruneDone = make(chan struct{}), make(chan struct{})
+		go e.pruner(max(o.PruneInterval, 0))
+	}
+	return e, nil
+}
+
+func (e *Engine) log() *slog.Logger { return e.lg }
+
+// pruneCtx ends when Close begins, so that a running prune stops between
+// batches.
+func (e *Engine) pruneCtx() context.Context { return e.closing }
+
+// pruner prunes every interval until Close.
+func (e *Engine) pruner(every time.Duration) {
+	defer close(e.pruneDone)
+	if every == 0 {
+		every = idem.DefaultPruneInterval
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-e.stopPrune:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithCancel(context.Background())
+			stop := context.AfterFunc(e.pruneCtx(), cancel)
+			_, _ = e.c.Prune(ctx)
+			now := e.c.Now()
+			_, _ = e.b.PruneDead(ctx, func(m *core.Message) bool { return !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) }, e.b.s.PruneBatch)
+			stop()
+			cancel()
+		}
+	}
+}
+
+// Do runs fn once per idempotency key across every process that shares the
+// schema (idem.Engine.Do gives the contract). While fn runs, its claim's
+// lease is renewed every Options.Heartbeat; if a renewal fails and the lease
+// lapses, fn's context is cancelled with cause ErrLeaseLost, since another
+// process may now take the key over. A call whose key another process holds
+// waits for it (LISTEN/NOTIFY, polling every Options.PollInterval), or
+// fails with an *InProgressError under InFlightFail. A claim whose lease
+// lapsed (its process died or stalled) is taken over as an interrupted
+// execution: fn runs again with CallFrom's Recovered set, and the stalled
+// owner's completion is refused (ErrFenced) and never overwrites.
+func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (idem.Result, error) {
+	return e.c.Do(ctx, key, fingerprint, fn)
+}
+
+// DoTx runs fn inside a Postgres transaction in which fn's writes, its
+// outbox messages (Enqueue) and the done record commit together, or not at
+// all; see Backend.RunTx in this package for the isolation level (READ
+// COMMITTED) and the timeouts. fn runs once per call; a crash, a lost
+// connection or a stopped process leaves nothing behind (the server rolls
+// the transaction back), so no interrupted execution exists to take over.
+// fn must use only tx for the database, and not keep it after returning.
+func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (idem.Result, error) {
+	return e.c.DoTx(ctx, key, fingerprint, fn)
+}
+
+// Schema is the schema that holds the engine's tables (Options.Schema). A
+// DoTx fn reads it as current_setting('idem.schema').
+func (e *Engine) Schema() string { return e.b.s.Schema }
+
+// Retention is the retention window the engine was opened with.
+func (e *Engine) Retention() time.Duration { return e.c.Options().Retention }
+
+// Get returns key's live record, or an error wrapping ErrNotFound.
+func (e *Engine) Get(key string) (*idem.Record, error) { return e.c.Get(key) }
+
+// Forget deletes key's record in any state; a running claim's completion is
+// then refused.
+func (e *Engine) Forget(key string) error { return e.c.Forget(key) }
+
+// Resolve completes key's interrupted execution by hand, as
+// idem.Engine.Resolve: outcome nil for no stored error.
+func (e *Engine) Resolve(key string, response []byte, outcome *idem.Error) error {
+	return e.c.Resolve(key, response, outcome)
+}
+
+// Records walks every live record, by key, in one snapshot.
+func (e *Engine) Records(fn func(r *idem.Record, err error) error) error { return e.c.Records(fn) }
+
+// Prune deletes expired records now, in batches of Options.PruneBatch.
+func (e *Engine) Prune(ctx context.Context) (int, error) { return e.c.Prune(ctx) }
+
+// Close stops the engine: new calls fail with ErrClosed, running fns' contexts
+// are cancelled, and Close waits for them. It does not close the pool. It is
+// idempotent.
+func (e *Engine) Close() error {
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.c.Stop()
+		e.c.Wait()
+		e.dwg.Wait()
+		if e.stopPrune != nil {
+			close(e.stopPrune)
+			<-e.pruneDone
+		}
+		_ = e.b.Close()
+	})
+	return nil
+}

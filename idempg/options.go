@@ -1,0 +1,193 @@
+package idempg
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Defaults for the zero values of Options.
+const (
+	// DefaultSchema is the schema that holds idem's tables.
+	DefaultSchema = "public"
+	// DefaultLease is how long a claim holds a key without a renewal,
+	// measured by the database's clock (now()): a process stopped or cut
+	// off holds a key at most this long, plus one Heartbeat.
+	DefaultLease = 30 * time.Second
+	// DefaultHeartbeat is how often the owner renews its claim while fn
+	// runs, with the default Lease: a third of it, so that two renewals may
+	// fail before the lease lapses.
+	DefaultHeartbeat = DefaultLease / 3
+	// DefaultPollInterval is how often a waiter re-reads a started record
+	// owned by another process when no notification arrives, and how often
+	// it reads in PollOnly mode.
+	DefaultPollInterval = 250 * time.Millisecond
+	// DefaultLockTimeout bounds every statement's wait for a row lock
+	// (SET LOCAL lock_timeout), so that a stopped process holding locks
+	// cannot block the others for ever.
+	DefaultLockTimeout = 5 * time.Second
+	// DefaultPruneBatch is the most rows one pruning statement deletes.
+	DefaultPruneBatch = 1000
+)
+
+// Options are the Postgres backend's settings. The zero value of every field
+// means its default; a nil *Options means all defaults.
+type Options struct {
+	// Schema is the schema that holds idem's tables (idem_records,
+	// idem_outbox, idem_dead_letters, idem_migrations): a lower-case SQL
+	// identifier, [a-z_][a-z0-9_]*, at most 63 bytes. Empty means
+	// DefaultSchema. Migrate creates it if it does not exist.
+	Schema string
+
+	// Owner names this process in the records it claims (idem_records.owner),
+	// for operators; ownership itself is decided by the fencing token. Empty
+	// means host name, process id and a random suffix.
+	Owner string
+
+	// Lease is how long a claim on a key lasts without a renewal, judged by
+	// the database's clock (now()), never this machine's. Zero means
+	// DefaultLease; it must be at least 1 second.
+	Lease time.Duration
+
+	// Heartbeat is how often the owner renews a claim while fn runs,
+	// wall-clock. Zero means Lease / 3 (DefaultHeartbeat
+	// with the default Lease); it must be shorter than Lease. If a
+	// renewal fails and the lease lapses before the next one succeeds, fn's
+	// context is cancelled with cause idem.ErrLeaseLost.
+	Heartbeat time.Duration
+
+	// PollInterval is how often a call waiting for another process's call
+	// re-reads its record, wall-clock: the fallback when a notification is
+	// lost, and the only way in PollOnly mode. Zero means
+	// DefaultPollInterval.
+	PollInterval time.Duration
+
+	// PollOnly makes the backend use no LISTEN/NOTIFY and no prepared
+	// statements: waiters poll, and every statement is sent with
+	// pgx.QueryExecModeExec (one unnamed statement per round trip, no
+	// session state). It is what PgBouncer in transaction pooling mode
+	// needs, and engines without LISTEN (CockroachDB; documented, not
+	// tested here).
+	PollOnly bool
+
+	// LockTimeout is set as lock_timeout (SET LOCAL) in every transaction
+	// the backend runs, DoTx's included: a statement that waits longer for
+	// a lock fails. Zero means DefaultLockTimeout.
+	LockTimeout time.Duration
+
+	// IdleInTransactionTimeout is set as idle_in_transaction_session_timeout
+	// (SET LOCAL) in every transaction: the server ends a session whose
+	// transaction sits idle longer (a stopped process inside DoTx's fn), so
+	// that its row locks are released. Zero means Lease.
+	IdleInTransactionTimeout time.Duration
+
+	// PruneBatch is the most rows one pruning statement deletes, so that
+	// pruning never holds many row locks at once. Zero means
+	// DefaultPruneBatch.
+	PruneBatch int
+
+	// clockOffset, if set, is added to the database's clock wherever the
+	// backend reads it (tests only: export_test.go).
+	clockOffset func() time.Duration
+}
+
+// schemaName is what Options.Schema accepts: an identifier that needs no
+// quoting, so that it reads the same in every tool.
+var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
+
+// ErrOptions is wrapped by the error of a call given invalid Options.
+var ErrOptions = errors.New("invalid options")
+
+// settings are Options with every default filled in and checked.
+type settings struct {
+	Options
+	schema string // the quoted schema, for SQL text
+	mode   []any  // pgx.QueryExecModeExec in PollOnly mode, else nothing
+
+	// The engine's clock and retention window, for the claims the backend
+	// makes inside DoTx's transaction (an expired row may be replaced).
+	engineNow func() time.Time
+	retention time.Duration
+	// clockOffset, if set, moves the database's clock as the backend reads
+	// it (tests only: export_test.go).
+	clockOffset func() time.Duration
+}
+
+// channel is the NOTIFY channel of the schema's record changes; outbox
+// wakes use channel() + "_outbox".
+func (s *settings) channel() string {
+	// A channel is an identifier: at most 63 bytes, with "_outbox" added.
+	return "idem_" + s.Schema[:min(len(s.Schema), 50)]
+}
+
+// resolve fills in o's defaults and checks them.
+func resolve(o *Options) (*settings, error) {
+	s := &settings{}
+	if o != nil {
+		s.Options = *o
+	}
+	if s.Schema == "" {
+		s.Schema = DefaultSchema
+	}
+	if !schemaName.MatchString(s.Schema) {
+		return nil, fmt.Errorf("%w: Schema %q is not a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)", ErrOptions, s.Schema)
+	}
+	if s.Lease == 0 {
+		s.Lease = DefaultLease
+	}
+	if s.Lease < time.Second {
+		return nil, fmt.Errorf("%w: Lease %v is shorter than 1s", ErrOptions, s.Lease)
+	}
+	if s.Heartbeat == 0 {
+		s.Heartbeat = s.Lease / 3
+	}
+	if s.Heartbeat <= 0 || s.Heartbeat >= s.Lease {
+		return nil, fmt.Errorf("%w: Heartbeat %v must be positive and shorter than Lease %v", ErrOptions, s.Heartbeat, s.Lease)
+	}
+	if s.PollInterval == 0 {
+		s.PollInterval = DefaultPollInterval
+	}
+	if s.PollInterval < 0 {
+		return nil, fmt.Errorf("%w: PollInterval %v is negative", ErrOptions, s.PollInterval)
+	}
+	if s.LockTimeout == 0 {
+		s.LockTimeout = DefaultLockTimeout
+	}
+	if s.LockTimeout < time.Millisecond {
+		return nil, fmt.Errorf("%w: LockTimeout %v is shorter than 1ms", ErrOptions, s.LockTimeout)
+	}
+	if s.IdleInTransactionTimeout == 0 {
+		s.IdleInTransactionTimeout = s.Lease
+	}
+	if s.IdleInTransactionTimeout < time.Millisecond {
+		return nil, fmt.Errorf("%w: IdleInTransactionTimeout %v is shorter than 1ms", ErrOptions, s.IdleInTransactionTimeout)
+	}
+	if s.PruneBatch == 0 {
+		s.PruneBatch = DefaultPruneBatch
+	}
+	if s.PruneBatch < 0 {
+		return nil, fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, s.PruneBatch)
+	}
+	s.schema = pgx.Identifier{s.Schema}.Sanitize()
+	s.clockOffset = s.Options.clockOffset
+	s.engineNow = time.Now
+	if s.PollOnly {
+		s.mode = []any{pgx.QueryExecModeExec}
+	}
+	return s, nil
+}
+
+// args prepends the query mode, if any, to a statement's arguments.
+func (s *settings) args(a ...any) []any {
+	if len(s.mode) == 0 {
+		return a
+	}
+	return append(append(make([]any, 0, len(a)+1), s.mode...), a...)
+}
+
+// sql returns q with {schema} replaced by the quoted schema.
+func (s *settings) sql(q string) string { return strings.ReplaceAll(q, "{schema}", s.schema) }

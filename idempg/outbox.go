@@ -1,0 +1,279 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/internal/core"
+)
+
+// Outbox columns, in the order scanMessage reads them.
+const outboxColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns`
+
+// Dead letter columns, in the order scanDead reads them.
+const deadColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns`
+
+func scanMessage(row pgx.Row) (*core.Message, error) {
+	var (
+		m             core.Message
+		seq, enq, nxt int64
+	)
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &m.LastError, &enq, &nxt); err != nil {
+		return nil, err
+	}
+	m.Seq, m.EnqueuedAt, m.NextAttemptAt = uint64(seq), fromNs(enq), fromNs(nxt)
+	return &m, nil
+}
+
+func scanDead(row pgx.Row) (*core.Message, error) {
+	var (
+		m                   core.Message
+		seq, enq, dead, ret int64
+	)
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &m.LastError, &enq, &dead, &ret); err != nil {
+		return nil, err
+	}
+	m.Seq, m.EnqueuedAt, m.DeadAt, m.DeadLetterRetention, m.Dead = uint64(seq), fromNs(enq), fromNs(dead), time.Duration(ret), true
+	return &m, nil
+}
+
+// Enqueue implements core.Backend: an INSERT in fn's transaction, and a
+// notification (at its commit) that wakes the dispatchers of other
+// processes.
+func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
+	ctx := context.Background()
+	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns)
+		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, $6::bigint, $7::bigint) RETURNING seq`
+	if !b.s.PollOnly {
+		q = `WITH m AS (` + q + `) SELECT seq, pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
+	}
+	var seq int64
+	var args []any
+	if b.s.PollOnly {
+		err := tx.QueryRow(ctx, b.sql(q), b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))...).Scan(&seq)
+		if err != nil {
+			return err
+		}
+	} else {
+		var ignored any
+		args = b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))
+		if err := tx.QueryRow(ctx, b.sql(q), args...).Scan(&seq, &ignored); err != nil {
+			return err
+		}
+	}
+	m.Seq = uint64(seq)
+	return nil
+}
+
+// ClaimDue implements core.Backend: the due heads of ordering keys (the
+// pending message of lowest seq of each, not held by a live claim), locked
+// with FOR UPDATE SKIP LOCKED so that dispatchers of several processes
+// never claim one message at once, then marked as claimed for one lease
+// (database clock). A claim whose dispatcher died lapses with its lease and
+// the message is claimed again: delivery is at least once. A handler that
+// runs longer than Options.Lease may see its message delivered again
+// meanwhile by another process.
+func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) ([]*core.Message, error) {
+	if limit <= 0 {
+		return nil, nil
+	}
+	rows, err := b.pool.Query(ctx, b.sql(`WITH heads AS (
+			SELECT o.seq FROM {schema}.idem_outbox AS o
+			WHERE o.next_attempt_ns <= $1::bigint
+				AND (o.claim_until IS NULL OR o.claim_until <= {now})
+				AND NOT EXISTS (SELECT 1 FROM {schema}.idem_outbox AS p WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq)
+			ORDER BY o.seq LIMIT $2::integer
+			FOR UPDATE OF o SKIP LOCKED)
+		UPDATE {schema}.idem_outbox AS o SET claimed_by = $3::text, claim_until = `+b.leaseSQL()+`,
+			claim_token = nextval('{schema}.idem_fence')
+		FROM heads WHERE o.seq = heads.seq
+		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
+		b.s.args(toNs(now), limit, b.owner)...)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) { return scanMessage(row) })
+	if err != nil {
+		return nil, err
+	}
+	// RETURNING follows no order: deliver in seq order.
+	sortBySeq(ms)
+	return ms, nil
+}
+
+func sortBySeq(ms []*core.Message) {
+	for i := 1; i < len(ms); i++ {
+		for j := i; j > 0 && ms[j].Seq < ms[j-1].Seq; j-- {
+			ms[j], ms[j-1] = ms[j-1], ms[j]
+		}
+	}
+}
+
+// Delivered implements core.Backend.
+func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
+	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint`, int64(m.Seq))
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
+	}
+	return nil
+}
+
+// Failed implements core.Backend: the message's new attempt count, error
+// and next attempt, its claim dropped; or, if m.Dead, its move to the dead
+// letters in one statement.
+func (b *backend) Failed(ctx context.Context, m *core.Message) error {
+	var n int64
+	var err error
+	if m.Dead {
+		err = b.writeRow(ctx, `WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint RETURNING *),
+			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns)
+				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::text, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
+			SELECT count(*) FROM i`,
+			[]any{int64(m.Seq), m.Failures, m.LastError, toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
+	} else {
+		var tag interface{ RowsAffected() int64 }
+		tag, err = b.exec(ctx, `UPDATE {schema}.idem_outbox SET attempt = $2::integer, last_error = $3::text,
+			next_attempt_ns = $4::bigint, claimed_by = NULL, claim_until = NULL WHERE seq = $1::bigint`,
+			int64(m.Seq), m.Failures, m.LastError, toNs(m.NextAttemptAt))
+		if err == nil {
+			n = tag.RowsAffected()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
+	}
+	return nil
+}
+
+// Messages implements core.Backend: one REPEATABLE READ snapshot.
+func (b *backend) Messages(ctx context.Context, fn func(m *core.Message, err error) error) error {
+	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		for _, part := range []struct {
+			q    string
+			scan func(pgx.Row) (*core.Message, error)
+		}{
+			{`SELECT ` + outboxColumns + ` FROM {schema}.idem_outbox ORDER BY seq`, scanMessage},
+			{`SELECT ` + deadColumns + ` FROM {schema}.idem_dead_letters ORDER BY seq`, scanDead},
+		} {
+			rows, err := tx.Query(ctx, b.sql(part.q), b.s.args()...)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				m, err := part.scan(rows)
+				if err != nil {
+					rows.Close()
+					return err
+				}
+				if err := fn(m, nil); err != nil {
+					rows.Close()
+					return err
+				}
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// RetryDead implements core.Backend: the dead letter, locked, revived, and
+// put back in the outbox under its old seq (its place in its ordering key).
+func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core.Message) error) error {
+	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		m, err := scanDead(tx.QueryRow(ctx, b.sql(`SELECT `+deadColumns+` FROM {schema}.idem_dead_letters WHERE seq = $1::bigint FOR UPDATE`), b.s.args(int64(seq))...))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
+		}
+		if err != nil {
+			return err
+		}
+		if err := revive(m); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, b.sql(`DELETE FROM {schema}.idem_dead_letters WHERE seq = $1::bigint`), b.s.args(int64(seq))...); err != nil {
+			return err
+		}
+		q := `INSERT INTO {schema}.idem_outbox (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns)
+			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::bytea, $7::integer, $8::text, $9::bigint, $10::bigint)`
+		if !b.s.PollOnly {
+			q = `WITH m AS (` + q + ` RETURNING seq) SELECT pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
+		}
+		_, err = tx.Exec(ctx, b.sql(q), b.s.args(int64(seq), m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, m.Failures, m.LastError,
+			toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))...)
+		return err
+	})
+}
+
+// DropDead implements core.Backend.
+func (b *backend) DropDead(ctx context.Context, seq uint64) error {
+	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_dead_letters WHERE seq = $1::bigint`, int64(seq))
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
+	}
+	return nil
+}
+
+// PruneDead implements core.Backend: batches of at most limit dead letters
+// by seq, each judged by expired and the expired ones deleted in the
+// batch's transaction.
+func (b *backend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
+	if limit <= 0 {
+		limit = b.s.PruneBatch
+	}
+	deleted := 0
+	after := int64(-1)
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		n := 0
+		err := b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, b.sql(`SELECT `+deadColumns+` FROM {schema}.idem_dead_letters WHERE seq > $1::bigint ORDER BY seq LIMIT $2::integer FOR UPDATE SKIP LOCKED`), b.s.args(after, limit)...)
+			if err != nil {
+				return err
+			}
+			ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) { return scanDead(row) })
+			if err != nil {
+				return err
+			}
+			n = len(ms)
+			var gone []int64
+			for _, m := range ms {
+				after = int64(m.Seq)
+				if expired(m) {
+					gone = append(gone, int64(m.Seq))
+				}
+			}
+			if len(gone) == 0 {
+				return nil
+			}
+			tag, err := tx.Exec(ctx, b.sql(`DELETE FROM {schema}.idem_dead_letters WHERE seq = ANY($1::bigint[])`), b.s.args(gone)...)
+			if err == nil {
+				deleted += int(tag.RowsAffected())
+			}
+			return err
+		})
+		if err != nil {
+			return deleted, err
+		}
+		if n < limit {
+			return deleted, nil
+		}
+	}
+}

@@ -1,0 +1,266 @@
+package idempg
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/internal/core"
+)
+
+// backends opens n backends (as n processes would) on one new schema, their
+// database clock offset by *offset.
+func backends(t *testing.T, n int, offset *atomic.Int64) []*backend {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.Env)
+	o := &Options{Schema: pgtest.Schema(t, pool), Lease: 2 * time.Second}
+	SetClockOffset(o, func() time.Duration { return time.Duration(offset.Load()) })
+	if _, err := Migrate(context.Background(), pool, o); err != nil {
+		t.Fatal(err)
+	}
+	var bs []*backend
+	for i := range n {
+		s, err := resolve(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Owner = fmt.Sprintf("process-%d", i)
+		b, err := newBackend(context.Background(), pool, s, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		bs = append(bs, b)
+	}
+	return bs
+}
+
+// enqueue commits one DoTx call of key that enqueues a message per ordering
+// key in order, and returns their seqs.
+func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uint64 {
+	t.Helper()
+	var seqs []uint64
+	now := time.Now()
+	err := b.RunTx(context.Background(), &core.Claim{Key: key}, func(tx pgx.Tx) (*core.Record, error) {
+		seqs = nil
+		for _, ok := range orderingKeys {
+			if err := EnqueueOrdered(tx, "topic", ok, []byte(key+"→"+ok)); err != nil {
+				return nil, err
+			}
+			v, _ := txs.Load(tx)
+			seqs = append(seqs, uint64(v.(*txState).next)) // index, replaced below
+		}
+		return &core.Record{Key: key, State: core.StateDone, Attempt: 1, StartedAt: now, CompletedAt: now, Retention: time.Hour}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The seqs, read back in enqueue order.
+	rows, err := b.pool.Query(context.Background(), b.sql(`SELECT seq FROM {schema}.idem_outbox WHERE key = $1 ORDER BY seq`), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		t.Fatal(err)
+	}
+	seqs = seqs[:0]
+	for _, s := range all {
+		seqs = append(seqs, uint64(s))
+	}
+	return seqs
+}
+
+func sorted(s ...uint64) []uint64 { slices.Sort(s); return s }
+
+func seqsOf(ms []*core.Message) []uint64 {
+	var s []uint64
+	for _, m := range ms {
+		s = append(s, m.Seq)
+	}
+	return s
+}
+
+// TestOutboxHeads: only the head of each ordering key is claimable, a
+// claim is held for one lease against other dispatchers, a lapsed claim is
+// claimed again, a dead letter is overtaken, and a retried dead letter
+// takes its old place.
+func TestOutboxHeads(t *testing.T) {
+	var offset atomic.Int64
+	bs := backends(t, 2, &offset)
+	a, b := bs[0], bs[1]
+	ctx := context.Background()
+	o1 := enqueue(t, a, "call-1", "o1", "o2") // o1: m0, o2: n0
+	o2 := enqueue(t, a, "call-2", "o1", "o2") // o1: m1, o2: n1
+	m0, n0, m1, n1 := o1[0], o1[1], o2[0], o2[1]
+
+	var got [2][]*core.Message
+	var wg sync.WaitGroup
+	for i, d := range bs {
+		wg.Go(func() {
+			ms, err := d.ClaimDue(ctx, time.Now(), 10)
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = ms
+		})
+	}
+	wg.Wait()
+	claimed := append(seqsOf(got[0]), seqsOf(got[1])...)
+	slices.Sort(claimed)
+	if !slices.Equal(claimed, []uint64{m0, n0}) {
+		t.Fatalf("two dispatchers at once claimed %v, want the heads %v once each", claimed, []uint64{m0, n0})
+	}
+	if ms, _ := b.ClaimDue(ctx, time.Now(), 10); len(ms) != 0 {
+		t.Fatalf("claimed %v while the heads are held", seqsOf(ms))
+	}
+	// m0 delivered: m1 is the head of o1; n0 is still held.
+	if err := a.Delivered(ctx, &core.Message{Seq: m0}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err := b.ClaimDue(ctx, time.Now(), 10)
+	if err != nil || !slices.Equal(seqsOf(ms), []uint64{m1}) {
+		t.Fatalf("after m0's delivery: %v, %v; want m1", seqsOf(ms), err)
+	}
+	// The dispatcher holding n0 dies: past its lease, n0 is claimed again.
+	offset.Add(int64(3 * time.Second))
+	ms, err = b.ClaimDue(ctx, time.Now(), 10)
+	if err != nil || !slices.Equal(seqsOf(ms), sorted(m1, n0)) {
+		t.Fatalf("after the claims lapsed: %v, %v; want m1 and n0 again", seqsOf(ms), err)
+	}
+	// n0 dies: n1 overtakes it.
+	if err := b.Failed(ctx, &core.Message{Seq: n0, Failures: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	ms, err = a.ClaimDue(ctx, time.Now(), 10)
+	if err != nil || !slices.Equal(seqsOf(ms), []uint64{n1}) {
+		t.Fatalf("after n0 died: %v, %v; want n1", seqsOf(ms), err)
+	}
+	// Retried, n0 is o2's head again once n1's claim lapses.
+	if err := a.RetryDead(ctx, n0, func(m *core.Message) error { m.Failures = 0; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	offset.Add(int64(3 * time.Second))
+	ms, err = a.ClaimDue(ctx, time.Now(), 10)
+	if err != nil || !slices.Equal(seqsOf(ms), sorted(m1, n0)) {
+		t.Fatalf("after n0's retry: %v, %v; want m1 and n0 (before n1)", seqsOf(ms), err)
+	}
+	// A failed attempt waits for its next attempt time.
+	later := time.Now().Add(time.Hour)
+	if err := a.Failed(ctx, &core.Message{Seq: m1, Failures: 1, LastError: "later", NextAttemptAt: later}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, _ := b.ClaimDue(ctx, time.Now(), 10); len(ms) != 0 {
+		t.Fatalf("claimed %v before m1's next attempt", seqsOf(ms))
+	}
+	if ms, _ := b.ClaimDue(ctx, later, 10); !slices.Equal(seqsOf(ms), []uint64{m1}) {
+		t.Fatalf("at m1's next attempt: %v", seqsOf(ms))
+	}
+}
+
+// TestOutboxDrainedByProcesses: three dispatchers drain 120 messages of 6
+// ordering keys at once: every message is delivered, and each ordering key's
+// deliveries come in enqueue order.
+func TestOutboxDrainedByProcesses(t *testing.T) {
+	var offset atomic.Int64
+	bs := backends(t, 3, &offset)
+	ctx := context.Background()
+	keys := []string{"a", "b", "c", "d", "e", "f"}
+	var want []uint64
+	for i := range 20 {
+		want = append(want, enqueue(t, bs[0], fmt.Sprintf("call-%d", i), keys...)...)
+	}
+	var (
+		mu        sync.Mutex
+		delivered = map[string][]uint64{}
+		count     atomic.Int32
+	)
+	var wg sync.WaitGroup
+	for _, d := range bs {
+		for range 2 {
+			wg.Go(func() {
+				for count.Load() < int32(len(want)) {
+					ms, err := d.ClaimDue(ctx, time.Now(), 4)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					for _, m := range ms {
+						mu.Lock()
+						delivered[m.OrderingKey] = append(delivered[m.OrderingKey], m.Seq)
+						mu.Unlock()
+						if err := d.Delivered(ctx, m); err != nil {
+							t.Error(err)
+							return
+						}
+						count.Add(1)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	var all []uint64
+	for k, seqs := range delivered {
+		if !slices.IsSorted(seqs) {
+			t.Errorf("ordering key %s delivered out of order: %v", k, seqs)
+		}
+		all = append(all, seqs...)
+	}
+	slices.Sort(all)
+	slices.Sort(want)
+	if !slices.Equal(all, want) {
+		t.Fatalf("delivered %d messages, want each of %d once", len(all), len(want))
+	}
+}
+
+// TestPruneBounded: Prune deletes expired records in batches of at most
+// Limit and leaves live ones and the kept-until-resolved ones.
+func TestPruneBounded(t *testing.T) {
+	var offset atomic.Int64
+	b := backends(t, 1, &offset)[0]
+	ctx := context.Background()
+	t0 := time.Unix(1_800_000_000, 0)
+	put := func(key string, st core.State, at time.Time, kept bool) {
+		t.Helper()
+		rec := &core.Record{Key: key, State: st, Attempt: 1, StartedAt: at, Retention: time.Hour, KeptUntilResolved: kept}
+		if st == core.StateDone {
+			rec.CompletedAt = at
+		}
+		if err := b.Resolve(ctx, key, func(*core.Record) (*core.Record, error) { return rec, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 7 {
+		put(fmt.Sprintf("old-%d", i), core.StateDone, t0, false)
+	}
+	put("old-started", core.StateStarted, t0, false)
+	put("kept", core.StateStarted, t0, true)
+	put("young", core.StateDone, t0.Add(90*time.Minute), false)
+	res, err := b.Prune(ctx, core.PruneRequest{Now: t0.Add(2 * time.Hour), Retention: time.Hour, Limit: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Deleted != 8 || res.Interrupted != 1 {
+		t.Fatalf("pruned %+v, want 8 deleted, 1 of them started", res)
+	}
+	var left []string
+	if err := b.Scan(ctx, func(r *core.Record, err error) error { left = append(left, r.Key); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(left, []string{"kept", "young"}) {
+		t.Fatalf("left %v", left)
+	}
+	// A longer window of the engine keeps a record its writer's would drop.
+	res, err = b.Prune(ctx, core.PruneRequest{Now: t0.Add(150 * time.Minute), Retention: 2 * time.Hour, Limit: 3})
+	if err != nil || res.Deleted != 0 {
+		t.Fatalf("prune with a longer window: %+v, %v; want nothing", res, err)
+	}
+}

@@ -1,0 +1,270 @@
+package idempg_test
+
+// Multi-process cases: at least two OS processes with distinct pids against
+// one Postgres. The child is this test binary, re-executed with
+// IDEMPG_CHILD naming its role (see TestMain).
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkit/idem/idempg"
+	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+const (
+	envChild  = "IDEMPG_CHILD"
+	envSchema = "IDEMPG_SCHEMA"
+	envKey    = "IDEMPG_KEY"
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(envChild); role != "" {
+		os.Exit(childMain(role))
+	}
+	idemtest.ChildMain()
+	os.Exit(testkit.Main(m, nil))
+}
+
+// childMain runs a child's role and returns its exit status. It reports on
+// stdout, one line per event: "started <pid>" once fn runs, then "result
+// <response>" or "error <text>" (with "fenced" if the error wraps
+// ErrFenced).
+func childMain(role string) int {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv(pgtest.Env))
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer pool.Close()
+	opts := &idempg.Options{Schema: os.Getenv(envSchema), Lease: 10 * time.Second, Heartbeat: 9 * time.Second}
+	e, err := idempg.Open(ctx, pool, opts, &idempg.EngineOptions{PruneInterval: -1})
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	defer e.Close()
+	key := os.Getenv(envKey)
+	in := bufio.NewReader(os.Stdin)
+	var res core.Result
+	switch role {
+	case "do":
+		// fn says it started, then waits for a line on stdin (for ever,
+		// if the parent kills it instead).
+		res, err = e.Do(ctx, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
+			fmt.Println("started", os.Getpid())
+			_, _ = in.ReadString('\n')
+			return []byte("child"), nil
+		})
+	case "dotx":
+		res, err = e.DoTx(ctx, key, []byte("fp"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			if _, err := tx.Exec(ctx, "INSERT INTO "+opts.Schema+".effects (key, n) VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = effects.n + 1", key); err != nil {
+				return nil, err
+			}
+			fmt.Println("started", os.Getpid())
+			_, _ = in.ReadString('\n')
+			return []byte("child"), nil
+		})
+	default:
+		fmt.Println("error unknown role", role)
+		return 2
+	}
+	switch {
+	case errors.Is(err, core.ErrFenced):
+		fmt.Println("error fenced:", err)
+	case err != nil:
+		fmt.Println("error", err)
+	default:
+		fmt.Println("result", string(res.Response))
+	}
+	return 0
+}
+
+// child is a running child process.
+type child struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	lines chan string
+}
+
+// startChild starts the test binary as a child in role on st's schema for
+// key, and waits until its fn has started.
+func startChild(t *testing.T, st *store, role, key string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), envChild+"="+role, envSchema+"="+st.opts.Schema, envKey+"="+key)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line := c.next(t)
+	if want := fmt.Sprintf("started %d", cmd.Process.Pid); line != want {
+		t.Fatalf("child: %q, want %q", line, want)
+	}
+	if cmd.Process.Pid == os.Getpid() {
+		t.Fatal("the child has the parent's pid")
+	}
+	return c
+}
+
+// next returns the child's next line of output.
+func (c *child) next(t *testing.T) string {
+	t.Helper()
+	select {
+	case l, ok := <-c.lines:
+		if !ok {
+			t.Fatal("the child exited without a word")
+		}
+		return l
+	case <-time.After(60 * time.Second): // a bound on a hang, not a timing claim
+		t.Fatal("no word from the child")
+	}
+	return ""
+}
+
+// kill sends SIGKILL and waits for the child to die.
+func (c *child) kill(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
+}
+
+// TestProcessKilledHolderTakenOverAfterLease: a child process holding a key
+// (its fn running under a live lease) is SIGKILLed. While its lease lasts,
+// this process does not run fn (InProgressError); once the lease has lapsed
+// by the database's clock, it takes the key over: fn runs a second time,
+// attempt 2, with Recovered set.
+func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	c := startChild(t, st, "do", "k")
+	c.kill(t)
+
+	e := st.open(t, &idempg.EngineOptions{InFlight: core.InFlightFail})
+	var runs atomic.Int32
+	var call core.Call
+	fn := func(ctx context.Context) ([]byte, error) {
+		runs.Add(1)
+		call, _ = core.CallFrom(ctx)
+		return []byte("parent"), nil
+	}
+	if _, err := e.Do(context.Background(), "k", []byte("fp"), fn); !errors.Is(err, core.ErrInProgress) {
+		t.Fatalf("while the dead child's lease lasts: %v, want ErrInProgress", err)
+	}
+	if runs.Load() != 0 {
+		t.Fatal("fn ran while the lease lasted")
+	}
+	st.offset.Add(int64(11 * time.Second)) // past the child's 10 s lease
+	res, err := e.Do(context.Background(), "k", []byte("fp"), fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if runs.Load() != 1 || !call.Recovered || call.Attempt != 2 || res.Attempt != 2 || string(res.Response) != "parent" {
+		t.Fatalf("takeover: %+v, call %+v, %d runs; want one recovered run, attempt 2", res, call, runs.Load())
+	}
+}
+
+// TestProcessStoppedOwnerCompletionRefused: a child process is SIGSTOPped
+// while its fn runs, this process takes the key over past the child's
+// lease, and the child, resumed, finishes fn: its completion is refused
+// (ErrFenced) and the record keeps this process's outcome.
+func TestProcessStoppedOwnerCompletionRefused(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	c := startChild(t, st, "do", "k")
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	e := st.open(t, nil)
+	st.offset.Add(int64(11 * time.Second)) // past the child's 10 s lease
+	res, err := e.Do(context.Background(), "k", []byte("fp"), func(context.Context) ([]byte, error) { return []byte("parent"), nil })
+	if err != nil || string(res.Response) != "parent" || res.Attempt != 2 {
+		t.Fatalf("takeover: %+v, %v", res, err)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line := c.next(t); !strings.HasPrefix(line, "error fenced:") {
+		t.Fatalf("the resumed child's completion: %q, want it refused (ErrFenced)", line)
+	}
+	rec, err := e.Get("k")
+	if err != nil || string(rec.Response) != "parent" || rec.Attempt != 2 {
+		t.Fatalf("record: %+v, %v; want this process's outcome", rec, err)
+	}
+}
+
+// TestProcessDoTxNoEffectTwice: a child process is SIGKILLed inside a DoTx
+// fn that wrote its effect; the server rolls its transaction back, so this
+// process's DoTx of the key runs fn once and the effect counts once. Then
+// a child replays it and writes nothing.
+func TestProcessDoTxNoEffectTwice(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	ctx := context.Background()
+	if _, err := st.pool.Exec(ctx, "CREATE TABLE "+st.opts.Schema+".effects (key text PRIMARY KEY, n int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	c := startChild(t, st, "dotx", "k")
+	c.kill(t)
+
+	e := st.open(t, nil)
+	res, err := e.DoTx(ctx, "k", []byte("fp"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO "+st.opts.Schema+".effects (key, n) VALUES ('k', 1) ON CONFLICT (key) DO UPDATE SET n = effects.n + 1")
+		return []byte("parent"), err
+	})
+	if err != nil || string(res.Response) != "parent" || res.Attempt != 1 {
+		t.Fatalf("DoTx after the killed child: %+v, %v; want a first execution (nothing of the child's committed)", res, err)
+	}
+	c2 := exec.Command(os.Args[0], "-test.run=^$")
+	c2.Env = append(os.Environ(), envChild+"=dotx", envSchema+"="+st.opts.Schema, envKey+"=k")
+	out, err := c2.Output()
+	if err != nil || strings.TrimSpace(string(out)) != "result parent" {
+		t.Fatalf("a second process's DoTx: %q, %v; want the replay of this one's", out, err)
+	}
+	var n int
+	if err := st.pool.QueryRow(ctx, "SELECT n FROM "+st.opts.Schema+".effects WHERE key = 'k'").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("the effect counted %d times, want once", n)
+	}
+}

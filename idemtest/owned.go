@@ -1,0 +1,190 @@
+package idemtest
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/core"
+)
+
+// OwnedElsewhere is the suite's test backend for the ownership rule: it
+// wraps b and reports the started record of every key for which owned
+// returns true as held by a live owner in another process. Owner answers
+// Owned for it, and a Claim that would take it over answers ClaimOwned,
+// the way a Postgres backend answers for an unexpired lease. Everything
+// else is b's. The engine must then wait for the record to change or refuse
+// with an *idem.InProgressError, never recover it.
+func OwnedElsewhere[T any](b core.Backend[T], owned func(key string) bool) core.Backend[T] {
+	return &ownedBackend[T]{Backend: b, owned: owned}
+}
+
+type ownedBackend[T any] struct {
+	core.Backend[T]
+	owned func(key string) bool
+}
+
+func (b *ownedBackend[T]) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
+	if b.owned(rec.Key) {
+		return core.Ownership{Owned: true, Owner: "another process (idemtest)"}, nil
+	}
+	return b.Backend.Owner(ctx, rec)
+}
+
+func (b *ownedBackend[T]) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	if req.Prev != nil && b.owned(req.Prev.Key) {
+		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true}}, nil
+	}
+	return b.Backend.Claim(ctx, req)
+}
+
+// owned holds the ownership rule as a backend operation (DESIGN.md's
+// interrupted executions; issue 10 item 4): a started record that the
+// backend reports as owned by a live process elsewhere is never recovered,
+// under either recovery policy. A duplicate under InFlightFail gets an
+// *idem.InProgressError; under InFlightWait it waits, and recovers the
+// record only once its owner is gone; a waiter whose ctx ends returns
+// ctx.Err() and changes nothing. Run through Harness.OpenWrapped and
+// OwnedElsewhere.
+func (s *suite[T]) owned(t *testing.T) {
+	if s.h.OpenWrapped == nil {
+		t.Skip("idemtest: Harness.OpenWrapped is not set: the ownership cases need it")
+	}
+	// setup leaves an interrupted execution of attempt 1 under key k and
+	// reopens the store with k owned elsewhere while *elsewhere is true.
+	setup := func(t *testing.T, opts Options) (Engine[T], *atomic.Bool) {
+		e, store := s.fresh(t, Options{})
+		s.interrupt(t, e, "k")
+		require.NoError(t, e.Close())
+		elsewhere := new(atomic.Bool)
+		elsewhere.Store(true)
+		if opts.Now == nil {
+			opts.Now = newClock().Now
+		}
+		e, err := s.h.OpenWrapped(t, store, opts, func(b core.Backend[T]) core.Backend[T] {
+			return OwnedElsewhere(b, func(key string) bool { return key == "k" && elsewhere.Load() })
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+		return e, elsewhere
+	}
+	untouched := func(t *testing.T, e Engine[T]) {
+		t.Helper()
+		r := record(t, e, "k")
+		require.NotNil(t, r)
+		require.Equal(t, idem.StateStarted, r.State, "the owner's record is untouched")
+		require.Equal(t, 1, r.Attempt)
+	}
+
+	for _, policy := range []idem.RecoveryPolicy{idem.RecoverReexecute, idem.RecoverRefuse} {
+		t.Run("InFlightFail, "+policyName(policy)+": InProgressError, never recovered", func(t *testing.T) {
+			both(t, func(t *testing.T, v via) {
+				e, _ := setup(t, Options{InFlight: idem.InFlightFail, Recovery: policy})
+				for range 2 {
+					_, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
+					var ip *idem.InProgressError
+					require.ErrorAs(t, err, &ip)
+					require.ErrorIs(t, err, idem.ErrInProgress)
+					require.NotErrorIs(t, err, idem.ErrIncomplete, "owned is not interrupted")
+				}
+				untouched(t, e)
+				_, err := call(bg, e, v, "k", other, mustNotRun[T](t))
+				require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "another fingerprint conflicts, owned or not")
+			})
+		})
+	}
+
+	t.Run("InFlightWait: a waiter whose ctx ends changes nothing", func(t *testing.T) {
+		both(t, func(t *testing.T, v via) {
+			e, _ := setup(t, Options{})
+			ctx, cancel := context.WithCancel(bg)
+			defer cancel()
+			var waits atomic.Int32
+			unset := s.h.Hook(PointWait, func() {
+				if waits.Add(1) == 2 {
+					cancel() // the waiter has polled the owner twice
+				}
+			})
+			defer unset()
+			_, err := call(ctx, e, v, "k", fp, mustNotRun[T](t))
+			require.ErrorIs(t, err, context.Canceled)
+			require.GreaterOrEqual(t, waits.Load(), int32(2), "it waited")
+			untouched(t, e)
+		})
+	})
+
+	t.Run("InFlightWait: recovered once the owner is gone", func(t *testing.T) {
+		both(t, func(t *testing.T, v via) {
+			e, elsewhere := setup(t, Options{})
+			var waits atomic.Int32
+			unset := s.h.Hook(PointWait, func() {
+				if waits.Add(1) == 3 {
+					elsewhere.Store(false) // the owner's process died
+				}
+			})
+			defer unset()
+			var ranWhileOwned atomic.Bool
+			res, err := call(bg, e, v, "k", fp, func(ctx context.Context, tx T) ([]byte, error) {
+				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+				ranWhileOwned.Store(elsewhere.Load())
+				return []byte("reconciled"), nil
+			})
+			require.NoError(t, err)
+			require.False(t, ranWhileOwned.Load(), "fn runs only once the owner is gone")
+			require.Equal(t, 2, res.Attempt)
+			require.GreaterOrEqual(t, waits.Load(), int32(3), "it waited for the owner")
+			r := record(t, e, "k")
+			require.Equal(t, idem.StateDone, r.State)
+			require.Equal(t, 2, r.Attempt)
+		})
+	})
+
+	t.Run("InFlightWait: duplicates in this process wait behind the waiting leader", func(t *testing.T) {
+		e, elsewhere := setup(t, Options{})
+		var waits atomic.Int32
+		gate := make(chan struct{})
+		var once sync.Once
+		unset := s.h.Hook(PointWait, func() {
+			if waits.Add(1) >= 4 {
+				once.Do(func() { close(gate) })
+			}
+		})
+		defer unset()
+		var runs, ranWhileOwned atomic.Int32
+		errs := make(chan error, 3)
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				_, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) {
+					runs.Add(1)
+					if elsewhere.Load() {
+						ranWhileOwned.Add(1)
+					}
+					return []byte("once"), nil
+				})
+				errs <- err
+			})
+		}
+		// An engine that does not wait ends every call without reaching
+		// the gate.
+		go func() { wg.Wait(); once.Do(func() { close(gate) }) }()
+		<-gate
+		elsewhere.Store(false)
+		for range 3 {
+			require.NoError(t, <-errs)
+		}
+		require.Zero(t, ranWhileOwned.Load(), "never recovered while owned")
+		require.Equal(t, int32(1), runs.Load(), "recovered once, for every duplicate")
+		r := record(t, e, "k")
+		require.Equal(t, idem.StateDone, r.State)
+		require.Equal(t, 2, r.Attempt)
+	})
+}

@@ -1,0 +1,392 @@
+// Package core is idem's state machine, written once for every backend: key
+// validation, fingerprints, the replay fast path, the per-key singleflight,
+// the decision table on a stored record, fn's context, the classification of
+// fn's outcome, and the replay cache. Storage sits behind Backend, so this
+// package imports no storage driver: `go list -deps ./internal/core` names no
+// bbolt and no pgx.
+//
+// The models are River's riverdriver (Driver[TTx], generic over the
+// transaction a job's work runs in) and litestream's ReplicaClient (a narrow
+// interface that each storage fills); each implementation pins itself with
+//
+//	var _ core.Backend[*idem.Tx] = (*boltBackend)(nil)
+package core
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Backend is the storage of one engine: records, claims of keys, DoTx's
+// transaction, expiry, scans, and the outbox. T is the transaction a DoTx fn
+// receives: *idem.Tx (a bbolt write transaction) for the root package's
+// engine, pgx.Tx for idempg's.
+//
+// The engine (this package) calls a Backend only for storage. It owns every
+// decision: what a record means, when fn runs, what is recorded. In one
+// process at most one call per key runs the state machine at a time (the
+// engine's singleflight), so a Backend sees at most one Claim, Complete,
+// Release, RunTx, Forget or Resolve per key at a time from one engine;
+// Lookup, Scan and the outbox methods run concurrently with everything. A
+// backend shared by several processes (Postgres) must make Claim, Complete,
+// Release and RunTx atomic against the other processes' on the same key.
+//
+// Times passed in are the engine clock's readings (Options.Now, monotonic
+// reading stripped); retention is judged by the engine clock. Lease expiry
+// is judged by the backend's own clock (Postgres: the database's now()),
+// never by the caller's.
+//
+// Errors: a Backend wraps the sentinels of this package where the method
+// says (ErrNotFound, ErrCorrupt, ErrFenced, ErrClaimTaken, ...); any other
+// error is a storage failure that the engine returns inside an *OpError.
+// After Close every method may fail.
+type Backend[T any] interface {
+	// Info describes the backend; it is called once, at engine start.
+	Info() Info
+
+	// Lookup returns the stored record of q.Key, or nil if none is stored,
+	// without judging expiry (the engine does, with Record.Live). When
+	// q.CheckFingerprint is set and the stored record is done, has another
+	// fingerprint than q.Fingerprint and completed less than q.Retention
+	// before q.Now, Lookup may return (nil, ErrFingerprintMismatch),
+	// unwrapped, without decoding the record (bbolt peeks at the header
+	// only: the refused response is never copied). A record that fails to
+	// decode gives an error wrapping ErrCorrupt and naming the key.
+	//
+	// It is the replay path's only storage call: bbolt answers it from one
+	// read transaction, Postgres from one SELECT by key.
+	Lookup(ctx context.Context, q Lookup) (*Record, error)
+
+	// Owner says whether rec, a started record of rec.Key as Lookup
+	// returned it, is held by a live owner: the ownership rule, asked by
+	// the engine's leader for the key before it refuses (RecoverRefuse) or
+	// waits. bbolt: always Orphan (one process holds the file, and the
+	// engine holds the key, so no live call owns it: instant recovery).
+	// Postgres: Owned while the record's lease has not lapsed by the
+	// database's now(). Owner takes nothing over; Claim does.
+	Owner(ctx context.Context, rec *Record) (Ownership, error)
+
+	// Claim takes the key of req.Started for a Do call: it stores
+	// req.Started (state started, attempt and times set by the engine)
+	// durably before fn runs, and returns the claim with a fencing token
+	// greater than every earlier claim of the key.
+	//
+	// With req.Prev nil the key must have no live record: bbolt writes
+	// (the engine holds the key); Postgres inserts, and answers
+	// ClaimChanged with the record found if another process got there
+	// first. With req.Prev set (an interrupted execution as Lookup
+	// returned it, identified by its Attempt and StartedAt) Claim takes it
+	// over: only if it is still the stored version and it is an orphan by
+	// Owner's rule; else ClaimOwned (with the Ownership) or ClaimChanged
+	// (with the record now stored). The taken-over record is replaced; the
+	// engine restores it through Release if fn never starts.
+	Claim(ctx context.Context, req ClaimRequest) (ClaimResult, error)
+
+	// Renew extends c's lease while fn runs. The engine calls it every
+	// Info().Heartbeat (never, when that is zero: bbolt) and, if it fails
+	// (ErrFenced, or a storage error until the lease lapses), cancels fn's
+	// context with cause ErrLeaseLost. It updates c.LeaseUntil.
+	Renew(ctx context.Context, c *Claim) error
+
+	// Complete replaces c's started record by done (state done, response,
+	// error and CompletedAt set by the engine), fenced: if the key's
+	// current claim is no longer c (another owner took it over), nothing
+	// is written and the error wraps ErrFenced. A storage error leaves the
+	// outcome unknown to the engine: it treats the key as interrupted.
+	// (Postgres resolves an ambiguous COMMIT by reading the record back by
+	// c.Token, never by writing again.)
+	Complete(ctx context.Context, c *Claim, done *Record) error
+
+	// Release gives c's key back without an outcome: fn was never started
+	// (the caller's context ended first) or promised it had no effect
+	// (Retryable). With restore nil the started record is deleted and the
+	// key is free; else restore (the interrupted execution c took over,
+	// c.Prev) is stored back as it was. Fenced like Complete.
+	Release(ctx context.Context, c *Claim, restore *Record) error
+
+	// RunTx runs fn inside the backend's own write transaction, for DoTx:
+	// fn (the engine's wrapper of the user's fn) receives the transaction T,
+	// and returns the done record to store in it, or an error. On (done,
+	// nil) the backend stores done in T and commits fn's writes and done
+	// together, or nothing; on (nil, err) it rolls T back and returns err
+	// itself (unwrapped: the engine matches its own values). The engine's
+	// wrapper recovers a panic of the user's fn itself (as a *PanicError it
+	// re-raises in DoTx's caller, wherever fn ran: bbolt may run it on its
+	// committer goroutine), so a panic that reaches the backend is its own:
+	// nothing commits and RunTx returns it as an error. If fn calls
+	// runtime.Goexit on a goroutine of the backend's, RunTx returns an error
+	// (ErrGoexit; bbolt: its pipeline's own); on the caller's goroutine, the engine's
+	// deferred handlers see it.
+	//
+	// c.Token zero asks the backend to claim the key inside T before fn
+	// runs (the engine found it free): bbolt needs nothing (the engine's
+	// per-key lock and the file's single writer exclude every other
+	// writer), Postgres inserts a started row in T, which makes another
+	// process's claim of the key wait for T's end, and returns
+	// ErrClaimTaken without running fn if a live record is there. A
+	// non-zero c.Token is a claim from Claim (a recovering DoTx commits its
+	// started record first, as Do does): done replaces c.Started, fenced
+	// like Complete.
+	//
+	// fn may be called more than once: bbolt shares one transaction among
+	// concurrent calls (group commit) and has no savepoints, so when
+	// another call's fn fails the transaction is rolled back and fn runs
+	// again in a new one (at most 3 times per call); the last run's result
+	// counts. Postgres runs fn once, under a savepoint.
+	RunTx(ctx context.Context, c *Claim, fn func(tx T) (*Record, error)) error
+
+	// Holding reports whether the calling goroutine runs inside a RunTx fn
+	// of this backend, where a call into the engine would wait for the
+	// transaction it runs in (bbolt: the file's single writer). The engine
+	// then fails the call with ErrReentrant. A backend without that hazard
+	// returns false. It is called before every write, so it must be cheap.
+	Holding() bool
+
+	// WaitChange blocks until key's record may have changed (Postgres:
+	// LISTEN/NOTIFY, else one poll period, Info().Poll), or ctx ends (it
+	// then returns ctx.Err()). The engine calls it between Lookups while a
+	// live owner elsewhere holds the key under InFlightWait. A backend
+	// whose Owner never answers Owned may just sleep Info().Poll.
+	WaitChange(ctx context.Context, key string) error
+
+	// Forget deletes every stored version of key, in any state, and
+	// reports whether there was one. The engine holds the key meanwhile.
+	Forget(ctx context.Context, key string) (found bool, err error)
+
+	// Resolve runs fn on key's stored record (nil if none) inside one write
+	// transaction and stores the record fn returns in its place, for the
+	// operator's Resolve; an error from fn writes nothing and is returned
+	// as is. A backend shared by processes locks the row meanwhile.
+	Resolve(ctx context.Context, key string, fn func(cur *Record) (*Record, error)) error
+
+	// Prune deletes expired records at req.Now in bounded batches (at most
+	// req.Limit records per write transaction, so writers are never held
+	// long) until none is left or ctx ends, and returns how many it deleted
+	// and, in Interrupted, how many of those were started records (the
+	// engine logs those: evidence of unknown outcomes dropped). A record is
+	// expired when !r.Live(req.Now, req.Retention) and, if req.KeepStarted
+	// (the engine refuses interrupted executions), it is not started.
+	// bbolt drops whole time slots; Postgres deletes by an expiry index.
+	Prune(ctx context.Context, req PruneRequest) (PruneResult, error)
+
+	// Scan calls fn for every stored record, expired ones included, in one
+	// consistent snapshot (bbolt: one read transaction, slot by slot from
+	// the oldest, by key within a slot; Postgres: one REPEATABLE READ
+	// transaction, by key). A record that fails to decode is passed as a
+	// Record with only Key set, beside an error wrapping ErrCorrupt. An
+	// error from fn stops the walk and is returned.
+	Scan(ctx context.Context, fn func(r *Record, err error) error) error
+
+	// Enqueue stores m (Seq zero; the other fields set by the engine) as a
+	// pending outbox message in tx, which must be a transaction of this
+	// backend's RunTx: it commits with fn's writes and the done record, or
+	// not at all. It sets m.Seq.
+	Enqueue(tx T, m *Message) error
+
+	// OnCommit registers fn, called (without blocking) after every commit
+	// that may have enqueued outbox messages, to wake the dispatcher.
+	// Postgres also calls it on a NOTIFY from another process. One fn per
+	// backend; a later call replaces it.
+	OnCommit(fn func())
+
+	// ClaimDue returns up to limit due heads: for each ordering key, its
+	// pending message of lowest Seq, if NextAttemptAt is zero or not after
+	// now, and if no other dispatcher holds it. Only a head is claimable,
+	// so the messages of one ordering key are delivered one at a time, in
+	// enqueue order. Postgres claims them with FOR UPDATE SKIP LOCKED and a
+	// lease (several processes drain one outbox at least once); bbolt has
+	// one dispatcher per file and claims in memory. A message that fails to
+	// decode is not returned; it is reported by Messages.
+	ClaimDue(ctx context.Context, now time.Time, limit int) ([]*Message, error)
+
+	// Delivered deletes pending message m after its handler succeeded, or
+	// returns an error wrapping ErrNotFound if it is gone.
+	Delivered(ctx context.Context, m *Message) error
+
+	// Failed stores m back after a failed delivery, with the fields the
+	// engine updated (Attempt, LastError, NextAttemptAt); if m.Dead is set
+	// (DeadAt and DeadLetterRetention with it) it moves m to the dead
+	// letters instead. An error wraps ErrNotFound if m is gone.
+	Failed(ctx context.Context, m *Message) error
+
+	// Messages calls fn for every pending message by Seq, then every dead
+	// letter by Seq, in one snapshot, expired dead letters included (the
+	// engine filters). An undecodable one is passed as a Message with only
+	// Seq (and Dead) set beside an error wrapping ErrCorrupt. An error from
+	// fn stops the walk and is returned.
+	Messages(ctx context.Context, fn func(m *Message, err error) error) error
+
+	// RetryDead moves dead letter seq back to the pending messages in one
+	// write transaction: revive receives it and resets it (an error from
+	// revive, such as ErrNotFound for an expired one, writes nothing and is
+	// returned). A missing seq gives an error wrapping ErrNotFound.
+	RetryDead(ctx context.Context, seq uint64, revive func(m *Message) error) error
+
+	// DropDead deletes dead letter seq, or returns an error wrapping
+	// ErrNotFound.
+	DropDead(ctx context.Context, seq uint64) error
+
+	// PruneDead deletes dead letters for which expired is true, at most
+	// limit per write transaction, until none is left or ctx ends, and
+	// returns how many it deleted.
+	PruneDead(ctx context.Context, expired func(m *Message) bool, limit int) (int, error)
+
+	// Close releases the backend's resources (bbolt: the file and its
+	// lock; Postgres: its connections, unless the pool was given). The
+	// engine calls it once, after the last call returned.
+	Close() error
+}
+
+// Info describes a Backend to the engine.
+type Info struct {
+	// Name names the backend in logs and errors: "bbolt", "postgres".
+	Name string
+	// Heartbeat is the period of Renew while fn runs; zero means claims
+	// never need renewal (bbolt).
+	Heartbeat time.Duration
+	// Poll is the longest WaitChange blocks without a notification, and the
+	// RetryAfter hint floor for a key owned elsewhere; zero means Owner
+	// never answers Owned (bbolt).
+	Poll time.Duration
+	// ReadOnly is set when every write fails (bbolt's read-only open): the
+	// engine starts no pruner and no dispatcher.
+	ReadOnly bool
+}
+
+// Lookup is a Backend.Lookup request.
+type Lookup struct {
+	// Key is the idempotency key, as the caller gave it.
+	Key string
+	// Now is the engine clock's reading for the call.
+	Now time.Time
+	// Retention is the engine's retention window (Options.Retention).
+	Retention time.Duration
+	// Fingerprint is the call's 64-bit fingerprint hash; it is compared
+	// only when CheckFingerprint is set.
+	Fingerprint      uint64
+	CheckFingerprint bool
+}
+
+// Fence is a fencing token: each claim of a key gets one greater than every
+// earlier claim's, so a write carrying a stale one is refused (ErrFenced).
+// bbolt's is the claim's attempt (one process, claims of a key in order);
+// Postgres's is a per-key counter in the row, bumped by every claim.
+type Fence uint64
+
+// Claim is a key held by this engine for one execution, from Claim (or from
+// the engine, Token zero, for RunTx to claim inside its transaction).
+type Claim struct {
+	// Key and Fingerprint are the call's.
+	Key         string
+	Fingerprint uint64
+	// Token is the claim's fencing token; zero for a claim RunTx makes in
+	// its transaction.
+	Token Fence
+	// Started is the started record the claim stored (nil for Token zero).
+	Started *Record
+	// Prev is the interrupted execution the claim took over, nil if none.
+	Prev *Record
+	// LeaseUntil is when the claim lapses unless renewed, by the backend's
+	// clock; zero if it never lapses (bbolt).
+	LeaseUntil time.Time
+}
+
+// ClaimRequest is a Backend.Claim request.
+type ClaimRequest struct {
+	// Started is the started record to store: Key, Fingerprint, Attempt,
+	// StartedAt, Retention (the engine's window) and KeptUntilResolved (set
+	// under RecoverRefuse) set by the engine. When Prev is set the backend
+	// stores the longer of the two windows, and the mark if either has it:
+	// a recovering attempt interrupted in turn keeps both.
+	Started *Record
+	// Prev is the interrupted execution to take over, as Lookup returned
+	// it; nil claims a key without a live record.
+	Prev *Record
+}
+
+// ClaimStatus is the answer of a Claim.
+type ClaimStatus uint8
+
+const (
+	// Claimed: the started record is stored; ClaimResult.Claim holds the key.
+	Claimed ClaimStatus = iota + 1
+	// ClaimOwned: a live owner elsewhere holds the key (Postgres: an
+	// unexpired lease); ClaimResult.Ownership says whose and until when.
+	// The engine waits for it or refuses with an InProgressError, never
+	// recovers it.
+	ClaimOwned
+	// ClaimChanged: the stored record is not the one the request expected
+	// (another process claimed or completed the key since it was read);
+	// ClaimResult.Current holds it (nil if the key is now free) and the
+	// engine decides again.
+	ClaimChanged
+)
+
+func (s ClaimStatus) String() string {
+	switch s {
+	case Claimed:
+		return "claimed"
+	case ClaimOwned:
+		return "owned"
+	case ClaimChanged:
+		return "changed"
+	}
+	return fmt.Sprintf("ClaimStatus(%d)", uint8(s))
+}
+
+// ClaimResult is the answer of a Backend.Claim.
+type ClaimResult struct {
+	Status ClaimStatus
+	// Claim is the key's claim when Status is Claimed.
+	Claim *Claim
+	// Ownership is the owner's when Status is ClaimOwned.
+	Ownership Ownership
+	// Current is the record now stored when Status is ClaimChanged.
+	Current *Record
+}
+
+// Ownership is the ownership rule's answer for a started record.
+type Ownership struct {
+	// Owned is true while a live owner (another process; never this
+	// engine, which knows its own calls) holds the record: it must not be
+	// recovered. False means an orphan: an interrupted execution.
+	Owned bool
+	// Owner names the owner for messages (Postgres: host and pid), empty
+	// if unknown.
+	Owner string
+	// Until is when the owner's lease lapses unless renewed (backend's
+	// clock), zero if unknown; the engine's retry-after hint uses it.
+	Until time.Time
+}
+
+// PruneRequest is a Backend.Prune request.
+type PruneRequest struct {
+	// Now is the engine clock's reading.
+	Now time.Time
+	// Retention is the engine's retention window (see Record.Live).
+	Retention time.Duration
+	// KeepStarted keeps every started record (RecoverRefuse).
+	KeepStarted bool
+	// Limit bounds the records deleted per write transaction.
+	Limit int
+}
+
+// PruneResult is the answer of a Backend.Prune.
+type PruneResult struct {
+	// Deleted counts the records deleted; Interrupted counts the started
+	// records among them.
+	Deleted, Interrupted int
+}
+
+// PanicError is the value the engine re-raises in DoTx's caller when fn
+// panicked: fn's panic value and the stack where it panicked (idem.PanicError
+// is this type).
+type PanicError struct {
+	Value any
+	Stack []byte
+}
+
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
+}

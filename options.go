@@ -1,0 +1,167 @@
+package idem
+
+// Options and the policies: the engine's settings, every backend's, beside
+// the bbolt file's.
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/idemkit/idem/internal/core"
+)
+
+// Defaults for the zero values of Options.
+const (
+	// MaxKeyLen is the longest idempotency key in bytes: Stripe's limit of 255
+	// characters, counted in bytes of UTF-8.
+	MaxKeyLen = core.MaxKeyLen
+	// DefaultRetention is how long a record stays after it completes: Stripe
+	// and the IETF Idempotency-Key draft both suggest at least 24 hours.
+	DefaultRetention = 24 * time.Hour
+	// DefaultPruneInterval is how often the background pruner runs.
+	DefaultPruneInterval = time.Minute
+	// DefaultLockTimeout bounds how long Open waits for the file lock.
+	DefaultLockTimeout = time.Second
+	// DefaultRetryAfter is the wait an InProgressError suggests (Options.RetryAfter).
+	DefaultRetryAfter = time.Second
+	// DefaultReplayCacheBytes bounds the memory of the replay cache: 16 MiB of
+	// recently completed records (their keys, responses and errors).
+	DefaultReplayCacheBytes = core.DefaultReplayCacheBytes
+	// DefaultMaxResponseSize is the largest response stored, in bytes (1 MiB).
+	DefaultMaxResponseSize = 1 << 20
+)
+
+// InFlightPolicy says what a call does while another call with the same key
+// runs in this process.
+type InFlightPolicy = core.InFlightPolicy
+
+const (
+	// InFlightWait: wait for the running call and answer from its outcome.
+	InFlightWait = core.InFlightWait
+	// InFlightFail: fail at once with ErrInProgress (the IETF draft's HTTP 409).
+	InFlightFail = core.InFlightFail
+)
+
+// RecoveryPolicy says what to do with an interrupted execution: a started
+// record that no live call owns, after which fn may or may not have had its
+// effect.
+type RecoveryPolicy = core.RecoveryPolicy
+
+const (
+	// RecoverReexecute runs fn again (at-least-once). fn sees CallFrom(ctx)
+	// with Recovered set and the attempt number, so it can reconcile with the
+	// downstream system, passing the same key on.
+	RecoverReexecute = core.RecoverReexecute
+	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
+	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
+	// expire: each started record is written marked kept until resolved
+	// (Record.KeptUntilResolved), so a later Open with RecoverReexecute, or
+	// `idem prune`, keeps it too (and recovers it on the next call).
+	RecoverRefuse = core.RecoverRefuse
+)
+
+// Options configure Open. The zero value of every field means its default; a
+// nil *Options means all defaults.
+type Options struct {
+	// Retention is the retention window, wall-clock: a record expires this long
+	// after it completed (an orphaned started record, after it started). Zero
+	// means DefaultRetention. It is a floor: space may be reclaimed later. It
+	// is recorded with every record written (Record.Retention): a record
+	// written under a longer window by an earlier Open keeps that window, and
+	// one written under a shorter window lives this one.
+	Retention time.Duration
+
+	// PruneInterval is the period of the background pruner. Zero means
+	// DefaultPruneInterval; a negative value disables the pruner (call Prune).
+	PruneInterval time.Duration
+
+	// LockTimeout bounds the wait for the file lock, held by any other Open of
+	// the file, in this process or another. Zero means DefaultLockTimeout. The
+	// error then matches bbolt's errors.ErrTimeout.
+	LockTimeout time.Duration
+
+	// InFlight is the policy for concurrent duplicates. Zero is InFlightWait.
+	InFlight InFlightPolicy
+
+	// RetryAfter is the wait, wall-clock, that an InProgressError suggests to a
+	// duplicate refused under InFlightFail (the HTTP adapter's Retry-After,
+	// rounded up to whole seconds). Zero means DefaultRetryAfter.
+	RetryAfter time.Duration
+
+	// Recovery is the policy for interrupted executions. Zero is
+	// RecoverReexecute.
+	Recovery RecoveryPolicy
+
+	// MaxResponseSize is the most bytes stored for an outcome: the response
+	// plus the error's code and message. Zero means DefaultMaxResponseSize;
+	// negative means no limit. A larger outcome fails closed with
+	// ErrResponseTooLarge (stored, replayed, never truncated).
+	MaxResponseSize int
+
+	// ReplayCacheBytes bounds the memory, in bytes, of the cache of recently
+	// completed records that answers replays without a read transaction
+	// (keys, responses and error texts, plus 352 bytes an entry for the
+	// record, its index and its queue slots, and 64 for a stored error). Zero
+	// means DefaultReplayCacheBytes; negative disables the cache.
+	ReplayCacheBytes int
+
+	// ReadOnly opens the file for inspection: a shared lock (other read-only
+	// opens may share the file, a writer may not), no change to the file, no
+	// pruner or dispatcher. Replays and Get work; anything that writes fails
+	// with bbolt's errors.ErrDatabaseReadOnly. A file with no idem bucket is
+	// refused with ErrFormat.
+	ReadOnly bool
+
+	// NoSync skips fsync on every commit. UNSAFE: a crash of the machine (not
+	// just of the process) may lose records, and a lost started record means a
+	// duplicate execution. For tests and benchmarks.
+	NoSync bool
+
+	// MaxSize bounds the file, in bytes (bbolt's MaxSize), so that callers
+	// minting new keys cannot fill the disk: a commit that would grow the file
+	// past it fails with ErrFileFull and stores nothing. bbolt grows the file
+	// in steps (doubling up to 1 GiB, then 16 MiB at a time), so the file
+	// stops at the last step under MaxSize. Zero or negative means no limit.
+	// A file already larger opens, and commits that fit in its free pages go
+	// on.
+	MaxSize int
+
+	// InitialMmapSize is the size, in bytes, of the memory map bbolt opens
+	// the file with (bbolt's InitialMmapSize). A commit that grows the file
+	// past the map must remap it, and waits until every read transaction
+	// (View, Backup, Records, Messages, ScanFile, a long scan) has ended: calls
+	// stall behind a long reader then. A map larger than the file will grow
+	// (it costs address space, not memory) lets commits go on beside any
+	// reader. Zero means bbolt's default (the file's size, rounded up).
+	InitialMmapSize int
+
+	// Now is the clock, for expiry and record times. Nil means time.Now. The
+	// engine strips the monotonic reading of every time it reads
+	// (t.Round(0)): records in the file carry wall-clock times only, so
+	// records in memory do too, and both compare alike across a step of the
+	// wall clock.
+	Now func() time.Time
+
+	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
+	Outbox OutboxOptions
+
+	// Logger receives the engine's own events (pruning, recovery) at debug
+	// and warn level; keys and responses are never logged. Nil discards.
+	Logger *slog.Logger
+
+	// Observer receives the engine's events (executions, replays, commits,
+	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
+	// the cost of a nil check per event.
+	Observer Observer
+}
+
+// Result describes the answer of Do or DoTx. It is returned beside a non-nil
+// error too. Response is fn's response (nil and empty differ): the caller
+// whose fn ran gets the slice fn returned (a copy for DoTx); every other
+// caller gets a copy of its own. Replayed is true when fn did not run in this
+// call: the answer came from the stored record, or from the concurrent call
+// this one waited for. Attempt is the execution the answer comes from,
+// starting at 1. StartedAt and CompletedAt are the record's times (engine
+// clock). The type is the state machine's (internal/core), shared by every
+// backend.
+type Result = core.Result
