@@ -9,6 +9,7 @@ import (
 	"unsafe"
 
 	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/core"
@@ -337,11 +338,24 @@ func (b *boltBackend) Close() error {
 	return b.db.Close()
 }
 
-// write runs fn in the commit pipeline; a stopped pipeline is ErrClosed.
+// write runs fn in the commit pipeline; its errors are mapped by storageErr.
 func (b *boltBackend) write(fn commit.Func) error {
-	err := b.pipe.Do(fn)
-	if errors.Is(err, commit.ErrStopped) {
+	return storageErr(b.pipe.Do(fn), b.e.opts.MaxSize)
+}
+
+// storageErr maps the commit pipeline's errors onto the engine's sentinels,
+// keeping the cause in the chain: a stopped pipeline is ErrClosed, a failed
+// commit ErrStorageFailed, bbolt's ErrMaxSizeReached ErrFileFull.
+func storageErr(err error, maxSize int) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, commit.ErrStopped):
 		return ErrClosed
+	case errors.Is(err, commit.ErrFailed):
+		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
+	case errors.Is(err, bolterrors.ErrMaxSizeReached):
+		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
 	}
 	return err
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -91,6 +93,9 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		if err == nil && fi.Size() == 0 {
 			err = fmt.Errorf("%w: the file is empty", ErrFormat)
 		}
+		if err == nil && fi.IsDir() {
+			err = &fs.PathError{Op: "open", Path: path, Err: syscall.EISDIR}
+		}
 		if err != nil {
 			return nil, &OpError{Op: "open", Path: path, Err: err}
 		}
@@ -104,6 +109,9 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		// every page at Open in a goroutine of its own, where a damaged page
 		// panics beyond recovery and kills the program: not worth it.
 		NoStatistics: true,
+		MaxSize:      max(o.MaxSize, 0),
+		// A negative size would make bbolt's map smaller than the file.
+		InitialMmapSize: max(o.InitialMmapSize, 0),
 	})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
@@ -142,6 +150,11 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 			if e.reads.holding() {
 				return errInsideRead
 			}
+			// Fail closed after a failed commit (ErrStorageFailed): every
+			// call, replays from the cache too, is refused until a reopen.
+			if err := e.pipe.Failed(); err != nil {
+				return storageErr(err, e.opts.MaxSize)
+			}
 			return nil
 		},
 	})
@@ -166,8 +179,12 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 // damaged page releases the file; both are errors wrapping ErrCorrupt.
 func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
 	db, err := boltfile.Open(path, 0o600, o)
-	if errors.Is(err, boltfile.ErrDamaged) {
+	switch {
+	case errors.Is(err, boltfile.ErrDamaged):
 		err = fmt.Errorf("%w: %w; run `idem check` and restore from a backup", ErrCorrupt, err)
+	case errors.Is(err, bolterrors.ErrInvalid), errors.Is(err, bolterrors.ErrVersionMismatch):
+		// Random bytes, another program's file: not an idem file.
+		err = fmt.Errorf("%w: %w", ErrFormat, err)
 	}
 	return db, err
 }
@@ -300,10 +317,7 @@ func (e *Engine) enterOp() error { return e.core.Enter() }
 func (e *Engine) exitOp() { e.core.Exit() }
 
 func (e *Engine) writeErr(op, key string, err error) error {
-	if errors.Is(err, commit.ErrStopped) {
-		err = ErrClosed
-	}
-	return opError(op, key, err)
+	return opError(op, key, storageErr(err, e.opts.MaxSize))
 }
 
 func cloneBytes(b []byte) []byte { return core.CloneBytes(b) }

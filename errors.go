@@ -106,6 +106,23 @@ var (
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
 	ErrFormat = errors.New("unsupported file format")
+
+	// ErrFileFull is returned when a commit would grow the file past
+	// Options.MaxSize (bbolt's ErrMaxSizeReached, which it also wraps).
+	// Nothing of that commit is stored: a call whose started record did not
+	// fit ran no fn; one whose done record did not fit leaves an interrupted
+	// execution. The engine goes on: Prune, Forget and expiry free pages that
+	// later commits reuse.
+	ErrFileFull = core.ErrFileFull
+
+	// ErrStorageFailed is returned when a commit failed to write or sync the
+	// file (an I/O error, a full disk, a failed fsync: the cause is wrapped
+	// too), and by every later call of the engine but Close: the kernel may
+	// have dropped the pages it could not write, so the engine no longer knows
+	// what the file holds, and it fails closed (as PostgreSQL does after an
+	// fsync error). Close the engine and open the file again: Open reads what
+	// reached the disk, and every answer given before the failure is there.
+	ErrStorageFailed = core.ErrStorageFailed
 )
 
 // OpError reports which operation failed on which key, and why; every error

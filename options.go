@@ -117,6 +117,24 @@ type Options struct {
 	// duplicate execution. For tests and benchmarks.
 	NoSync bool
 
+	// MaxSize bounds the file, in bytes (bbolt's MaxSize), so that callers
+	// minting new keys cannot fill the disk: a commit that would grow the file
+	// past it fails with ErrFileFull and stores nothing. bbolt grows the file
+	// in steps (doubling up to 1 GiB, then 16 MiB at a time), so the file
+	// stops at the last step under MaxSize. Zero or negative means no limit.
+	// A file already larger opens, and commits that fit in its free pages go
+	// on.
+	MaxSize int
+
+	// InitialMmapSize is the size, in bytes, of the memory map bbolt opens
+	// the file with (bbolt's InitialMmapSize). A commit that grows the file
+	// past the map must remap it, and waits until every read transaction
+	// (View, Backup, Records, Messages, ScanFile, a long scan) has ended: calls
+	// stall behind a long reader then. A map larger than the file will grow
+	// (it costs address space, not memory) lets commits go on beside any
+	// reader. Zero means bbolt's default (the file's size, rounded up).
+	InitialMmapSize int
+
 	// Now is the clock, for expiry and record times. Nil means time.Now. The
 	// engine strips the monotonic reading of every time it reads
 	// (t.Round(0)): records in the file carry wall-clock times only, so

@@ -321,6 +321,7 @@ type outbox struct {
 	rescan atomic.Bool   // reload the whole outbox (RetryDead put an old seq back)
 
 	delivered atomic.Uint64
+	loops     atomic.Uint64 // passes of the dispatcher's loop: tests count them
 }
 
 func (e *Engine) outbox() *outbox { return e.ob }
@@ -532,6 +533,7 @@ func (e *Engine) dispatch(ctx context.Context) {
 	defer timer.Stop()
 	load := true
 	for {
+		ob.loops.Add(1)
 		if load {
 			load = false
 			d.load()
@@ -758,8 +760,15 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 	defer d.wg.Done()
 	r := result{seq: m.Seq, ok: m.OrderingKey}
 	defer func() { d.results <- r }()
-	herr := d.call(h, m)
 	e := d.e
+	if e.pipe.Failed() != nil {
+		// Failed closed (ErrStorageFailed): the message may come from a
+		// commit that never reached the disk; nothing is delivered until a
+		// reopen reads what did.
+		r.retryAt = e.now().Add(d.ob.opts.MaxBackoff)
+		return
+	}
+	herr := d.call(h, m)
 	switch {
 	case herr == nil:
 		fault.Point("outbox-after-handler")

@@ -23,12 +23,22 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/internal/goid"
 )
 
 // ErrStopped is returned by Do after Stop.
 var ErrStopped = errors.New("commit pipeline stopped")
+
+// ErrFailed is wrapped, beside the cause, by the error of a commit that failed
+// to write or sync the file, and by every Do after it: the kernel may have
+// dropped the pages it could not write, so what the file holds is unknown and
+// the pipeline refuses to commit again (it fails closed, as PostgreSQL does
+// after an fsync error). Only a new pipeline, on a reopened file, commits
+// again. bbolt's ErrMaxSizeReached is not such a failure: it is raised before
+// anything is written, and the pipeline goes on.
+var ErrFailed = errors.New("commit failed")
 
 // ErrGoexit is the error of a request whose function called runtime.Goexit
 // (t.FailNow does): its transaction is rolled back and the other requests of
@@ -66,6 +76,7 @@ type Pipeline struct {
 	spare   []*request
 	busy    bool // a commit is running, on a caller or on the committer
 	stopped bool
+	failed  error // the first failed commit's error, wrapping ErrFailed
 
 	// writer is the id of the goroutine that runs the functions of the
 	// current commit, 0 when none: a call from inside one is re-entrant.
@@ -119,6 +130,11 @@ func (p *Pipeline) Do(fn Func) error {
 		requestPool.Put(r)
 		return ErrStopped
 	}
+	if err := p.failed; err != nil {
+		p.mu.Unlock()
+		requestPool.Put(r)
+		return err
+	}
 	if !p.busy && len(p.queue) == 0 {
 		// Idle: commit on this goroutine.
 		p.busy = true
@@ -149,6 +165,25 @@ func (p *Pipeline) Stop() {
 	}
 	p.mu.Unlock()
 	<-p.done
+}
+
+// Failed returns the error of the commit that failed the pipeline (it wraps
+// ErrFailed and the cause), or nil while commits succeed.
+func (p *Pipeline) Failed() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.failed
+}
+
+// fail records a failed commit's error and returns the error its requests
+// get: the first failure's, so every caller sees the one cause.
+func (p *Pipeline) fail(err error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.failed == nil {
+		p.failed = fmt.Errorf("%w: %w", ErrFailed, err)
+	}
+	return p.failed
 }
 
 // Stats reports the commits made and the requests they carried.
@@ -284,6 +319,11 @@ func (p *Pipeline) run(batch []*request) {
 	for len(pending) > 0 {
 		group := pending[:groupSize(pending, upTo)]
 		var err error
+		if err = p.Failed(); err != nil {
+			// An earlier commit failed: nothing more is written.
+			finish(pending, err)
+			break
+		}
 		if tx, err = p.db.Begin(true); err != nil {
 			tx = nil
 			finish(pending, err)
@@ -312,6 +352,9 @@ func (p *Pipeline) run(batch []*request) {
 		err = commit(tx)
 		p.observe(t0, len(pending), err)
 		tx = nil
+		if err != nil && !errors.Is(err, bolterrors.ErrMaxSizeReached) {
+			err = p.fail(err)
+		}
 		p.commits.Add(1)
 		p.requests.Add(uint64(len(group)))
 		if err != nil {

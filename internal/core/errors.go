@@ -28,6 +28,8 @@ var (
 	ErrMessageNotFound     = errors.New("outbox message not found")
 	ErrDispatcherRunning   = errors.New("a dispatcher is already running")
 	ErrTxClosed            = errors.New("Tx used after its fn returned")
+	ErrFileFull            = errors.New("file reached its maximum size")
+	ErrStorageFailed       = errors.New("storage failed; close and reopen the engine")
 
 	// ErrGoexit may be returned by Backend.RunTx when fn called
 	// runtime.Goexit on a goroutine of the backend's: nothing fn wrote

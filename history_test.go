@@ -1,0 +1,283 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+// The contract of one idempotency key, as a nondeterministic sequential
+// model: the key is done with a response, or not done. A call is one
+// operation between its start and its end:
+//
+//   - "exec": fn ran in this call and the call answered fn's response, not
+//     replayed: legal only while the key is not done; the key is then done
+//     with that response. Two such answers for one key are a double
+//     execution.
+//   - "free": the call answered Retryable (its fn's, or its leader's): legal
+//     only while the key is not done; nothing changes.
+//   - "replay": the call answered a replay: legal only when the key is done
+//     with exactly that response.
+//   - "unknown": the call ended without an answer (its ctx ended, the engine
+//     closed under it, its leader ended without an outcome): if its fn ran
+//     and had returned a response, the key may or may not be done with it
+//     now; otherwise nothing changed. An interrupted execution is re-executed
+//     later (at-least-once), which "exec" allows because the key was not done.
+type histIn struct {
+	key  string
+	op   string // "exec", "free", "replay", "unknown"
+	resp string // exec, replay: the answer; unknown: fn's response if it returned one
+}
+
+type histState struct {
+	done bool
+	resp string
+}
+
+var contractModel = (&porcupine.NondeterministicModel{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			k := op.Input.(histIn).key
+			byKey[k] = append(byKey[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(byKey))
+		for _, ops := range byKey {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() []any { return []any{histState{}} },
+	Step: func(state, input, _ any) []any {
+		s, in := state.(histState), input.(histIn)
+		switch in.op {
+		case "exec":
+			if s.done {
+				return nil
+			}
+			return []any{histState{done: true, resp: in.resp}}
+		case "free":
+			if s.done {
+				return nil
+			}
+			return []any{s}
+		case "replay":
+			if !s.done || s.resp != in.resp {
+				return nil
+			}
+			return []any{s}
+		}
+		if s.done || in.resp == "" {
+			return []any{s}
+		}
+		return []any{s, histState{done: true, resp: in.resp}}
+	},
+	Equal: func(a, b any) bool { return a.(histState) == b.(histState) },
+	DescribeOperation: func(input, _ any) string {
+		in := input.(histIn)
+		return fmt.Sprintf("%s %s %q", in.key, in.op, in.resp)
+	},
+}).ToModel()
+
+// historyOps is the number of calls a history test makes: IDEM_HISTORY_OPS,
+// or def (the CI slice).
+func historyOps(def int) int {
+	if n, err := strconv.Atoi(os.Getenv("IDEM_HISTORY_OPS")); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// TestHistoryUnderCancellationsAndRestarts records every call's start, end,
+// input and output under concurrent traffic on many keys (16 clients, keys
+// drawn from a window that moves on, so each key sees about ten calls), with
+// random cancellations of callers (before, during and after fn) and engine
+// restarts (Close under running calls, whose fns see their context end, then
+// a reopen of the file), and checks the history per key with porcupine
+// against contractModel: no double execution, no wrong replay, unknown
+// outcomes resolved one way or the other. The CI slice makes 10,000 calls;
+// IDEM_HISTORY_OPS=1000000 is the long run (ROBUSTNESS.md).
+func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
+	total := historyOps(10000)
+	path := filepath.Join(t.TempDir(), "idem.db")
+	opts := &idem.Options{NoSync: true, PruneInterval: -1}
+	var cur atomic.Pointer[idem.Engine]
+	e, err := idem.Open(path, opts)
+	require.NoError(t, err)
+	cur.Store(e)
+
+	var (
+		clock    atomic.Int64
+		issued   atomic.Int64
+		mu       sync.Mutex
+		history  = make([]porcupine.Operation, 0, total)
+		counts   = map[string]int{}
+		restarts int
+		wg       sync.WaitGroup
+		stop     = make(chan struct{})
+		restart  sync.RWMutex // readers: calls; writer: a restart
+	)
+	errFree := errors.New("nothing happened")
+	const clients = 16
+	for client := range clients {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(client), 77))
+			for {
+				i := issued.Add(1)
+				if i > int64(total) {
+					return
+				}
+				// Keys: a window of 32 that moves by one every 10 calls,
+				// so a key sees about 10 calls, mostly at once.
+				key := fmt.Sprintf("k%d", i/10+int64(r.IntN(32)))
+				own := fmt.Sprintf("r%d", i)
+				free := r.IntN(8) == 0
+				ctx, cancel := context.WithCancel(context.Background())
+				if r.IntN(6) == 0 {
+					time.AfterFunc(time.Duration(r.IntN(300))*time.Microsecond, cancel)
+				}
+				delay := time.Duration(r.IntN(200)) * time.Microsecond
+				var ranResp string
+				restart.RLock()
+				eng := cur.Load()
+				begin := clock.Add(1)
+				res, err := eng.Do(ctx, key, nil, func(ctx context.Context) ([]byte, error) {
+					select {
+					case <-time.After(delay):
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
+					if free {
+						return nil, idem.Retryable(errFree)
+					}
+					ranResp = own
+					return []byte(own), nil
+				})
+				end := clock.Add(1)
+				restart.RUnlock()
+				cancel()
+				in := histIn{key: key}
+				switch {
+				case err == nil && res.Replayed:
+					in.op, in.resp = "replay", string(res.Response)
+				case err == nil:
+					in.op, in.resp = "exec", string(res.Response)
+					if in.resp != own {
+						t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.resp, own)
+					}
+				case errors.Is(err, idem.ErrRetryable):
+					in.op = "free"
+				default:
+					var perm *idem.Error
+					if errors.As(err, &perm) {
+						t.Errorf("%s: unexpected permanent error %v", key, err)
+					}
+					in.op, in.resp = "unknown", ranResp
+				}
+				mu.Lock()
+				history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: begin, Output: nil, Return: end})
+				counts[in.op]++
+				mu.Unlock()
+			}
+		})
+	}
+	// Restarts: Close under running calls (it cancels their fns' contexts
+	// and waits for them; calls that enter meanwhile get ErrClosed), then,
+	// once every call on the old engine has returned (the restart lock), a
+	// reopen of the file.
+	restarter := make(chan struct{})
+	go func() {
+		defer close(restarter)
+		r := rand.New(rand.NewPCG(5, 5))
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Duration(20+r.IntN(30)) * time.Millisecond):
+			}
+			old := cur.Load()
+			go func() { _ = old.Close() }() // under the calls that run now
+			restart.Lock()
+			if err := old.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+			ne, err := idem.Open(path, opts)
+			if err != nil {
+				restart.Unlock()
+				t.Errorf("reopen: %v", err)
+				return
+			}
+			cur.Store(ne)
+			restarts++
+			restart.Unlock()
+		}
+	}()
+	wg.Wait()
+	close(stop)
+	<-restarter
+	require.NoError(t, cur.Load().Close())
+	testkit.Check(t, path)
+
+	res, info := porcupine.CheckOperationsVerbose(contractModel, history, 5*time.Minute)
+	if res != porcupine.Ok {
+		f := filepath.Join(t.TempDir(), "history.html")
+		if err := porcupine.VisualizePath(contractModel, info, f); err == nil {
+			t.Logf("visualization: %s", f)
+		}
+	}
+	require.Equal(t, porcupine.Ok, res, "the history is not linearizable against the contract")
+	t.Logf("calls checked: %d (exec %d, replay %d, free %d, unknown %d); engine restarts under traffic: %d",
+		len(history), counts["exec"], counts["replay"], counts["free"], counts["unknown"], restarts)
+}
+
+// TestContractModelRejects shows the checker is not vacuous: a history with a
+// double execution (two fresh answers for one key), or with a replay of a
+// response the key was not done with, is rejected; the same histories
+// without the fault pass.
+func TestContractModelRejects(t *testing.T) {
+	op := func(client int, call, ret int64, key, kind, resp string) porcupine.Operation {
+		return porcupine.Operation{ClientId: client, Input: histIn{key: key, op: kind, resp: resp}, Call: call, Return: ret}
+	}
+	for _, tc := range []struct {
+		name string
+		h    []porcupine.Operation
+		want porcupine.CheckResult
+	}{
+		{"one execution, its replays", []porcupine.Operation{
+			op(0, 1, 2, "k", "exec", "a"), op(1, 3, 4, "k", "replay", "a"), op(2, 3, 5, "k", "replay", "a")}, porcupine.Ok},
+		{"injected double execution", []porcupine.Operation{
+			op(0, 1, 2, "k", "exec", "a"), op(1, 3, 4, "k", "exec", "b")}, porcupine.Illegal},
+		{"double execution, concurrent", []porcupine.Operation{
+			op(0, 1, 4, "k", "exec", "a"), op(1, 2, 3, "k", "exec", "b")}, porcupine.Illegal},
+		{"injected wrong replay", []porcupine.Operation{
+			op(0, 1, 2, "k", "exec", "a"), op(1, 3, 4, "k", "replay", "b")}, porcupine.Illegal},
+		{"a replay before any execution", []porcupine.Operation{
+			op(0, 1, 2, "k", "replay", "a"), op(1, 3, 4, "k", "exec", "a")}, porcupine.Illegal},
+		{"an unknown outcome, then re-executed", []porcupine.Operation{
+			op(0, 1, 2, "k", "unknown", "a"), op(1, 3, 4, "k", "exec", "b"), op(0, 5, 6, "k", "replay", "b")}, porcupine.Ok},
+		{"an unknown outcome that completed", []porcupine.Operation{
+			op(0, 1, 2, "k", "unknown", "a"), op(1, 3, 4, "k", "replay", "a")}, porcupine.Ok},
+		{"an unknown outcome cannot explain another response", []porcupine.Operation{
+			op(0, 1, 2, "k", "unknown", "a"), op(1, 3, 4, "k", "replay", "c")}, porcupine.Illegal},
+		{"freed after done", []porcupine.Operation{
+			op(0, 1, 2, "k", "exec", "a"), op(1, 3, 4, "k", "free", "")}, porcupine.Illegal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, porcupine.CheckOperationsTimeout(contractModel, tc.h, 10*time.Second))
+		})
+	}
+}

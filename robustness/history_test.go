@@ -1,0 +1,242 @@
+package robustness
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+// histIn is one call of a history: the root module's contractModel
+// (history_test.go there), repeated here since test files do not export.
+type histIn struct {
+	key, op, resp string // op: "exec", "free", "replay", "unknown"
+}
+
+type histState struct {
+	done bool
+	resp string
+}
+
+var contractModel = (&porcupine.NondeterministicModel{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			byKey[op.Input.(histIn).key] = append(byKey[op.Input.(histIn).key], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(byKey))
+		for _, ops := range byKey {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() []any { return []any{histState{}} },
+	Step: func(state, input, _ any) []any {
+		s, in := state.(histState), input.(histIn)
+		switch in.op {
+		case "exec":
+			if s.done {
+				return nil
+			}
+			return []any{histState{done: true, resp: in.resp}}
+		case "free":
+			if s.done {
+				return nil
+			}
+			return []any{s}
+		case "replay":
+			if !s.done || s.resp != in.resp {
+				return nil
+			}
+			return []any{s}
+		}
+		if s.done || in.resp == "" {
+			return []any{s}
+		}
+		return []any{s, histState{done: true, resp: in.resp}}
+	},
+	Equal: func(a, b any) bool { return a.(histState) == b.(histState) },
+}).ToModel()
+
+// historyKind classifies a call's answer for contractModel.
+func historyKind(res idem.Result, err error) (op, resp string) {
+	switch {
+	case err == nil && res.Replayed:
+		return "replay", string(res.Response)
+	case err == nil:
+		return "exec", string(res.Response)
+	case errors.Is(err, idem.ErrRetryable):
+		return "free", ""
+	}
+	return "unknown", ""
+}
+
+// historyChild makes calls on IDEM_DB from 8 goroutines until it is killed,
+// writing each call's start ("C seq id key own") before it and its end ("R
+// seq id op resp") after it to IDEM_HISTORY, with seq from one counter under
+// one lock, so the file's order is real time.
+func historyChild() {
+	// IDEM_NOSYNC (UNSAFE) shows the check catches lost answers.
+	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{PruneInterval: -1, NoSync: os.Getenv("IDEM_NOSYNC") != ""})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "open:", err)
+		os.Exit(5)
+	}
+	h, err := os.OpenFile(os.Getenv("IDEM_HISTORY"), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		os.Exit(5)
+	}
+	var mu sync.Mutex
+	seq, next := 0, 0
+	line := func(format string, args ...any) {
+		mu.Lock()
+		seq++
+		fmt.Fprintf(h, format, append([]any{seq}, args...)...)
+		mu.Unlock()
+	}
+	for w := range 8 {
+		go func() {
+			r := rand.New(rand.NewPCG(uint64(w), uint64(time.Now().UnixNano())))
+			for {
+				mu.Lock()
+				next++
+				id := next
+				mu.Unlock()
+				key := fmt.Sprintf("h%d", id/8+r.IntN(16))
+				own := fmt.Sprintf("r%d", id)
+				free := r.IntN(8) == 0
+				line("C %d %d %s %s\n", id, key, own)
+				res, err := e.Do(context.Background(), key, nil, func(context.Context) ([]byte, error) {
+					if free {
+						return nil, idem.Retryable(errors.New("nothing happened"))
+					}
+					return []byte(own), nil
+				})
+				op, resp := historyKind(res, err)
+				line("R %d %d %s %s\n", id, op, resp)
+			}
+		}()
+	}
+	select {}
+}
+
+// TestHistoryThroughPowerCuts: a child makes concurrent calls on the FUSE
+// layer and logs each call's start and end; it is killed at a random moment
+// and the power is cut (torn in odd rounds). The parent then calls every key
+// the child touched again, twice, on what survived, and checks the whole
+// history per key with porcupine against contractModel: a call the kill cut
+// short is an unknown outcome that took effect before the kill or never; an
+// answer the child got must hold afterwards (a lost done record would let the
+// parent execute again: a double execution).
+func TestHistoryThroughPowerCuts(t *testing.T) {
+	r := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 3))
+	total, pending, keys := 0, 0, 0
+	for round := range rounds(3) {
+		f := mountFaultFS(t)
+		histPath := filepath.Join(t.TempDir(), "history")
+		cmd := child(t, "history", "IDEM_DB="+filepath.Join(f.mnt, "idem.db"), "IDEM_HISTORY="+histPath,
+			"IDEM_NOSYNC="+os.Getenv("IDEM_ROBUST_NOSYNC"))
+		require.NoError(t, cmd.Start())
+		want := 200 + r.IntN(2000)
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if fi, err := os.Stat(histPath); err == nil && fi.Size() > int64(want*16) {
+				break
+			}
+		}
+		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+		_ = cmd.Wait()
+		f.powerCut(t, r, round%2 == 1)
+
+		// The child's history: C lines open an operation, R lines close it;
+		// a torn last line is dropped, an open operation stays pending.
+		type open struct {
+			call      int64
+			key, own  string
+			done      bool
+			ret       int64
+			op, resp2 string
+		}
+		ops := map[int]*open{}
+		var maxSeq int64
+		data, err := os.ReadFile(histPath)
+		require.NoError(t, err)
+		if i := strings.LastIndexByte(string(data), '\n'); i >= 0 {
+			data = data[:i+1] // the kill may have torn the last line
+		} else {
+			data = nil
+		}
+		sc := bufio.NewScanner(strings.NewReader(string(data)))
+		for sc.Scan() {
+			fl := strings.Fields(sc.Text())
+			if len(fl) < 4 {
+				continue
+			}
+			seq, err1 := strconv.ParseInt(fl[1], 10, 64)
+			id, err2 := strconv.Atoi(fl[2])
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			maxSeq = max(maxSeq, seq)
+			switch {
+			case fl[0] == "C" && len(fl) == 5:
+				ops[id] = &open{call: seq, key: fl[3], own: fl[4]}
+			case fl[0] == "R" && ops[id] != nil:
+				o := ops[id]
+				o.done, o.ret, o.op = true, seq, fl[3]
+				if len(fl) == 5 {
+					o.resp2 = fl[4]
+				}
+			}
+		}
+		var history []porcupine.Operation
+		touched := map[string]bool{}
+		for _, o := range ops {
+			touched[o.key] = true
+			in, ret := histIn{key: o.key, op: o.op, resp: o.resp2}, o.ret
+			if !o.done || o.op == "unknown" {
+				// Cut short by the kill: took effect before it, or never.
+				in, ret = histIn{key: o.key, op: "unknown", resp: o.own}, maxSeq+1
+				pending++
+			}
+			history = append(history, porcupine.Operation{ClientId: 0, Input: in, Call: o.call, Return: ret})
+		}
+
+		path := filepath.Join(f.under, "idem.db")
+		testkit.Check(t, path)
+		e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
+		require.NoError(t, err)
+		seq := maxSeq + 2
+		for key := range touched {
+			for range 2 {
+				own := fmt.Sprintf("p%d", seq)
+				call := seq
+				res, err := e.Do(context.Background(), key, nil, func(context.Context) ([]byte, error) { return []byte(own), nil })
+				require.NoError(t, err)
+				op, resp := historyKind(res, err)
+				history = append(history, porcupine.Operation{ClientId: 1, Input: histIn{key: key, op: op, resp: resp}, Call: call, Return: call + 1})
+				seq += 2
+			}
+		}
+		require.NoError(t, e.Close())
+		res := porcupine.CheckOperationsTimeout(contractModel, history, time.Minute)
+		require.Equal(t, porcupine.Ok, res, "round %d: the history through the power cut is not linearizable", round)
+		total += len(history)
+		keys += len(touched)
+	}
+	t.Logf("power cuts: %d; calls checked: %d on %d keys, %d of them cut short by the kill", rounds(3), total, keys, pending)
+}
