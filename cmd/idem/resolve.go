@@ -17,7 +17,7 @@ import (
 func newResolveCmd(a *app) *cobra.Command {
 	var o resolveOpts
 	c := &cobra.Command{
-		Use:   "resolve KEY (--response STRING | --response-file PATH | --error MESSAGE [--code CODE] | --http-status N [--http-header 'Name: value']... [--response STRING | --response-file PATH])",
+		Use:   "resolve KEY (--response STRING | --response-file PATH | --error MESSAGE [--code CODE])",
 		Short: "Complete an interrupted execution by hand",
 		Long: `resolve completes KEY's interrupted execution (a started record: the function
 may or may not have had its effect) as if the function had returned: the
