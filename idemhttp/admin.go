@@ -135,7 +135,14 @@ func adminBearer(r *http.Request) (string, bool) {
 // 415) with optional members "response" (a string; absent or null: no
 // response, which differs from ""), "response_encoding" ("utf-8", the
 // default, or "base64") and "error" ({"code", "message"}: a stored
-// *idem.Error). Answers are JSON (Cache-Control: no-store); the shapes are
+// *idem.Error), or, instead of those three, "http": {"status", "headers",
+// "body", "body_encoding"}, an HTTP answer stored in Middleware's format
+// (EncodeResponse: status 200 to 999, headers an object of arrays of
+// strings as http.Header, body a string in body_encoding, "utf-8" by
+// default or "base64"), which Middleware then replays to every retry with
+// the key; a bad one is 400 and stores nothing. What Middleware replays
+// for a raw "response" or an "error" is in its package documentation's
+// table. Answers are JSON (Cache-Control: no-store); the shapes are
 // AdminIndex, AdminStats, AdminRecord, AdminMessage and AdminMessages.
 //
 // Errors are RFC 9457 problem details (application/problem+json) whose
@@ -241,9 +248,35 @@ func (a *admin) forget(w http.ResponseWriter, r *http.Request) error {
 
 // adminResolveBody is the JSON body of POST /records/resolve.
 type adminResolveBody struct {
-	Response         *string         `json:"response"`
-	ResponseEncoding string          `json:"response_encoding"`
-	Error            *AdminErrorJSON `json:"error"`
+	Response         *string          `json:"response"`
+	ResponseEncoding string           `json:"response_encoding"`
+	Error            *AdminErrorJSON  `json:"error"`
+	HTTP             *adminHTTPAnswer `json:"http"`
+}
+
+// adminHTTPAnswer is a resolve's "http" member: an HTTP answer, stored in
+// Middleware's format (EncodeResponse).
+type adminHTTPAnswer struct {
+	Status       int         `json:"status"`
+	Headers      http.Header `json:"headers"`
+	Body         string      `json:"body"`
+	BodyEncoding string      `json:"body_encoding"`
+}
+
+// decodeText decodes s as encoding names it: "utf-8" (or "") or "base64".
+func decodeText(s, encoding, member string) ([]byte, error) {
+	switch encoding {
+	case "", "utf-8":
+		return []byte(s), nil
+	case "base64":
+		b, err := base64.StdEncoding.DecodeString(s)
+		if err != nil {
+			return nil, adminBadRequest(member + " is not valid base64: " + err.Error())
+		}
+		return b, nil
+	default:
+		return nil, adminBadRequest(fmt.Sprintf("%s_encoding must be utf-8 or base64, not %q", member, encoding))
+	}
 }
 
 func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
@@ -256,16 +289,21 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	var resp []byte
+	if body.HTTP != nil {
+		if body.Response != nil || body.Error != nil || body.ResponseEncoding != "" {
+			return adminBadRequest(`"http" excludes "response", "response_encoding" and "error"`)
+		}
+		b, err := decodeText(body.HTTP.Body, body.HTTP.BodyEncoding, "body")
+		if err != nil {
+			return err
+		}
+		if resp, err = EncodeResponse(body.HTTP.Status, body.HTTP.Headers, b); err != nil {
+			return adminBadRequest(err.Error())
+		}
+	}
 	if body.Response != nil {
-		switch body.ResponseEncoding {
-		case "", "utf-8":
-			resp = []byte(*body.Response)
-		case "base64":
-			if resp, err = base64.StdEncoding.DecodeString(*body.Response); err != nil {
-				return adminBadRequest("response is not valid base64: " + err.Error())
-			}
-		default:
-			return adminBadRequest(fmt.Sprintf("response_encoding must be utf-8 or base64, not %q", body.ResponseEncoding))
+		if resp, err = decodeText(*body.Response, body.ResponseEncoding, "response"); err != nil {
+			return err
 		}
 		if resp == nil {
 			resp = []byte{} // "" is an empty response, not none

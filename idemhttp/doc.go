@@ -75,6 +75,17 @@
 //	first execution interrupted         409 ProblemIncomplete,             *stripe.Error, no retry          returns the 409                    returns the 409
 //	  (RecoverRefuse), or the awaited   no Retry-After
 //	  first request ended without one
+//	key resolved by an operator with    that answer, replayed,             as for the first answer          as for the first answer            as for the first answer
+//	  EncodeResponse's bytes (admin     Idempotent-Replayed: true
+//	  "http" form)
+//	key resolved with other bytes       200, the bytes as body,            its own rules (a 200)            returns the 200                    returns the 200
+//	  (admin "response", idem resolve   Content-Type application/
+//	  --response)                       octet-stream, Idempotent-Replayed
+//	key resolved with an error, or      500 ProblemStoredError (stored     *stripe.Error, no retry          retries RetryMax times (each gets  returns the 500
+//	  any stored *idem.Error            code and message), Idempotent-                                      the same 500), then fails
+//	                                    Replayed: true
+//	stored bytes in the format's        500 ProblemStoredResponseCorrupt   *stripe.Error, no retry          retries RetryMax times, then fails returns the 500
+//	  version that do not decode
 //	request body over MaxBodySize       413 ProblemBodyTooLarge            *stripe.Error, no retry          returns the 413                    returns the 413
 //	replay of a response over the       500 ProblemResponseNotStored       *stripe.Error, no retry          retries RetryMax times (each gets  returns the 500
 //	  size limit (the first caller                                                                          the same 500), then fails
@@ -89,6 +100,15 @@
 //	handler calls NotStored, or         the handler's; not stored, key     retries it if the body is not    retries 429 and 5xx                retries 429, 502, 503, 504
 //	  answers 401 or 403                freed                              Stripe-shaped: the handler runs
 //	                                                                       again
+//
+// An operator resolves an interrupted key (409 ProblemIncomplete) with
+// Engine.Resolve, idem resolve or the admin handler's POST
+// /records/resolve. To make retries get a chosen HTTP answer, store
+// EncodeResponse(status, header, body), or send the admin handler
+// {"http": {"status": 201, "headers": {"Content-Type": ["application/json"]},
+// "body": "…"}}. Stored bytes not in the middleware's format (their first
+// byte is not its version byte, 1) replay as 200 application/octet-stream,
+// and a stored error as 500 ProblemStoredError, as the table says.
 //
 // A 409 in progress is answered only under idem.InFlightFail, which the
 // engine's Options choose; under the default idem.InFlightWait a duplicate

@@ -296,6 +296,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			return
 		}
 		var ipe *idem.InProgressError
+		var se *idem.Error
 		switch {
 		case errors.Is(err, idem.ErrRetryable) && round+1 < maxRetryableRounds:
 			continue // the call waited for was not stored: the key is free
@@ -313,9 +314,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			problemIncomplete().write(w)
 		case errors.Is(err, idem.ErrInvalidKey):
 			problemKeyInvalid("not a valid idempotency key").write(w)
-		case errors.As(err, new(*idem.Error)):
-			// A stored error this middleware did not write.
-			problemStoredResponseCorrupt().write(w)
+		case errors.As(err, &se):
+			// A stored error (an operator's resolution, or another writer's).
+			w.Header().Set(HeaderReplayed, "true")
+			problemStoredError(se).write(w)
 		case r.Context().Err() != nil:
 			// The client went away while waiting; nothing ran.
 			problemStoreUnavailable(m.opts.StoreRetryAfter).write(w)

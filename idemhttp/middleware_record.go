@@ -3,8 +3,11 @@ package idemhttp
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/textproto"
 	"slices"
+	"strings"
 )
 
 // The stored response, the bytes handed to the engine: a version byte (1),
@@ -14,6 +17,59 @@ import (
 const recordVersion = 1
 
 var errBadRecord = errors.New("idemhttp: stored response does not decode")
+
+// ErrInvalidResponse is returned, wrapped, by EncodeResponse for a response
+// the middleware cannot replay.
+var ErrInvalidResponse = errors.New("idemhttp: invalid response")
+
+// EncodeResponse returns the stored form of an HTTP answer, the bytes the
+// middleware records for a handler's response: what an operator gives
+// Engine.Resolve (or idem resolve, or the admin handler's "http" form) to
+// complete an interrupted key so that every retry with it replays this
+// answer, with Idempotent-Replayed: true. status is 200 to 999 (a 1xx is not
+// a final answer); header names are canonicalized (textproto), each a token
+// of RFC 9110 section 5.1 with values free of CR, LF and NUL, and none may be
+// a header the middleware never stores (Set-Cookie, Date, Content-Length,
+// hop-by-hop ones, its own); body is sent as is (none for 204 and 304). Any
+// other input fails with an error wrapping ErrInvalidResponse. The result is
+// deterministic: the same answer always encodes the same.
+func EncodeResponse(status int, header http.Header, body []byte) ([]byte, error) {
+	if status < 200 || status > 999 {
+		return nil, fmt.Errorf("%w: status %d is not 200 to 999", ErrInvalidResponse, status)
+	}
+	canon := make(http.Header, len(header))
+	for k, vs := range header {
+		if !validHeaderName(k) {
+			return nil, fmt.Errorf("%w: header name %q is not a token", ErrInvalidResponse, k)
+		}
+		ck := textproto.CanonicalMIMEHeaderKey(k)
+		if neverStored[ck] {
+			return nil, fmt.Errorf("%w: header %s is never stored", ErrInvalidResponse, ck)
+		}
+		for _, v := range vs {
+			if strings.ContainsAny(v, "\r\n\x00") {
+				return nil, fmt.Errorf("%w: header %s has a value with CR, LF or NUL", ErrInvalidResponse, ck)
+			}
+		}
+		canon[ck] = append(canon[ck], vs...)
+	}
+	return encodeResponse(status, canon, body), nil
+}
+
+// validHeaderName reports whether k is an RFC 9110 token.
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		c := k[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
+}
 
 func encodeResponse(status int, header http.Header, body []byte) []byte {
 	names := make([]string, 0, len(header))

@@ -138,8 +138,18 @@ func (rec *recorder) finish() {
 	writeResponse(rec.w, rec.status, rec.body)
 }
 
-// replay writes a stored response with Idempotent-Replayed: true.
+// replay writes a stored response with Idempotent-Replayed: true. Bytes
+// not in the middleware's format (their first byte is not recordVersion:
+// an operator's raw resolution) replay as 200 with the bytes as body,
+// Content-Type application/octet-stream; bytes that start as the format
+// but do not decode fail with errBadRecord.
 func replay(w http.ResponseWriter, stored []byte) error {
+	if len(stored) == 0 || stored[0] != recordVersion {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set(HeaderReplayed, "true")
+		writeResponse(w, http.StatusOK, stored)
+		return nil
+	}
 	status, header, body, err := decodeResponse(stored)
 	if err != nil {
 		return err

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/idemkit/idem"
 )
 
 // Problem type URIs of the middleware's refusals (RFC 9457 problem details,
@@ -50,10 +52,20 @@ const (
 	// closed); the handler did not run. Stripe type "api_error", code
 	// "idempotency_store_unavailable".
 	ProblemStoreUnavailable = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemStoreUnavailable"
-	// ProblemStoredResponseCorrupt: HTTP 500, a stored response that does not
-	// decode (written by something other than this middleware under the same
-	// key). Stripe type "api_error", code "idempotency_record_corrupt".
+	// ProblemStoredResponseCorrupt: HTTP 500, a stored response that starts
+	// as the middleware's format (its version byte) but does not decode.
+	// Stored bytes that do not start so (an operator's raw resolution)
+	// replay as 200 with the bytes as body instead (see the package
+	// documentation). Stripe type "api_error", code
+	// "idempotency_record_corrupt".
 	ProblemStoredResponseCorrupt = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemStoredResponseCorrupt"
+	// ProblemStoredError: HTTP 500, the key's stored outcome is an
+	// *idem.Error (an operator resolved it with an error, or something other
+	// than this middleware stored one): replayed to every retry, with
+	// Idempotent-Replayed: true. Stripe type "api_error", code the stored
+	// Code ("idempotency_stored_error" when it is empty), message the
+	// stored Message; the problem's "detail" is the stored Message too.
+	ProblemStoredError = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemStoredError"
 )
 
 // Stripe error types used in the "error" member (stripe-go's ErrorType).
@@ -141,6 +153,20 @@ func problemStoreUnavailable(retryAfter time.Duration) *problem {
 func problemStoredResponseCorrupt() *problem {
 	return newProblem(ProblemStoredResponseCorrupt, http.StatusInternalServerError, stripeAPI, "idempotency_record_corrupt",
 		"Stored response unreadable", "")
+}
+
+func problemStoredError(e *idem.Error) *problem {
+	code := e.Code
+	if code == "" {
+		code = "idempotency_stored_error"
+	}
+	p := newProblem(ProblemStoredError, http.StatusInternalServerError, stripeAPI, code,
+		"The request with this Idempotency-Key ended with an error", e.Message)
+	p.Error.Message = e.Message
+	if p.Error.Message == "" {
+		p.Error.Message = p.Title
+	}
+	return p
 }
 
 // write sends p as application/problem+json.

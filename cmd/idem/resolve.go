@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"strings"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 
 	"github.com/spf13/cobra"
 )
@@ -25,13 +28,21 @@ would have returned (--response, or --response-file, "-" for stdin; an empty
 --response "" stores an empty response, which differs from none), and/or the
 permanent error it would have returned (--error MESSAGE, --code CODE), which
 later calls replay as *idem.Error. To run the function again instead, use
-idem forget KEY.`,
+idem forget KEY.
+
+For a key of idemhttp's Middleware, --http-status N (with --http-header
+"Name: value", repeatable) stores an HTTP answer in the middleware's format
+(idemhttp.EncodeResponse), the body being --response or --response-file
+(none: empty); every retry with the key then gets that answer. Without it,
+the middleware replays a --response as 200 application/octet-stream and an
+--error as 500 ProblemStoredError.`,
 		Args: cobra.ExactArgs(1),
 	}
 	key := keyArg(c)
 	c.RunE = func(cmd *cobra.Command, args []string) error {
 		o.responseSet = cmd.Flags().Changed("response")
 		o.fileSet = cmd.Flags().Changed("response-file")
+		o.httpSet = cmd.Flags().Changed("http-status")
 		k, err := key(args)
 		if err != nil {
 			return err
@@ -43,12 +54,17 @@ idem forget KEY.`,
 	f.StringVar(&o.file, "response-file", "", `read the response to store from this file ("-": stdin)`)
 	f.StringVar(&o.code, "code", "", "code of the stored error (idem.Error.Code)")
 	f.StringVar(&o.errMsg, "error", "", "message of the stored error: resolve as a permanent error")
+	f.IntVar(&o.httpStatus, "http-status", 0, "store an HTTP answer with this status for idemhttp's middleware (body: --response)")
+	f.StringArrayVar(&o.httpHeaders, "http-header", nil, `a header of the HTTP answer, "Name: value" (repeatable; with --http-status)`)
 	return c
 }
 
 type resolveOpts struct {
 	response, file, code, errMsg string
 	responseSet, fileSet         bool
+	httpStatus                   int
+	httpHeaders                  []string
+	httpSet                      bool
 }
 
 type resolveJSON struct {
@@ -62,7 +78,13 @@ func (a *app) resolve(key string, o resolveOpts) (err error) {
 	if o.responseSet && o.fileSet {
 		return &usageError{errors.New("resolve: give --response or --response-file, not both")}
 	}
-	if !o.responseSet && !o.fileSet && o.errMsg == "" && o.code == "" {
+	if len(o.httpHeaders) > 0 && !o.httpSet {
+		return &usageError{errors.New("resolve: --http-header needs --http-status")}
+	}
+	if o.httpSet && (o.errMsg != "" || o.code != "") {
+		return &usageError{errors.New("resolve: --http-status stores an HTTP answer, not an error: drop --error and --code")}
+	}
+	if !o.responseSet && !o.fileSet && !o.httpSet && o.errMsg == "" && o.code == "" {
 		return &usageError{errors.New("resolve: say what the execution returned: --response, --response-file, or --error (with --code)")}
 	}
 	var resp []byte
@@ -72,6 +94,19 @@ func (a *app) resolve(key string, o resolveOpts) (err error) {
 	case o.fileSet:
 		if resp, err = a.readResponse(o.file); err != nil {
 			return err
+		}
+	}
+	if o.httpSet {
+		header := http.Header{}
+		for _, h := range o.httpHeaders {
+			name, value, ok := strings.Cut(h, ":")
+			if !ok {
+				return &usageError{fmt.Errorf("resolve: --http-header %q is not \"Name: value\"", h)}
+			}
+			header.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		}
+		if resp, err = idemhttp.EncodeResponse(o.httpStatus, header, resp); err != nil {
+			return &usageError{fmt.Errorf("resolve: %w", err)}
 		}
 	}
 
