@@ -20,79 +20,6 @@ import (
 	"github.com/idemkit/idem/internal/testkit"
 )
 
-// The contract of one idempotency key, as a nondeterministic sequential
-// model: the key is done with a response, or not done. A call is one
-// operation between its start and its end:
-//
-//   - "exec": fn ran in this call and the call answered fn's response, not
-//     replayed: legal only while the key is not done; the key is then done
-//     with that response. Two such answers for one key are a double
-//     execution.
-//   - "free": the call answered Retryable (its fn's, or its leader's): legal
-//     only while the key is not done; nothing changes.
-//   - "replay": the call answered a replay: legal only when the key is done
-//     with exactly that response.
-//   - "unknown": the call ended without an answer (its ctx ended, the engine
-//     closed under it, its leader ended without an outcome): if its fn ran
-//     and had returned a response, the key may or may not be done with it
-//     now; otherwise nothing changed. An interrupted execution is re-executed
-//     later (at-least-once), which "exec" allows because the key was not done.
-type histIn struct {
-	key  string
-	op   string // "exec", "free", "replay", "unknown"
-	resp string // exec, replay: the answer; unknown: fn's response if it returned one
-}
-
-type histState struct {
-	done bool
-	resp string
-}
-
-var contractModel = (&porcupine.NondeterministicModel{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		byKey := map[string][]porcupine.Operation{}
-		for _, op := range h {
-			k := op.Input.(histIn).key
-			byKey[k] = append(byKey[k], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(byKey))
-		for _, ops := range byKey {
-			out = append(out, ops)
-		}
-		return out
-	},
-	Init: func() []any { return []any{histState{}} },
-	Step: func(state, input, _ any) []any {
-		s, in := state.(histState), input.(histIn)
-		switch in.op {
-		case "exec":
-			if s.done {
-				return nil
-			}
-			return []any{histState{done: true, resp: in.resp}}
-		case "free":
-			if s.done {
-				return nil
-			}
-			return []any{s}
-		case "replay":
-			if !s.done || s.resp != in.resp {
-				return nil
-			}
-			return []any{s}
-		}
-		if s.done || in.resp == "" {
-			return []any{s}
-		}
-		return []any{s, histState{done: true, resp: in.resp}}
-	},
-	Equal: func(a, b any) bool { return a.(histState) == b.(histState) },
-	DescribeOperation: func(input, _ any) string {
-		in := input.(histIn)
-		return fmt.Sprintf("%s %s %q", in.key, in.op, in.resp)
-	},
-}).ToModel()
-
 // historyOps is the number of calls a history test makes: IDEM_HISTORY_OPS,
 // or def (the CI slice).
 func historyOps(def int) int {
@@ -108,7 +35,7 @@ func historyOps(def int) int {
 // random cancellations of callers (before, during and after fn) and engine
 // restarts (Close under running calls, whose fns see their context end, then
 // a reopen of the file), and checks the history per key with porcupine
-// against contractModel: no double execution, no wrong replay, unknown
+// against testkit.ContractModel: no double execution, no wrong replay, unknown
 // outcomes resolved one way or the other. The CI slice makes 10,000 calls;
 // IDEM_HISTORY_OPS=1000000 is the long run (ROBUSTNESS.md).
 func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
@@ -170,27 +97,27 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 				end := clock.Add(1)
 				restart.RUnlock()
 				cancel()
-				in := histIn{key: key}
+				in := testkit.HistIn{Key: key}
 				switch {
 				case err == nil && res.Replayed:
-					in.op, in.resp = "replay", string(res.Response)
+					in.Op, in.Resp = "replay", string(res.Response)
 				case err == nil:
-					in.op, in.resp = "exec", string(res.Response)
-					if in.resp != own {
-						t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.resp, own)
+					in.Op, in.Resp = "exec", string(res.Response)
+					if in.Resp != own {
+						t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.Resp, own)
 					}
 				case errors.Is(err, idem.ErrRetryable):
-					in.op = "free"
+					in.Op = "free"
 				default:
 					var perm *idem.Error
 					if errors.As(err, &perm) {
 						t.Errorf("%s: unexpected permanent error %v", key, err)
 					}
-					in.op, in.resp = "unknown", ranResp
+					in.Op, in.Resp = "unknown", ranResp
 				}
 				mu.Lock()
 				history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: begin, Output: nil, Return: end})
-				counts[in.op]++
+				counts[in.Op]++
 				mu.Unlock()
 			}
 		})
@@ -232,10 +159,10 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 	require.NoError(t, cur.Load().Close())
 	testkit.Check(t, path)
 
-	res, info := porcupine.CheckOperationsVerbose(contractModel, history, 5*time.Minute)
+	res, info := porcupine.CheckOperationsVerbose(testkit.ContractModel, history, 5*time.Minute)
 	if res != porcupine.Ok {
 		f := filepath.Join(t.TempDir(), "history.html")
-		if err := porcupine.VisualizePath(contractModel, info, f); err == nil {
+		if err := porcupine.VisualizePath(testkit.ContractModel, info, f); err == nil {
 			t.Logf("visualization: %s", f)
 		}
 	}
@@ -250,7 +177,7 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 // without the fault pass.
 func TestContractModelRejects(t *testing.T) {
 	op := func(client int, call, ret int64, key, kind, resp string) porcupine.Operation {
-		return porcupine.Operation{ClientId: client, Input: histIn{key: key, op: kind, resp: resp}, Call: call, Return: ret}
+		return porcupine.Operation{ClientId: client, Input: testkit.HistIn{Key: key, Op: kind, Resp: resp}, Call: call, Return: ret}
 	}
 	for _, tc := range []struct {
 		name string
@@ -277,7 +204,7 @@ func TestContractModelRejects(t *testing.T) {
 			op(0, 1, 2, "k", "exec", "a"), op(1, 3, 4, "k", "free", "")}, porcupine.Illegal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, porcupine.CheckOperationsTimeout(contractModel, tc.h, 10*time.Second))
+			require.Equal(t, tc.want, porcupine.CheckOperationsTimeout(testkit.ContractModel, tc.h, 10*time.Second))
 		})
 	}
 }

@@ -22,58 +22,7 @@ import (
 	"github.com/idemkit/idem/internal/testkit"
 )
 
-// histIn is one call of a history: the root module's contractModel
-// (history_test.go there), repeated here since test files do not export.
-type histIn struct {
-	key, op, resp string // op: "exec", "free", "replay", "unknown"
-}
-
-type histState struct {
-	done bool
-	resp string
-}
-
-var contractModel = (&porcupine.NondeterministicModel{
-	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
-		byKey := map[string][]porcupine.Operation{}
-		for _, op := range h {
-			byKey[op.Input.(histIn).key] = append(byKey[op.Input.(histIn).key], op)
-		}
-		out := make([][]porcupine.Operation, 0, len(byKey))
-		for _, ops := range byKey {
-			out = append(out, ops)
-		}
-		return out
-	},
-	Init: func() []any { return []any{histState{}} },
-	Step: func(state, input, _ any) []any {
-		s, in := state.(histState), input.(histIn)
-		switch in.op {
-		case "exec":
-			if s.done {
-				return nil
-			}
-			return []any{histState{done: true, resp: in.resp}}
-		case "free":
-			if s.done {
-				return nil
-			}
-			return []any{s}
-		case "replay":
-			if !s.done || s.resp != in.resp {
-				return nil
-			}
-			return []any{s}
-		}
-		if s.done || in.resp == "" {
-			return []any{s}
-		}
-		return []any{s, histState{done: true, resp: in.resp}}
-	},
-	Equal: func(a, b any) bool { return a.(histState) == b.(histState) },
-}).ToModel()
-
-// historyKind classifies a call's answer for contractModel.
+// historyKind classifies a call's answer for testkit.ContractModel.
 func historyKind(res idem.Result, err error) (op, resp string) {
 	switch {
 	case err == nil && res.Replayed:
@@ -139,7 +88,7 @@ func historyChild() {
 // layer and logs each call's start and end; it is killed at a random moment
 // and the power is cut (torn in odd rounds). The parent then calls every key
 // the child touched again, twice, on what survived, and checks the whole
-// history per key with porcupine against contractModel: a call the kill cut
+// history per key with porcupine against testkit.ContractModel: a call the kill cut
 // short is an unknown outcome that took effect before the kill or never; an
 // answer the child got must hold afterwards (a lost done record would let the
 // parent execute again: a double execution).
@@ -207,10 +156,10 @@ func TestHistoryThroughPowerCuts(t *testing.T) {
 		touched := map[string]bool{}
 		for _, o := range ops {
 			touched[o.key] = true
-			in, ret := histIn{key: o.key, op: o.op, resp: o.resp2}, o.ret
+			in, ret := testkit.HistIn{Key: o.key, Op: o.op, Resp: o.resp2}, o.ret
 			if !o.done || o.op == "unknown" {
 				// Cut short by the kill: took effect before it, or never.
-				in, ret = histIn{key: o.key, op: "unknown", resp: o.own}, maxSeq+1
+				in, ret = testkit.HistIn{Key: o.key, Op: "unknown", Resp: o.own}, maxSeq+1
 				pending++
 			}
 			history = append(history, porcupine.Operation{ClientId: 0, Input: in, Call: o.call, Return: ret})
@@ -228,12 +177,12 @@ func TestHistoryThroughPowerCuts(t *testing.T) {
 				res, err := e.Do(context.Background(), key, nil, func(context.Context) ([]byte, error) { return []byte(own), nil })
 				require.NoError(t, err)
 				op, resp := historyKind(res, err)
-				history = append(history, porcupine.Operation{ClientId: 1, Input: histIn{key: key, op: op, resp: resp}, Call: call, Return: call + 1})
+				history = append(history, porcupine.Operation{ClientId: 1, Input: testkit.HistIn{Key: key, Op: op, Resp: resp}, Call: call, Return: call + 1})
 				seq += 2
 			}
 		}
 		require.NoError(t, e.Close())
-		res := porcupine.CheckOperationsTimeout(contractModel, history, time.Minute)
+		res := porcupine.CheckOperationsTimeout(testkit.ContractModel, history, time.Minute)
 		require.Equal(t, porcupine.Ok, res, "round %d: the history through the power cut is not linearizable", round)
 		total += len(history)
 		keys += len(touched)

@@ -1,0 +1,84 @@
+package testkit
+
+import (
+	"fmt"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// The contract of one idempotency key, as a nondeterministic sequential
+// model: the key is done with a response, or not done. A call is one
+// operation between its start and its end:
+//
+//   - "exec": fn ran in this call and the call answered fn's response, not
+//     replayed: legal only while the key is not done; the key is then done
+//     with that response. Two such answers for one key are a double
+//     execution.
+//   - "free": the call answered Retryable (its fn's, or its leader's): legal
+//     only while the key is not done; nothing changes.
+//   - "replay": the call answered a replay: legal only when the key is done
+//     with exactly that response.
+//   - "unknown": the call ended without an answer (its ctx ended, the engine
+//     closed under it, its leader ended without an outcome): if its fn ran
+//     and had returned a response, the key may or may not be done with it
+//     now; otherwise nothing changed. An interrupted execution is re-executed
+//     later (at-least-once), which "exec" allows because the key was not done.
+//
+// HistIn is one call of a history checked against ContractModel.
+type HistIn struct {
+	Key  string
+	Op   string // "exec", "free", "replay", "unknown"
+	Resp string // exec, replay: the answer; unknown: fn's response if it returned one
+}
+
+type histState struct {
+	done bool
+	resp string
+}
+
+// ContractModel is the contract of one idempotency key as a porcupine model,
+// partitioned by key; the operations are HistIn values.
+var ContractModel = (&porcupine.NondeterministicModel{
+	Partition: func(h []porcupine.Operation) [][]porcupine.Operation {
+		byKey := map[string][]porcupine.Operation{}
+		for _, op := range h {
+			k := op.Input.(HistIn).Key
+			byKey[k] = append(byKey[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(byKey))
+		for _, ops := range byKey {
+			out = append(out, ops)
+		}
+		return out
+	},
+	Init: func() []any { return []any{histState{}} },
+	Step: func(state, input, _ any) []any {
+		s, in := state.(histState), input.(HistIn)
+		switch in.Op {
+		case "exec":
+			if s.done {
+				return nil
+			}
+			return []any{histState{done: true, resp: in.Resp}}
+		case "free":
+			if s.done {
+				return nil
+			}
+			return []any{s}
+		case "replay":
+			if !s.done || s.resp != in.Resp {
+				return nil
+			}
+			return []any{s}
+		}
+		if s.done || in.Resp == "" {
+			return []any{s}
+		}
+		return []any{s, histState{done: true, resp: in.Resp}}
+	},
+	Equal: func(a, b any) bool { return a.(histState) == b.(histState) },
+	DescribeOperation: func(input, _ any) string {
+		in := input.(HistIn)
+		return fmt.Sprintf("%s %s %q", in.Key, in.Op, in.Resp)
+	},
+}).ToModel()
