@@ -7,10 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 
@@ -69,85 +66,6 @@ func RunMCPWith(ctx context.Context, cfg Config, opts MCPOptions) (*Report, erro
 		p := &mcpPlay{cfg: cfg, opts: &opts, task: task, sched: sched, mode: mode, path: path}
 		return p.run(ctx, initial)
 	})
-}
-
-// runAll is Run's loop over schedules, modes and tasks with play doing one.
-func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error)) (*Report, error) {
-	if cfg.Schedules == nil {
-		cfg.Schedules = Schedules
-	}
-	if cfg.Executable == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, err
-		}
-		cfg.Executable = exe
-	}
-	work := cfg.WorkDir
-	if work == "" {
-		dir, err := os.MkdirTemp("", "idem-taubench-mcp-")
-		if err != nil {
-			return nil, err
-		}
-		defer os.RemoveAll(dir)
-		work = dir
-	}
-	template := filepath.Join(work, "template.db")
-	if err := seedFile(template, cfg.DataDir); err != nil {
-		return nil, err
-	}
-	initial, err := snapshotFile(template)
-	if err != nil {
-		return nil, err
-	}
-	modes := []Mode{Idem}
-	if cfg.Baseline {
-		modes = []Mode{Baseline, Idem}
-	}
-	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks)}
-	total, done := len(cfg.Schedules)*len(modes)*len(cfg.Tasks), 0
-	for _, sched := range cfg.Schedules {
-		for _, mode := range modes {
-			row := Row{Schedule: sched, Mode: mode, Tasks: len(cfg.Tasks)}
-			for _, task := range cfg.Tasks {
-				if err := ctx.Err(); err != nil {
-					return nil, err
-				}
-				path := filepath.Join(work, fmt.Sprintf("%s-%s-%d.db", sched, mode, task.ID))
-				if err := copyFile(template, path); err != nil {
-					return nil, err
-				}
-				out, err := play(ctx, &cfg, task, sched, mode, path, initial)
-				os.Remove(path)
-				beside, _ := filepath.Glob(path + ".*")
-				for _, f := range beside {
-					os.Remove(f)
-				}
-				if err != nil {
-					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
-				}
-				row.Diverged += out.diverged
-				row.ExtraEffects += out.extra
-				row.RecoveredCalls += out.recovered
-				row.RecoveredEffects += out.recoveredExtra
-				row.RecoveredDiverged += out.recoveredDiverged
-				if len(out.state) > 0 {
-					row.StateMismatches++
-				}
-				if out.diverged == 0 && out.recoveredDiverged == 0 && len(out.state) == 0 {
-					row.Matched++
-				} else if len(row.Failures) < 5 {
-					row.Failures = append(row.Failures, fmt.Sprintf("task %d: %s", task.ID, strings.Join(append(out.notes, out.state...), "; ")))
-				}
-				done++
-				if cfg.Progress != nil {
-					cfg.Progress(done, total)
-				}
-			}
-			rep.Rows = append(rep.Rows, row)
-		}
-	}
-	return rep, nil
 }
 
 // mcpPlay is one task played over MCP under one schedule in one mode.

@@ -161,6 +161,15 @@ func (r *Report) OK() bool {
 // Run plays every task against a fresh copy of the database under each
 // schedule, in each mode, and compares with the reference.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
+	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error) {
+		p := &play{cfg: cfg, task: task, sched: sched, mode: mode, path: path}
+		return p.run(ctx, initial)
+	})
+}
+
+// runAll is the loop of Run and RunMCPWith over schedules, modes and tasks,
+// each task on a fresh copy of the seeded database, with play doing one.
+func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error)) (*Report, error) {
 	if cfg.Schedules == nil {
 		cfg.Schedules = Schedules
 	}
@@ -201,13 +210,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
-				p := &play{cfg: &cfg, task: task, sched: sched, mode: mode,
-					path: filepath.Join(work, fmt.Sprintf("%s-%s-%d.db", sched, mode, task.ID))}
-				if err := copyFile(template, p.path); err != nil {
+				path := filepath.Join(work, fmt.Sprintf("%s-%s-%d.db", sched, mode, task.ID))
+				if err := copyFile(template, path); err != nil {
 					return nil, err
 				}
-				out, err := p.run(ctx, initial)
-				os.Remove(p.path)
+				out, err := play(ctx, &cfg, task, sched, mode, path, initial)
+				os.Remove(path)
+				beside, _ := filepath.Glob(path + ".*")
+				for _, f := range beside {
+					os.Remove(f)
+				}
 				if err != nil {
 					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
 				}
@@ -216,10 +228,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 				}
 				row.Diverged += out.diverged
 				row.ExtraEffects += out.extra
+				row.RecoveredCalls += out.recovered
+				row.RecoveredEffects += out.recoveredExtra
+				row.RecoveredDiverged += out.recoveredDiverged
 				if len(out.state) > 0 {
 					row.StateMismatches++
 				}
-				if out.diverged == 0 && len(out.state) == 0 {
+				if out.diverged == 0 && out.recoveredDiverged == 0 && len(out.state) == 0 {
 					row.Matched++
 				} else if len(row.Failures) < 5 {
 					row.Failures = append(row.Failures, fmt.Sprintf("task %d: %s", task.ID, strings.Join(append(out.notes, out.state...), "; ")))
