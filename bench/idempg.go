@@ -2,11 +2,7 @@ package bench
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
-	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,28 +25,11 @@ type IdemPG struct {
 // idempg engine on it. It returns an error wrapping ErrSkipped when dsn is
 // empty or the server does not answer.
 func OpenIdemPG(ctx context.Context, dsn string) (benchkit.Deduper, error) {
-	if dsn == "" {
-		return nil, fmt.Errorf("%w: %s not set (../scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, suffix, err := openBenchPool(ctx, dsn, "idempg")
 	if err != nil {
-		return nil, fmt.Errorf("idempg: %s: %w", PostgresEnv, err)
+		return nil, err
 	}
-	cfg.MaxConns = postgresPoolSize
-	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("idempg: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("%w: postgres unreachable: %v", benchkit.ErrSkipped, err)
-	}
-	var suffix [6]byte
-	_, _ = rand.Read(suffix[:])
-	p := &IdemPG{pool: pool, schema: "idem_bench_pg_" + hex.EncodeToString(suffix[:])}
+	p := &IdemPG{pool: pool, schema: "idem_bench_pg_" + suffix}
 	opts := &idempg.Options{Schema: p.schema}
 	if _, err := idempg.Migrate(ctx, pool, opts); err != nil {
 		pool.Close()

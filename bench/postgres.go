@@ -40,28 +40,11 @@ type Postgres struct {
 // returns an error wrapping ErrSkipped when dsn is empty or the server does
 // not answer.
 func OpenPostgres(ctx context.Context, dsn string) (benchkit.Deduper, error) {
-	if dsn == "" {
-		return nil, fmt.Errorf("%w: %s not set (../scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
-	}
-	cfg, err := pgxpool.ParseConfig(dsn)
+	pool, suffix, err := openBenchPool(ctx, dsn, "postgres")
 	if err != nil {
-		return nil, fmt.Errorf("postgres: %s: %w", PostgresEnv, err)
+		return nil, err
 	}
-	cfg.MaxConns = postgresPoolSize
-	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("postgres: %w", err)
-	}
-	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if err := pool.Ping(pctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("%w: postgres unreachable: %v", benchkit.ErrSkipped, err)
-	}
-	var suffix [6]byte
-	_, _ = rand.Read(suffix[:])
-	p := &Postgres{pool: pool, schema: "idem_bench_" + hex.EncodeToString(suffix[:])}
+	p := &Postgres{pool: pool, schema: "idem_bench_" + suffix}
 	t := func(name string) string { return p.schema + "." + name }
 	ddl := fmt.Sprintf(`
 CREATE SCHEMA %[1]s;
@@ -227,4 +210,33 @@ func (p *Postgres) DiskSize(ctx context.Context) (int64, error) {
 	err := p.pool.QueryRow(ctx, `SELECT pg_total_relation_size($1::regclass) + pg_total_relation_size($2::regclass)`,
 		p.schema+".records", p.schema+".effects").Scan(&n)
 	return n, err
+}
+
+// openBenchPool connects a pool of postgresPoolSize to the server at dsn for
+// the contender name and returns it with a random suffix for a fresh schema.
+// It returns an error wrapping ErrSkipped when dsn is empty or the server
+// does not answer within 5 s.
+func openBenchPool(ctx context.Context, dsn, name string) (*pgxpool.Pool, string, error) {
+	if dsn == "" {
+		return nil, "", fmt.Errorf("%w: %s not set (../scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %s: %w", name, PostgresEnv, err)
+	}
+	cfg.MaxConns = postgresPoolSize
+	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", fmt.Errorf("%s: %w", name, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := pool.Ping(pctx); err != nil {
+		pool.Close()
+		return nil, "", fmt.Errorf("%w: postgres unreachable: %v", benchkit.ErrSkipped, err)
+	}
+	var suffix [6]byte
+	_, _ = rand.Read(suffix[:])
+	return pool, hex.EncodeToString(suffix[:]), nil
 }
