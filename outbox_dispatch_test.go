@@ -39,16 +39,16 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	}))
 	require.NoError(t, db.Close())
 
-	var rec obRecorder
+	var rec testkit.Recorder
 	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-		Handlers: map[string]idem.Handler{"charge": rec.handler(nil)}}
+		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
 	e, err = idem.Open(path, opts)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
 
 	obWait(t, "the two good messages delivered", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	var seqs []uint64
-	for _, m := range rec.delivered() {
+	for _, m := range rec.Delivered() {
 		seqs = append(seqs, m.Seq)
 	}
 	require.Equal(t, []uint64{1, 3}, seqs, "seq 3, of the damaged message's ordering key, was not held back")
@@ -84,15 +84,15 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 // delivering other messages, and retries this one after its backoff.
 func TestOutboxPanickingHandler(t *testing.T) {
 	clock := testkit.NewClock(obStart)
-	var rec obRecorder
+	var rec testkit.Recorder
 	panicking := func(ctx context.Context, m idem.Message) error {
 		if m.Attempt == 1 {
 			panic("boom in " + m.DownstreamKey)
 		}
-		return rec.handler(nil)(ctx, m)
+		return rec.Handler(nil)(ctx, m)
 	}
 	e, _ := obOpen(t, clock, idem.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 5,
-		Handlers: map[string]idem.Handler{"panics": panicking, "works": rec.handler(nil)}})
+		Handlers: map[string]idem.Handler{"panics": panicking, "works": rec.Handler(nil)}})
 
 	obCall(t, e, "order-1", obMsg{"panics", "", "p"})
 	obCall(t, e, "order-2", obMsg{"works", "", "w"})
@@ -105,19 +105,19 @@ func TestOutboxPanickingHandler(t *testing.T) {
 	require.Contains(t, m.LastError, "handler panicked: boom in order-1/0")
 	require.Contains(t, m.LastError, "goroutine ", "with the stack")
 	require.True(t, m.NextAttemptAt.After(obStart), "retried after a backoff")
-	require.Equal(t, []string{"order-2/0"}, downstreamKeys(rec.delivered()))
+	require.Equal(t, []string{"order-2/0"}, downstreamKeys(rec.Delivered()))
 
 	obWait(t, "the retry delivered", func() { clock.Advance(time.Second) }, func() bool { return obStats(t, e).Delivered == 2 })
-	require.Equal(t, []string{"order-2/0", "order-1/0"}, downstreamKeys(rec.delivered()))
-	require.Equal(t, 2, rec.delivered()[1].Attempt)
+	require.Equal(t, []string{"order-2/0", "order-1/0"}, downstreamKeys(rec.Delivered()))
+	require.Equal(t, 2, rec.Delivered()[1].Attempt)
 }
 
 // TestOutboxTwoBackoffTimers: two ordering keys wait for their backoffs at
 // once; each timer fires at its own time, the earlier without the later.
 func TestOutboxTwoBackoffTimers(t *testing.T) {
 	clock := testkit.NewClock(obStart)
-	var rec obRecorder
-	h := rec.handler(func(m idem.Message) error {
+	var rec testkit.Recorder
+	h := rec.Handler(func(m idem.Message) error {
 		if m.Attempt == 1 {
 			return errors.New("try again")
 		}
@@ -139,7 +139,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 	if first.NextAttemptAt.Before(second.NextAttemptAt) {
 		clock.Advance(first.NextAttemptAt.Sub(obStart))
 		obWait(t, "the earlier timer fired", nil, func() bool { return obStats(t, e).Delivered == 1 })
-		require.Equal(t, []string{first.DownstreamKey}, downstreamKeys(rec.delivered()))
+		require.Equal(t, []string{first.DownstreamKey}, downstreamKeys(rec.Delivered()))
 		left := obMessages(t, e)
 		require.Len(t, left, 1, "the later timer has not fired: its time has not come")
 		require.Equal(t, second.DownstreamKey, left[0].DownstreamKey)
@@ -147,7 +147,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 	}
 	clock.Advance(second.NextAttemptAt.Sub(clock.Now()))
 	obWait(t, "the later timer fired", nil, func() bool { return obStats(t, e).Delivered == 2 })
-	require.ElementsMatch(t, []string{"order-1/0", "order-2/0"}, downstreamKeys(rec.delivered()))
+	require.ElementsMatch(t, []string{"order-1/0", "order-2/0"}, downstreamKeys(rec.Delivered()))
 	require.Equal(t, idem.OutboxStats{Delivered: 2}, obStats(t, e))
 }
 

@@ -83,45 +83,6 @@ func obEnqueue(e *idem.Engine, key string, msgs ...obMsg) error {
 	return err
 }
 
-// obRecorder records every delivery attempt, successful or not.
-type obRecorder struct {
-	mu  sync.Mutex
-	got []idem.Message
-	ok  []bool
-}
-
-// handler records m and returns fail(m) (nil fail: success).
-func (r *obRecorder) handler(fail func(m idem.Message) error) idem.Handler {
-	return func(ctx context.Context, m idem.Message) error {
-		var err error
-		if fail != nil {
-			err = fail(m)
-		}
-		r.mu.Lock()
-		r.got, r.ok = append(r.got, m), append(r.ok, err == nil)
-		r.mu.Unlock()
-		return err
-	}
-}
-
-func (r *obRecorder) attempts() []idem.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]idem.Message(nil), r.got...)
-}
-
-func (r *obRecorder) delivered() []idem.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []idem.Message
-	for i, m := range r.got {
-		if r.ok[i] {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
 func obStats(t testing.TB, e *idem.Engine) idem.OutboxStats {
 	t.Helper()
 	s, err := e.ScanFile()
@@ -142,15 +103,15 @@ func obMessages(t testing.TB, e *idem.Engine) []*idem.Message {
 
 func TestOutboxDeliversEveryMessageWithItsFields(t *testing.T) {
 	clock := testkit.NewClock(obStart)
-	var rec obRecorder
+	var rec testkit.Recorder
 	e, _ := obOpen(t, clock, idem.OutboxOptions{Handlers: map[string]idem.Handler{
-		"charge_card": rec.handler(nil), "send_email": rec.handler(nil)}})
+		"charge_card": rec.Handler(nil), "send_email": rec.Handler(nil)}})
 
 	obCall(t, e, "order-1", obMsg{"charge_card", "", "1200"}, obMsg{"send_email", "", "receipt"}, obMsg{"charge_card", "", ""})
-	obWait(t, "3 deliveries", nil, func() bool { return len(rec.delivered()) == 3 })
+	obWait(t, "3 deliveries", nil, func() bool { return len(rec.Delivered()) == 3 })
 	obWait(t, "removal", nil, func() bool { return obStats(t, e).Delivered == 3 })
 
-	got := rec.delivered()
+	got := rec.Delivered()
 	for i, m := range got {
 		require.Equal(t, "order-1", m.Key)
 		require.Equal(t, i, m.Index, "in enqueue order: one ordering key")
@@ -176,8 +137,8 @@ func TestOutboxDeliversEveryMessageWithItsFields(t *testing.T) {
 func TestOutboxHandlerFailingNTimesThenSucceeding(t *testing.T) {
 	const failures = 4
 	clock := testkit.NewClock(obStart)
-	var rec obRecorder
-	h := rec.handler(func(m idem.Message) error {
+	var rec testkit.Recorder
+	h := rec.Handler(func(m idem.Message) error {
 		if m.Attempt <= failures {
 			return fmt.Errorf("gateway timeout %d", m.Attempt)
 		}
@@ -202,7 +163,7 @@ func TestOutboxHandlerFailingNTimesThenSucceeding(t *testing.T) {
 	require.Equal(t, 1, s.Retrying)
 
 	obWait(t, "delivery", func() { clock.Advance(time.Minute) }, func() bool { return obStats(t, e).Delivered == 1 })
-	got := rec.attempts()
+	got := rec.Attempts()
 	require.Len(t, got, failures+1)
 	for i, m := range got {
 		require.Equal(t, i+1, m.Attempt)
@@ -213,9 +174,9 @@ func TestOutboxHandlerFailingNTimesThenSucceeding(t *testing.T) {
 
 func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 	clock := testkit.NewClock(obStart)
-	var rec obRecorder
+	var rec testkit.Recorder
 	var healthy atomic.Bool
-	h := rec.handler(func(m idem.Message) error {
+	h := rec.Handler(func(m idem.Message) error {
 		if !healthy.Load() {
 			return errors.New("card processor down")
 		}
@@ -226,7 +187,7 @@ func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 
 	obCall(t, e, "order-1", obMsg{"charge_card", "", "1200"})
 	obWait(t, "a dead letter", advance, func() bool { return obStats(t, e).Dead == 1 })
-	require.Len(t, rec.attempts(), 3, "MaxAttempts attempts, then dead")
+	require.Len(t, rec.Attempts(), 3, "MaxAttempts attempts, then dead")
 	require.Equal(t, idem.OutboxStats{Dead: 1}, obStats(t, e))
 	ms := obMessages(t, e)
 	require.Len(t, ms, 1)
@@ -241,7 +202,7 @@ func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 	require.NoError(t, e.RetryDead(dead.Seq))
 	require.ErrorIs(t, e.RetryDead(dead.Seq), idem.ErrMessageNotFound, "it is no longer dead")
 	obWait(t, "delivery of the retried dead letter", nil, func() bool { return obStats(t, e).Delivered == 1 })
-	got := rec.attempts()
+	got := rec.Attempts()
 	require.Len(t, got, 4)
 	require.Equal(t, 1, got[3].Attempt, "a retried dead letter counts its attempts from 1 again")
 	require.Equal(t, dead.Seq, got[3].Seq)
@@ -285,9 +246,9 @@ func TestOutboxDropDeadAndDeadLetterRetention(t *testing.T) {
 func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 	t.Run("a message waiting for its retry holds back its ordering key", func(t *testing.T) {
 		clock := testkit.NewClock(obStart)
-		var rec obRecorder
+		var rec testkit.Recorder
 		var chargeFailures atomic.Int32
-		h := rec.handler(func(m idem.Message) error {
+		h := rec.Handler(func(m idem.Message) error {
 			if m.Topic == "charge" && chargeFailures.Add(1) <= 2 {
 				return errors.New("timeout")
 			}
@@ -299,7 +260,7 @@ func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 		obWait(t, "both delivered", func() { clock.Advance(time.Hour) }, func() bool { return obStats(t, e).Delivered == 2 })
 
 		var topics []string
-		for _, m := range rec.attempts() {
+		for _, m := range rec.Attempts() {
 			require.Equal(t, "order-7", m.OrderingKey)
 			topics = append(topics, m.Topic)
 		}
@@ -308,8 +269,8 @@ func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 
 	t.Run("a dead letter does not hold back its ordering key", func(t *testing.T) {
 		clock := testkit.NewClock(obStart)
-		var rec obRecorder
-		h := rec.handler(func(m idem.Message) error {
+		var rec testkit.Recorder
+		h := rec.Handler(func(m idem.Message) error {
 			if m.Topic == "charge" {
 				return errors.New("declined")
 			}
@@ -320,7 +281,7 @@ func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 		obCall(t, e, "refund-7", obMsg{"refund", "order-7", "-1200"})
 		obWait(t, "refund delivered", func() { clock.Advance(time.Hour) }, func() bool { return obStats(t, e).Delivered == 1 })
 		var topics []string
-		for _, m := range rec.attempts() {
+		for _, m := range rec.Attempts() {
 			topics = append(topics, m.Topic)
 		}
 		require.Equal(t, []string{"charge", "charge", "refund"}, topics)
@@ -330,8 +291,8 @@ func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 
 func TestOutboxMessagesWithoutHandlerWait(t *testing.T) {
 	clock := testkit.NewClock(obStart)
-	var rec obRecorder
-	e, path := obOpen(t, clock, idem.OutboxOptions{Handlers: map[string]idem.Handler{"charge": rec.handler(nil)}})
+	var rec testkit.Recorder
+	e, path := obOpen(t, clock, idem.OutboxOptions{Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}})
 
 	// "email" has no handler: it waits, and holds back the charge of its
 	// ordering key; another key's charge goes through.
@@ -346,12 +307,12 @@ func TestOutboxMessagesWithoutHandlerWait(t *testing.T) {
 	require.NoError(t, e.Close())
 	e, err := idem.Open(path, &idem.Options{Now: clock.Now, NoSync: true, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-			Handlers: map[string]idem.Handler{"charge": rec.handler(nil), "email": rec.handler(nil)}}})
+			Handlers: map[string]idem.Handler{"charge": rec.Handler(nil), "email": rec.Handler(nil)}}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	obWait(t, "the rest", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	var got []string
-	for _, m := range rec.delivered() {
+	for _, m := range rec.Delivered() {
 		got = append(got, m.Key+" "+m.Topic)
 	}
 	require.Equal(t, []string{"order-2 charge", "order-1 email", "order-1 charge"}, got)
@@ -372,15 +333,15 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	require.Equal(t, idem.OutboxStats{Pending: 3, Waiting: 3}, s.Outbox)
 	require.NoError(t, e.Close())
 
-	var rec obRecorder
+	var rec testkit.Recorder
 	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-		Handlers: map[string]idem.Handler{"charge": rec.handler(nil)}}
+		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
 	e, err = idem.Open(path, opts)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
 	obWait(t, "delivery after the restart", nil, func() bool { return obStats(t, e).Delivered == 3 })
 	var payloads []string
-	for _, m := range rec.delivered() {
+	for _, m := range rec.Delivered() {
 		if m.Key == "order-1" {
 			payloads = append(payloads, string(m.Payload))
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // eventually polls cond every millisecond until it holds, for at most 30 s
@@ -33,45 +34,6 @@ func eventually(t testing.TB, what string, tick func(), cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-}
-
-// recorder records every delivery attempt a handler sees.
-type recorder struct {
-	mu  sync.Mutex
-	got []idem.Message
-	ok  []bool
-}
-
-// handler records each message and returns fail(m) (nil fail: success).
-func (r *recorder) handler(fail func(m idem.Message) error) idem.Handler {
-	return func(ctx context.Context, m idem.Message) error {
-		var err error
-		if fail != nil {
-			err = fail(m)
-		}
-		r.mu.Lock()
-		r.got, r.ok = append(r.got, m), append(r.ok, err == nil)
-		r.mu.Unlock()
-		return err
-	}
-}
-
-func (r *recorder) attempts() []idem.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]idem.Message(nil), r.got...)
-}
-
-func (r *recorder) delivered() []idem.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []idem.Message
-	for i, m := range r.got {
-		if r.ok[i] {
-			out = append(out, m)
-		}
-	}
-	return out
 }
 
 // messages returns the outbox's messages, pending then dead.
@@ -118,8 +80,8 @@ func (s *suite[T]) enqueue(t testing.TB, e Engine[T], key, topic string, payload
 func (s *suite[T]) outbox(t *testing.T) {
 	t.Run("enqueued in DoTx, delivered with downstream keys", func(t *testing.T) {
 		c := newClock()
-		var rec recorder
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": rec.handler(nil), "email": rec.handler(nil)}, idem.OutboxOptions{}))
+		var rec testkit.Recorder
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil), "email": rec.Handler(nil)}, idem.OutboxOptions{}))
 		_, err := e.DoTx(bg, "order-1", fp, func(ctx context.Context, tx T) ([]byte, error) {
 			for _, m := range []struct {
 				topic   string
@@ -132,9 +94,9 @@ func (s *suite[T]) outbox(t *testing.T) {
 			return []byte("ord_1"), nil
 		})
 		require.NoError(t, err)
-		eventually(t, "3 deliveries", nil, func() bool { return len(rec.delivered()) == 3 })
+		eventually(t, "3 deliveries", nil, func() bool { return len(rec.Delivered()) == 3 })
 		eventually(t, "their removal", nil, func() bool { return len(messages(t, e)) == 0 })
-		got := rec.delivered()
+		got := rec.Delivered()
 		for i, m := range got {
 			require.Equal(t, "order-1", m.Key)
 			require.Equal(t, i, m.Index, "one ordering key: enqueue order")
@@ -179,8 +141,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 
 	t.Run("a failed attempt is retried after a backoff, with the same downstream key", func(t *testing.T) {
 		c := newClock()
-		var rec recorder
-		h := rec.handler(func(m idem.Message) error {
+		var rec testkit.Recorder
+		h := rec.Handler(func(m idem.Message) error {
 			if m.Attempt <= 2 {
 				return fmt.Errorf("gateway timeout %d", m.Attempt)
 			}
@@ -197,10 +159,10 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.Equal(t, "gateway timeout 1", m.LastError)
 		require.False(t, m.NextAttemptAt.Before(start.Add(500*time.Millisecond)), "the backoff is at least BaseBackoff/2")
 		require.False(t, m.NextAttemptAt.After(start.Add(time.Second)), "the backoff is at most BaseBackoff")
-		require.Len(t, rec.attempts(), 1, "the clock has not moved: no retry yet")
+		require.Len(t, rec.Attempts(), 1, "the clock has not moved: no retry yet")
 
-		eventually(t, "delivery", func() { c.Advance(time.Minute) }, func() bool { return len(rec.delivered()) == 1 })
-		got := rec.attempts()
+		eventually(t, "delivery", func() { c.Advance(time.Minute) }, func() bool { return len(rec.Delivered()) == 1 })
+		got := rec.Attempts()
 		require.Len(t, got, 3)
 		for i, m := range got {
 			require.Equal(t, i+1, m.Attempt)
@@ -211,9 +173,9 @@ func (s *suite[T]) outbox(t *testing.T) {
 
 	t.Run("dead letters: listed, retried, dropped", func(t *testing.T) {
 		c := newClock()
-		var rec recorder
+		var rec testkit.Recorder
 		var healthy atomic.Bool
-		h := rec.handler(func(m idem.Message) error {
+		h := rec.Handler(func(m idem.Message) error {
 			if healthy.Load() {
 				return nil
 			}
@@ -233,7 +195,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 			return out
 		}
 		eventually(t, "two dead letters", func() { c.Advance(time.Minute) }, func() bool { return len(dead()) == 2 })
-		require.Len(t, rec.attempts(), 4, "MaxAttempts each, then no more")
+		require.Len(t, rec.Attempts(), 4, "MaxAttempts each, then no more")
 		ds := dead()
 		require.Equal(t, "gateway down", ds[0].LastError)
 		require.False(t, ds[0].DeadAt.IsZero())
@@ -242,9 +204,9 @@ func (s *suite[T]) outbox(t *testing.T) {
 		healthy.Store(true)
 		require.NoError(t, e.DropDead(ds[1].Seq))
 		require.NoError(t, e.RetryDead(ds[0].Seq))
-		eventually(t, "the retried letter's delivery", nil, func() bool { return len(rec.delivered()) == 1 })
+		eventually(t, "the retried letter's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
 		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, e)) == 0 })
-		d := rec.delivered()[0]
+		d := rec.Delivered()[0]
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, idem.DownstreamKey("order-1", 0), d.DownstreamKey)
 		require.ErrorIs(t, e.DropDead(ds[1].Seq), idem.ErrMessageNotFound, "dropped already")
@@ -252,8 +214,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 
 	t.Run("a dead letter does not hold back its ordering key", func(t *testing.T) {
 		c := newClock()
-		var rec recorder
-		h := rec.handler(func(m idem.Message) error {
+		var rec testkit.Recorder
+		h := rec.Handler(func(m idem.Message) error {
 			if string(m.Payload) == "poison" {
 				return errors.New("rejected")
 			}
@@ -261,8 +223,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 		})
 		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h}, idem.OutboxOptions{MaxAttempts: 1}))
 		s.enqueue(t, e, "order-1", "charge", []byte("poison"), []byte("next"))
-		eventually(t, "the next message's delivery", nil, func() bool { return len(rec.delivered()) == 1 })
-		require.Equal(t, []byte("next"), rec.delivered()[0].Payload)
+		eventually(t, "the next message's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
+		require.Equal(t, []byte("next"), rec.Delivered()[0].Payload)
 		eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 1 })
 		ms := messages(t, e)
 		require.True(t, ms[0].Dead)
@@ -271,17 +233,17 @@ func (s *suite[T]) outbox(t *testing.T) {
 
 	t.Run("enqueue order per ordering key", func(t *testing.T) {
 		c := newClock()
-		var rec recorder
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"step": rec.handler(nil)}, idem.OutboxOptions{}))
+		var rec testkit.Recorder
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"step": rec.Handler(nil)}, idem.OutboxOptions{}))
 		var payloads [][]byte
 		for i := range 8 {
 			payloads = append(payloads, fmt.Appendf(nil, "%d", i))
 		}
 		s.enqueue(t, e, "saga-1", "step", payloads...)
 		s.enqueue(t, e, "saga-2", "step", payloads...)
-		eventually(t, "16 deliveries", nil, func() bool { return len(rec.delivered()) == 16 })
+		eventually(t, "16 deliveries", nil, func() bool { return len(rec.Delivered()) == 16 })
 		next := map[string]int{}
-		for _, m := range rec.delivered() {
+		for _, m := range rec.Delivered() {
 			require.Equal(t, next[m.OrderingKey], m.Index, "%s delivered out of order", m.OrderingKey)
 			require.Equal(t, fmt.Sprint(m.Index), string(m.Payload))
 			next[m.OrderingKey]++
@@ -301,10 +263,10 @@ func (s *suite[T]) outbox(t *testing.T) {
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		<-entered
 		require.NoError(t, e.Close(), "Close returns once the handler it cancelled returned")
-		var rec recorder
-		e = s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.handler(nil)}, idem.OutboxOptions{}))
-		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.delivered()) == 1 })
-		m := rec.delivered()[0]
+		var rec testkit.Recorder
+		e = s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil)}, idem.OutboxOptions{}))
+		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		m := rec.Delivered()[0]
 		require.Equal(t, 1, m.Attempt, "the cancelled attempt is not counted")
 		require.Equal(t, idem.DownstreamKey("order-1", 0), m.DownstreamKey)
 	})
@@ -315,10 +277,10 @@ func (s *suite[T]) outbox(t *testing.T) {
 		e, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{}, idem.OutboxOptions{}))
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		require.Len(t, messages(t, e), 1)
-		var rec recorder
-		e = s.reopen(t, e, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.handler(nil)}, idem.OutboxOptions{}))
-		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.delivered()) == 1 })
-		m := rec.delivered()[0]
+		var rec testkit.Recorder
+		e = s.reopen(t, e, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil)}, idem.OutboxOptions{}))
+		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		m := rec.Delivered()[0]
 		require.Equal(t, idem.DownstreamKey("order-1", 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)
 		require.Equal(t, map[string]string{"order-1": "enqueued"}, s.effects(t, e), "the effect committed with its message")

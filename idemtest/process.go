@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // process holds the last row of DESIGN.md's table (the process is killed at
@@ -80,11 +81,11 @@ func (s *suite[T]) process(t *testing.T) {
 
 	t.Run("process killed in a handler: delivered again with the same downstream key", func(t *testing.T) {
 		store := killed(t, childOutbox, "in-handler "+idem.DownstreamKey(crashKey, 0), idem.RecoverReexecute)
-		var rec recorder
+		var rec testkit.Recorder
 		c := newClock()
-		e := s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.handler(nil)}, idem.OutboxOptions{}))
-		eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.delivered()) == 1 })
-		m := rec.delivered()[0]
+		e := s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil)}, idem.OutboxOptions{}))
+		eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		m := rec.Delivered()[0]
 		require.Equal(t, idem.DownstreamKey(crashKey, 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)
 		require.Equal(t, 1, m.Attempt, "an attempt cut short by a crash is not counted")
