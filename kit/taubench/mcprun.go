@@ -248,54 +248,9 @@ func (p *mcpPlay) call(ctx context.Context, i int, args map[string]any) (answer,
 func (p *mcpPlay) schedule(ctx context.Context, i int) ([]answer, error) {
 	a := p.task.Actions[i]
 	args := a.Kwargs
-	switch p.sched {
-	case None, Crash:
-		ans, err := p.call(ctx, i, args)
-		return []answer{ans}, err
-	case Duplicate:
-		first, err := p.call(ctx, i, args)
-		if err != nil {
-			return nil, err
-		}
-		second, err := p.call(ctx, i, args)
-		return []answer{first, second}, err
-	case Lost:
-		if err := p.lose(ctx, i, args); err != nil {
-			return nil, err
-		}
-		ans, err := p.call(ctx, i, args)
-		return []answer{ans}, err
-	case Concurrent:
-		var (
-			wg   sync.WaitGroup
-			ans  [2]answer
-			errs [2]error
-		)
-		start := make(chan struct{})
-		for j := range 2 {
-			wg.Go(func() {
-				<-start
-				ans[j], errs[j] = p.call(ctx, i, args)
-			})
-		}
-		close(start)
-		wg.Wait()
-		return ans[:], errors.Join(errs[:]...)
-	case Mutated:
-		ans, err := p.call(ctx, i, args)
-		if err != nil {
-			return nil, err
-		}
-		if t, _ := Lookup(a.Name); t.Write {
-			// The mutated retry's own answer is not what the agent keeps:
-			// under idem it is refused, in the baseline it runs again.
-			if _, err := p.call(ctx, i, mutate(a.Name, args)); err != nil {
-				return nil, err
-			}
-		}
-		return []answer{ans}, nil
-	}
-	return nil, fmt.Errorf("unknown schedule %q", p.sched)
+	call := func(args map[string]any) (answer, error) { return p.call(ctx, i, args) }
+	lose := func(args map[string]any) error { return p.lose(ctx, i, args) }
+	return playSchedule(p.sched, a.Name, args, call, lose)
 }
 
 // lose sends action i and has the client's transport drop the server's

@@ -481,22 +481,33 @@ func (p *play) schedule(ctx context.Context, i int, retryOfCrash bool) ([]answer
 		ans, err := p.call(ctx, i, args)
 		return []answer{ans}, err
 	}
-	switch p.sched {
+	call := func(args map[string]any) (answer, error) { return p.call(ctx, i, args) }
+	lose := func(args map[string]any) error { _, err := p.call(ctx, i, args); return err }
+	return playSchedule(p.sched, a.Name, args, call, lose)
+}
+
+// playSchedule sends one action of a tool called name with args as sched
+// says, through call (one call whose answer the agent reads) and lose (one
+// call whose answer is lost), and returns the answers the agent reads. The
+// direct and the MCP runners share it.
+func playSchedule(sched Schedule, name string, args map[string]any,
+	call func(map[string]any) (answer, error), lose func(map[string]any) error) ([]answer, error) {
+	switch sched {
 	case None, Crash:
-		ans, err := p.call(ctx, i, args)
+		ans, err := call(args)
 		return []answer{ans}, err
 	case Duplicate:
-		first, err := p.call(ctx, i, args)
+		first, err := call(args)
 		if err != nil {
 			return nil, err
 		}
-		second, err := p.call(ctx, i, args)
+		second, err := call(args)
 		return []answer{first, second}, err
 	case Lost:
-		if _, err := p.call(ctx, i, args); err != nil {
+		if err := lose(args); err != nil {
 			return nil, err
 		}
-		ans, err := p.call(ctx, i, args)
+		ans, err := call(args)
 		return []answer{ans}, err
 	case Concurrent:
 		var (
@@ -508,27 +519,27 @@ func (p *play) schedule(ctx context.Context, i int, retryOfCrash bool) ([]answer
 		for j := range 2 {
 			wg.Go(func() {
 				<-start
-				ans[j], errs[j] = p.call(ctx, i, args)
+				ans[j], errs[j] = call(args)
 			})
 		}
 		close(start)
 		wg.Wait()
 		return ans[:], errors.Join(errs[:]...)
 	case Mutated:
-		ans, err := p.call(ctx, i, args)
+		ans, err := call(args)
 		if err != nil {
 			return nil, err
 		}
-		if t, _ := Lookup(a.Name); t.Write {
+		if t, _ := Lookup(name); t.Write {
 			// The mutated retry's own answer is not what the agent keeps:
 			// under idem it is refused, in the baseline it runs again.
-			if _, err := p.call(ctx, i, mutate(a.Name, args)); err != nil {
+			if _, err := call(mutate(name, args)); err != nil {
 				return nil, err
 			}
 		}
 		return []answer{ans}, nil
 	}
-	return nil, fmt.Errorf("unknown schedule %q", p.sched)
+	return nil, fmt.Errorf("unknown schedule %q", sched)
 }
 
 // mutate returns args changed the way a confused agent's retry changes them:
