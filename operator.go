@@ -21,7 +21,8 @@ func (e *Engine) Get(key string) (*Record, error) { return e.core.Get(key) }
 
 // Forget deletes key's record in any state, so the next call runs fn as new.
 // It fails with ErrInProgress while a call with the key runs, and with
-// ErrNotFound if nothing is stored.
+// ErrNotFound if key has no live record: an expired record the pruner has
+// not reached yet is deleted too, but absent, as for Get.
 func (e *Engine) Forget(key string) error { return e.core.Forget(key) }
 
 // Resolve completes an interrupted execution by hand: key's started record

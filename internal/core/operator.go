@@ -2,6 +2,7 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 )
@@ -27,12 +28,19 @@ func (e *Engine[T]) Get(key string) (*Record, error) {
 	return rec, nil
 }
 
-// Forget deletes key's record in any state (idem.Engine.Forget).
+// Forget deletes key's record in any state (idem.Engine.Forget). An expired
+// record that the pruner has not reached yet is deleted too, but reported as
+// ErrNotFound: it is absent to every reader, as for Get and Resolve.
 func (e *Engine[T]) Forget(key string) error {
 	return e.operate("forget", key, func(ctx context.Context) error {
 		e.cache.forget(key) // under the key: no call can cache it again meanwhile
+		now := e.now()
+		rec, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention})
+		if err != nil && !errors.Is(err, ErrCorrupt) {
+			return err // an undecodable record is still deleted below
+		}
 		found, err := e.b.Forget(ctx, key)
-		if err == nil && !found {
+		if err == nil && (!found || (rec != nil && !e.live(rec, now))) {
 			err = ErrNotFound
 		}
 		return err
