@@ -64,13 +64,15 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 	if err := e.reentrant(ctx, key); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
 	}
-	if err := e.guard(); err != nil {
-		return Result{}, &OpError{Op: op, Key: key, Err: err}
-	}
+	// Closed first: after Close a call says ErrClosed, whatever the guard
+	// (a failed commit's ErrStorageFailed) would say.
 	if err := e.enter(); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
 	}
 	defer e.calls.Done()
+	if err := e.guard(); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
 	fp := xxhash.Sum64(fingerprint)
 
 	// The fast path: a done record answers without the per-key lock, after

@@ -165,10 +165,14 @@ func (e *Engine[T]) Enter() error {
 	if e.b.Holding() {
 		return errInsideDoTx
 	}
+	if err := e.enter(); err != nil {
+		return err // closed first, as for Do
+	}
 	if err := e.guard(); err != nil {
+		e.calls.Done()
 		return err
 	}
-	return e.enter()
+	return nil
 }
 
 // guard runs Options.Guard.
