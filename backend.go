@@ -40,7 +40,7 @@ func (b *boltBackend) Info() core.Info { return core.Info{Name: "bbolt", ReadOnl
 // Lookup reads the key's newest version in one read transaction; a live
 // done record of another fingerprint is refused from its header alone.
 func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err error) {
-	err = b.db.View(func(tx *bbolt.Tx) error {
+	err = view(b.db, func(tx *bbolt.Tx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
 		v := b.st.rawLookup(tx, unsafe.Slice(unsafe.StringData(q.Key), len(q.Key)), time.Time{})
@@ -152,7 +152,11 @@ func (b *boltBackend) Prune(ctx context.Context, _ core.PruneRequest) (core.Prun
 // the oldest, by key within a slot.
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
-	return b.db.View(func(tx *bbolt.Tx) error { return b.st.forEach(tx, fn) })
+	return view(b.db, func(tx *bbolt.Tx) error {
+		return b.st.forEach(tx, func(r *Record, err error) error {
+			return userCall(func() error { return fn(r, err) })
+		})
+	})
 }
 
 // Enqueue puts m in the outbox bucket inside the DoTx transaction.
@@ -185,7 +189,7 @@ func (b *boltBackend) committed() {
 func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) ([]*core.Message, error) {
 	var due []*core.Message
 	seen := make(map[string]bool)
-	err := b.db.View(func(tx *bbolt.Tx) error {
+	err := view(b.db, func(tx *bbolt.Tx) error {
 		c := outboxBucket(tx).Cursor()
 		for k, v := c.First(); k != nil && len(due) < limit; k, v = c.Next() {
 			seq, ok := layout.ParseU64(k)
@@ -240,7 +244,7 @@ func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
 // Messages walks the pending messages, then the dead letters, by Seq.
 func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
-	return b.db.View(func(tx *bbolt.Tx) error {
+	return view(b.db, func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
 			bk := outboxBucket(tx)
 			if dead {
@@ -253,7 +257,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 				if err != nil {
 					m = &core.Message{Seq: seq, Dead: dead}
 				}
-				if err := fn(m, err); err != nil {
+				if err := userCall(func() error { return fn(m, err) }); err != nil {
 					return err
 				}
 			}
@@ -298,7 +302,7 @@ func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 // PruneDead deletes the dead letters expired says so, limit per commit.
 func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
 	var keys [][]byte
-	err := b.db.View(func(tx *bbolt.Tx) error {
+	err := view(b.db, func(tx *bbolt.Tx) error {
 		return deadBucket(tx).ForEach(func(k, v []byte) error {
 			seq, ok := layout.ParseU64(k)
 			if !ok {
@@ -345,7 +349,8 @@ func (b *boltBackend) write(fn commit.Func) error {
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,
 // keeping the cause in the chain: a stopped pipeline is ErrClosed, a failed
-// commit ErrStorageFailed, bbolt's ErrMaxSizeReached ErrFileFull.
+// commit ErrStorageFailed, bbolt's ErrMaxSizeReached ErrFileFull, a panic of
+// bbolt's in a write (a damaged page) ErrCorrupt.
 func storageErr(err error, maxSize int) error {
 	switch {
 	case err == nil:
@@ -356,6 +361,12 @@ func storageErr(err error, maxSize int) error {
 		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
 	case errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
+	}
+	// A write's panic is bbolt's on a damaged page (a DoTx fn's own panic
+	// is the core's *PanicError, re-raised in its caller): the transaction
+	// rolled back, the file is as it was.
+	if pe, ok := errors.AsType[*commit.PanicError](err); ok {
+		return damaged(pe.Value)
 	}
 	return err
 }

@@ -196,7 +196,7 @@ func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
 func firstRead(db *bbolt.DB, read func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+			err = damaged(v)
 		}
 		if err != nil {
 			_ = db.Close()

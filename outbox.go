@@ -437,7 +437,7 @@ func (e *Engine) deadExpired(m *Message, now time.Time) bool {
 func (e *Engine) pruneDeadLetters(ctx context.Context, now time.Time) {
 	for ctx.Err() == nil {
 		var seqs [][]byte
-		_ = e.db.View(func(tx *bbolt.Tx) error {
+		_ = view(e.db, func(tx *bbolt.Tx) error {
 			c := deadBucket(tx).Cursor()
 			for k, v := c.First(); k != nil && len(seqs) < pruneBatch; k, v = c.Next() {
 				seq, _ := layout.ParseU64(k)
@@ -581,7 +581,7 @@ func (d *dispatcher) load() {
 	}
 	var corrupt []uint64
 	var added []string
-	err := d.e.db.View(func(tx *bbolt.Tx) error {
+	err := view(d.e.db, func(tx *bbolt.Tx) error {
 		c := outboxBucket(tx).Cursor()
 		k, v := c.First()
 		if !full {
@@ -689,7 +689,7 @@ func (d *dispatcher) dispatchReady() {
 		}
 		var m *Message
 		var err error
-		_ = d.e.db.View(func(tx *bbolt.Tx) error {
+		_ = view(d.e.db, func(tx *bbolt.Tx) error {
 			v := outboxBucket(tx).Get(layout.U64(seq))
 			if v == nil {
 				err = errGone

@@ -62,7 +62,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 	// Find the expired slots and judge their records in a read transaction:
 	// a slot that ended a window ago takes no more writes.
 	var expired []expiredSlot
-	err := e.db.View(func(tx *bbolt.Tx) error {
+	err := view(e.db, func(tx *bbolt.Tx) error {
 		return e.st.forEachSlot(tx, func(sl layout.Slot, b *bbolt.Bucket) error {
 			if sl.EndTime().Add(max(sl.Width(), e.opts.Retention)).After(now) {
 				return nil // some record in it may be live
