@@ -46,8 +46,8 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				total <- struct{}{}
 				return nil
 			}
-			eo := func() *idempg.EngineOptions {
-				return &idempg.EngineOptions{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
+			eo := func() *idem.Options {
+				return &idem.Options{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
 					BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 3, PollInterval: 20 * time.Millisecond}}
 			}
 			a, b := st.open(t, eo()), st.open(t, eo())

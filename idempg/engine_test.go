@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
@@ -37,10 +38,10 @@ func newStore(t *testing.T, env string) *store {
 // expireLeases moves the database's clock past every lease taken so far.
 func (st *store) expireLeases() { st.offset.Add(int64(st.opts.Lease + time.Second)) }
 
-func (st *store) open(t *testing.T, eo *idempg.EngineOptions) *idempg.Engine {
+func (st *store) open(t *testing.T, eo *idem.Options) *idempg.Engine {
 	t.Helper()
 	if eo == nil {
-		eo = &idempg.EngineOptions{}
+		eo = &idem.Options{}
 	}
 	eo.PruneInterval = -1
 	e, err := idempg.Open(context.Background(), st.pool, &st.opts, eo)
@@ -148,5 +149,24 @@ func TestDoTxCommitsWithRecord(t *testing.T) {
 				t.Fatalf("b's record: %+v, %v", rec, err)
 			}
 		})
+	}
+}
+
+// TestOpenRefusesBoltOptions: the bbolt file's settings (idem.Options.Bolt)
+// mean nothing on Postgres; Open refuses them with ErrOptions instead of
+// ignoring them, and opens no engine. The engine settings beside them are
+// taken: Retention reaches the state machine.
+func TestOpenRefusesBoltOptions(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	ctx := context.Background()
+	for _, bolt := range []idem.BoltOptions{{NoSync: true}, {ReadOnly: true}, {LockTimeout: time.Second}, {MaxSize: 1 << 20}, {InitialMmapSize: 1 << 20}} {
+		e, err := idempg.Open(ctx, st.pool, &st.opts, &idem.Options{Retention: time.Hour, Bolt: bolt})
+		if !errors.Is(err, idempg.ErrOptions) || e != nil {
+			t.Errorf("Bolt %+v: %v, %v; want ErrOptions and no engine", bolt, e, err)
+		}
+	}
+	e := st.open(t, &idem.Options{Retention: time.Hour})
+	if got := e.Retention(); got != time.Hour {
+		t.Errorf("Retention %v, want 1h", got)
 	}
 }
