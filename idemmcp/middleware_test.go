@@ -810,7 +810,7 @@ func TestResultOverTheEngineLimit(t *testing.T) {
 // there the refusal is true.
 func TestStoreFailureAfterTheToolRanAnswersItsResult(t *testing.T) {
 	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{
-		PruneInterval: -1, MaxResponseSize: 8 << 20, MaxSize: 1 << 20})
+		PruneInterval: -1, MaxResponseSize: 8 << 20, Bolt: idem.BoltOptions{MaxSize: 1 << 20}})
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	var runs atomic.Int32

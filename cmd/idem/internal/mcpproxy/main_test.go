@@ -59,7 +59,7 @@ func proxyMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := &idem.Options{NoSync: true}
+	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}}
 	if os.Getenv("IDEM_TEST_INFLIGHT") == "fail" {
 		opts.InFlight = idem.InFlightFail
 	}
@@ -70,7 +70,7 @@ func proxyMain() int {
 		opts.MaxResponseSize = n
 	}
 	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_MAXSIZE")); err == nil {
-		opts.MaxSize = n
+		opts.Bolt.MaxSize = n
 	}
 	e, err := idem.Open(os.Getenv("IDEM_TEST_DB"), opts)
 	if err != nil {
