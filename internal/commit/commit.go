@@ -25,6 +25,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
 )
 
@@ -348,8 +349,23 @@ func (p *Pipeline) run(batch []*request) {
 			upTo = failed
 			continue
 		}
+		// Failpoints of a commit shared by several callers (only the
+		// committer goroutine runs one): an error before it stands for a
+		// write that failed, after it for an fsync error reported once the
+		// pages reached the file; both fail the pipeline closed.
+		shared := len(group) > 1
+		if shared {
+			if err = fault.Err("commit-shared-before"); err != nil {
+				_ = tx.Rollback()
+			}
+		}
 		t0 := p.observeStart()
-		err = commit(tx)
+		if err == nil {
+			err = commit(tx)
+			if err == nil && shared {
+				err = fault.Err("commit-shared-after")
+			}
+		}
 		p.observe(t0, len(pending), err)
 		tx = nil
 		if err != nil && !errors.Is(err, bolterrors.ErrMaxSizeReached) {
