@@ -768,11 +768,13 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 		r.retryAt = e.now().Add(d.ob.opts.MaxBackoff)
 		return
 	}
+	fault.Point("outbox-before-handler")
 	herr := d.call(h, m)
 	switch {
 	case herr == nil:
 		fault.Point("outbox-after-handler")
 		err := e.pipe.Do(func(tx *bbolt.Tx) error { return outboxBucket(tx).Delete(layout.U64(m.Seq)) })
+		fault.Point("outbox-after-mark")
 		if err != nil {
 			e.log.Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
 			r.retryAt = e.now().Add(e.backoff(1, rand.Float64()))
@@ -785,6 +787,7 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 		// Stopping: the attempt does not count.
 	default:
 		next, removed, err := e.recordFailure(m.Seq, herr)
+		fault.Point("outbox-after-mark")
 		e.observeFailure(m, removed && err == nil)
 		if err != nil {
 			e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)

@@ -8,6 +8,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -79,12 +80,14 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			return total, err
 		}
 		if !s.kept {
+			fault.Point("prune-before-drop")
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
 				if err := rootBucket(tx).DeleteBucket(s.sl.Name()); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 					return err
 				}
 				return nil
 			})
+			fault.Point("prune-after-drop")
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}
@@ -99,6 +102,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			}
 			batch := s.dead[:min(pruneBatch, len(s.dead))]
 			s.dead = s.dead[len(batch):]
+			fault.Point("prune-before-drop")
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
 				b := rootBucket(tx).Bucket(s.sl.Name())
 				if b == nil {
@@ -111,6 +115,7 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 				}
 				return nil
 			})
+			fault.Point("prune-after-drop")
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}

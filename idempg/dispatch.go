@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/fault"
 )
 
 // maxLastErrLen is the most bytes of a handler's error kept with a message.
@@ -202,10 +203,14 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 	hm := *m
 	hm.Attempt = m.Failures + 1
 	hm.DownstreamKey = idem.DownstreamKey(m.Key, m.Index)
+	fault.Point("outbox-before-handler")
 	herr := callHandler(ctx, h, hm)
 	switch {
 	case herr == nil:
-		if err := e.b.Delivered(wctx, m); err != nil && !errors.Is(err, core.ErrMessageNotFound) {
+		fault.Point("outbox-after-handler")
+		err := e.b.Delivered(wctx, m)
+		fault.Point("outbox-after-mark")
+		if err != nil && !errors.Is(err, core.ErrMessageNotFound) {
 			e.log().Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	case ctx.Err() != nil:
@@ -224,7 +229,9 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 		} else {
 			m.NextAttemptAt = now.Add(e.backoff(m.Failures, rand.Float64()))
 		}
-		if err := e.b.Failed(wctx, m); err != nil && !errors.Is(err, core.ErrMessageNotFound) {
+		err := e.b.Failed(wctx, m)
+		fault.Point("outbox-after-mark")
+		if err != nil && !errors.Is(err, core.ErrMessageNotFound) {
 			e.log().Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	}
