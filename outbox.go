@@ -768,13 +768,21 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 		r.retryAt = e.now().Add(d.ob.opts.MaxBackoff)
 		return
 	}
-	fault.Point("outbox-before-handler")
-	herr := d.call(h, m)
+	// An error at a point before or after the handler counts as a failed
+	// attempt (the handler not called, or its success lost).
+	herr := fault.Err("outbox-before-handler")
+	if herr == nil {
+		herr = d.call(h, m)
+		if herr == nil {
+			herr = fault.Err("outbox-after-handler")
+		}
+	}
 	switch {
 	case herr == nil:
-		fault.Point("outbox-after-handler")
 		err := e.pipe.Do(func(tx *bbolt.Tx) error { return outboxBucket(tx).Delete(layout.U64(m.Seq)) })
-		fault.Point("outbox-after-mark")
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
 		if err != nil {
 			e.log.Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
 			r.retryAt = e.now().Add(e.backoff(1, rand.Float64()))
@@ -787,7 +795,9 @@ func (d *dispatcher) deliver(h Handler, m Message) {
 		// Stopping: the attempt does not count.
 	default:
 		next, removed, err := e.recordFailure(m.Seq, herr)
-		fault.Point("outbox-after-mark")
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
 		e.observeFailure(m, removed && err == nil)
 		if err != nil {
 			e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)

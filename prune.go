@@ -80,14 +80,18 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			return total, err
 		}
 		if !s.kept {
-			fault.Point("prune-before-drop")
+			if err := fault.Err("prune-before-drop"); err != nil {
+				return total, e.writeErr("prune", "", err) // as a failed drop
+			}
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
 				if err := rootBucket(tx).DeleteBucket(s.sl.Name()); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 					return err
 				}
 				return nil
 			})
-			fault.Point("prune-after-drop")
+			if err == nil {
+				err = fault.Err("prune-after-drop") // as a drop whose answer was lost
+			}
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}
@@ -102,7 +106,9 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 			}
 			batch := s.dead[:min(pruneBatch, len(s.dead))]
 			s.dead = s.dead[len(batch):]
-			fault.Point("prune-before-drop")
+			if err := fault.Err("prune-before-drop"); err != nil {
+				return total, e.writeErr("prune", "", err) // as a failed drop
+			}
 			err := e.pipe.Do(func(tx *bbolt.Tx) error {
 				b := rootBucket(tx).Bucket(s.sl.Name())
 				if b == nil {
@@ -115,7 +121,9 @@ func (e *Engine) prune(ctx context.Context) (int, error) {
 				}
 				return nil
 			})
-			fault.Point("prune-after-drop")
+			if err == nil {
+				err = fault.Err("prune-after-drop") // as a drop whose answer was lost
+			}
 			if err != nil {
 				return total, e.writeErr("prune", "", err)
 			}

@@ -203,13 +203,21 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 	hm := *m
 	hm.Attempt = m.Failures + 1
 	hm.DownstreamKey = idem.DownstreamKey(m.Key, m.Index)
-	fault.Point("outbox-before-handler")
-	herr := callHandler(ctx, h, hm)
+	// An error at a point before or after the handler counts as a failed
+	// attempt (the handler not called, or its success lost).
+	herr := fault.Err("outbox-before-handler")
+	if herr == nil {
+		herr = callHandler(ctx, h, hm)
+		if herr == nil {
+			herr = fault.Err("outbox-after-handler")
+		}
+	}
 	switch {
 	case herr == nil:
-		fault.Point("outbox-after-handler")
 		err := e.b.Delivered(wctx, m)
-		fault.Point("outbox-after-mark")
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
 		if err != nil && !errors.Is(err, core.ErrMessageNotFound) {
 			e.log().Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
@@ -230,7 +238,9 @@ func (e *Engine) deliver(ctx context.Context, m *core.Message) {
 			m.NextAttemptAt = now.Add(e.backoff(m.Failures, rand.Float64()))
 		}
 		err := e.b.Failed(wctx, m)
-		fault.Point("outbox-after-mark")
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
 		if err != nil && !errors.Is(err, core.ErrMessageNotFound) {
 			e.log().Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}

@@ -209,6 +209,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("process", s.process)
+	t.Run("crash matrix", s.matrix)
 	t.Run("logs", s.logs)
 }
 
