@@ -492,11 +492,10 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	clk.now = matrixNow
 	e = s.open(t, store, s.matrixOptions(r, clk.Now))
 	doKeys, txKeys := r.keys()
-	final := map[string]report{}
+	ev := evidence{Policy: r.Policy, DoKeys: doKeys, TxKeys: txKeys, Before: before, Final: map[string]report{}}
 	var fmu sync.Mutex
 	var wg sync.WaitGroup
 	keys := append(append([]string(nil), doKeys...), txKeys...)
-	errs := make(chan error, len(keys))
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
@@ -510,91 +509,163 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 				} else {
 					res, err = e.DoTx(bg, key, fp, s.txFn(key))
 				}
-				rep := answerOf(key, res, err)
-				if !rep.Ans && !(r.Policy == idem.RecoverRefuse && errors.Is(err, idem.ErrIncomplete)) {
-					errs <- fmt.Errorf("retry of %s after the fault: %v", key, err)
-				}
 				fmu.Lock()
-				final[key] = rep
+				ev.Final[key] = answerOf(key, res, err)
 				fmu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
+	var err error
+	if ev.Ledger, err = readLines(r.doLedger()); err != nil {
+		t.Fatal(err)
 	}
+	if ev.Effects, err = s.h.Effects(e); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the delivery of every committed message (a DoTx answered
+	// without an error), advancing the clock past the backoffs, until
+	// nothing is pending; then check what was delivered.
+	want := map[string]bool{}
+	for _, key := range txKeys {
+		if f := ev.Final[key]; f.success() {
+			want[key] = true
+		}
+	}
+	eventually(t, "the delivery of every committed message", func() { clk.Advance(50 * time.Millisecond) }, func() bool {
+		lines, err := readLines(r.deliveryLedger())
+		if err != nil {
+			return false
+		}
+		got := map[string]bool{}
+		for _, l := range lines {
+			payload, _, _ := strings.Cut(l, " ")
+			got[payload] = true
+		}
+		for key := range want {
+			if !got[key] {
+				return false
+			}
+		}
+		return len(messages(t, e)) == 0
+	})
+	if ev.Deliveries, err = readLines(r.deliveryLedger()); err != nil {
+		t.Fatal(err)
+	}
+	ev.Pending = len(messages(t, e))
+	if err := e.Close(); err != nil {
+		t.Errorf("close: %v", err)
+	}
+	for _, v := range ev.check(st) {
+		t.Error(v)
+	}
+	if s.h.Check != nil {
+		s.h.Check(t, store)
+	}
+}
+
+// evidence is what a run of a cell leaves, for its check: the answers the
+// child got, the parent's retries, the Do ledger, the DoTx effect rows, the
+// deliveries and what is left in the outbox.
+type evidence struct {
+	Policy         idem.RecoveryPolicy
+	DoKeys, TxKeys []string
+	Before         map[string][]report // the child's answers, by key
+	Final          map[string]report   // the parent's retry of every key
+	Ledger         []string            // Do's executions: "key attempt recovered"
+	Effects        map[string]string   // DoTx's effect rows: "key#nonce"
+	Deliveries     []string            // "payload downstreamKey"
+	Pending        int                 // messages left in the outbox
+}
+
+// success reports whether a call's answer is fn's success (no error).
+func (a report) success() bool { return a.Ans && a.Code == "" && a.Msg == "" }
+
+// check returns every broken promise the evidence shows, and counts the
+// run's figures into st:
+//   - every retry ends with an answer (under RecoverRefuse, ErrIncomplete for
+//     an interrupted Do);
+//   - every answer the child got is the answer after the fault, replayed;
+//   - Do's fn ran again only where the record was started and the policy
+//     allowed it: every execution after a key's first saw Recovered with a
+//     higher attempt, none under RecoverRefuse; the stored answer is the last
+//     execution's attempt; no answer without an execution;
+//   - DoTx: one effect row for a success, none for a declined call;
+//   - the outbox: every committed message delivered with its downstream key,
+//     none of a DoTx that did not commit, nothing left pending.
+func (ev evidence) check(st *cellStats) []string {
+	var bad []string
+	badf := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
+	keys := append(append([]string(nil), ev.DoKeys...), ev.TxKeys...)
 	for _, key := range keys {
-		f := final[key]
+		f, ok := ev.Final[key]
+		switch {
+		case !ok:
+			badf("%s: not retried after the fault", key)
+			continue
+		case !f.Ans && !(ev.Policy == idem.RecoverRefuse && strings.HasPrefix(key, "do-") && strings.Contains(f.Err, idem.ErrIncomplete.Error())):
+			badf("%s: the retry after the fault failed: %s", key, f.Err)
+		}
 		if f.Ans && !f.Rep {
 			st.Retried++
 		}
-		for _, a := range before[key] {
-			if !a.same(f) || (f.Ans && !f.Rep) {
+		for _, a := range ev.Before[key] {
+			if !a.same(f) || !f.Rep {
 				st.LostAnswers++
-				t.Errorf("%s: the child was answered %+v, after the fault the answer is %+v", key, a, f)
+				badf("%s: the child was answered %+v, after the fault the answer is %+v", key, a, f)
 			}
 		}
 	}
 
-	// Do: a second execution only where the record was started and the
-	// policy allowed it, each seeing Recovered; the stored answer is the
-	// last execution's.
-	lines, err := readLines(r.doLedger())
-	if err != nil {
-		t.Fatal(err)
-	}
-	execs := map[string][]string{}
-	for _, l := range lines {
-		f := strings.Fields(l)
-		if len(f) != 3 {
-			t.Fatalf("ledger line %q", l)
+	execs := map[string][][2]int{} // attempt, recovered (1) by key
+	for _, l := range ev.Ledger {
+		var key string
+		var att int
+		var rec bool
+		if n, _ := fmt.Sscanf(l, "%s %d %t", &key, &att, &rec); n != 3 {
+			badf("ledger line %q", l)
+			continue
 		}
-		execs[f[0]] = append(execs[f[0]], f[1]+" "+f[2])
+		x := [2]int{att, 0}
+		if rec {
+			x[1] = 1
+		}
+		execs[key] = append(execs[key], x)
 	}
-	for _, key := range doKeys {
-		ex := execs[key]
+	for _, key := range ev.DoKeys {
+		ex, f := execs[key], ev.Final[key]
 		for i, x := range ex {
-			var att int
-			var rec bool
-			fmt.Sscanf(x, "%d %t", &att, &rec)
-			if i == 0 && rec && r.Policy == idem.RecoverRefuse {
-				t.Errorf("%s: executed with Recovered under RecoverRefuse: %v", key, ex)
+			switch {
+			case i == 0 && x[1] == 1 && ev.Policy == idem.RecoverRefuse:
+				badf("%s: executed with Recovered under RecoverRefuse: %v", key, ex)
+			case i > 0 && ev.Policy == idem.RecoverRefuse:
+				badf("%s: executed %d times under RecoverRefuse: %v", key, len(ex), ex)
+			case i > 0 && x[1] == 0:
+				badf("%s: executed again without Recovered: %v", key, ex)
+			case i > 0 && x[0] <= ex[i-1][0]:
+				badf("%s: an execution repeats an attempt number: %v", key, ex)
 			}
 			if i > 0 {
-				if r.Policy == idem.RecoverRefuse {
-					t.Errorf("%s: executed %d times under RecoverRefuse: %v", key, len(ex), ex)
-				}
-				if !rec {
-					t.Errorf("%s: executed again without Recovered: %v", key, ex)
-				}
 				st.Recovered++
 			}
-			if f := final[key]; i == len(ex)-1 && f.Ans && att != f.Att {
-				t.Errorf("%s: the last execution was attempt %d, the stored answer is attempt %d (%v)", key, att, f.Att, ex)
-			}
 		}
-		if f := final[key]; f.Ans && len(ex) == 0 {
-			t.Errorf("%s: answered %+v, but fn never ran", key, f)
+		switch {
+		case f.Ans && len(ex) == 0:
+			badf("%s: answered %+v, but fn never ran", key, f)
+		case f.Ans && ex[len(ex)-1][0] != f.Att:
+			badf("%s: the last execution was attempt %d, the stored answer is attempt %d (%v)", key, ex[len(ex)-1][0], f.Att, ex)
 		}
 	}
 
-	// DoTx: each effect once, and only with its done record.
-	effects, err := s.h.Effects(e)
-	if err != nil {
-		t.Fatal(err)
-	}
 	rows := map[string]int{}
-	for k := range effects {
+	for k := range ev.Effects {
 		key, _, _ := strings.Cut(k, "#")
 		rows[key]++
 	}
-	want := map[string]bool{} // DoTx keys whose effect and message committed
-	for _, key := range txKeys {
-		f := final[key]
-		n := 0
-		if f.Ans && f.Code == "" && f.Msg == "" {
+	want := map[string]bool{}
+	for _, key := range ev.TxKeys {
+		f, n := ev.Final[key], 0
+		if f.success() {
 			n = 1
 			want[key] = true
 		}
@@ -602,46 +673,34 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 			if rows[key] > 1 {
 				st.DupEffects++
 			}
-			t.Errorf("%s: %d effect rows with the outcome %+v, want %d", key, rows[key], f, n)
+			badf("%s: %d effect rows with the outcome %+v, want %d", key, rows[key], f, n)
 		}
 	}
 
-	// The outbox: every committed message delivered, none that did not
-	// commit; nothing left pending.
 	delivered := map[string]int{}
-	eventually(t, "the delivery of every committed message", func() { clk.Advance(50 * time.Millisecond) }, func() bool {
-		lines, err := readLines(r.deliveryLedger())
-		if err != nil {
-			return false
+	for _, l := range ev.Deliveries {
+		payload, dk, _ := strings.Cut(l, " ")
+		if dk != idem.DownstreamKey(payload, 0) {
+			badf("the message of %s was delivered with the downstream key %q", payload, dk)
 		}
-		clear(delivered)
-		for _, l := range lines {
-			payload, dk, _ := strings.Cut(l, " ")
-			if dk != idem.DownstreamKey(payload, 0) {
-				t.Errorf("message of %s delivered with downstream key %q", payload, dk)
-			}
-			delivered[payload]++
+		delivered[payload]++
+	}
+	for _, key := range ev.TxKeys {
+		if want[key] && delivered[key] == 0 {
+			badf("the message of %s was lost: its DoTx committed, it was never delivered", key)
 		}
-		for key := range want {
-			if delivered[key] == 0 {
-				return false
-			}
-		}
-		return len(messages(t, e)) == 0
-	})
+	}
 	for key, n := range delivered {
 		if !want[key] {
-			t.Errorf("a message of %s was delivered, but its DoTx did not commit", key)
+			badf("a message of %s was delivered, but its DoTx did not commit", key)
 		}
 		st.Delivered++
 		st.Redelivered += n - 1
 	}
-	if err := e.Close(); err != nil {
-		t.Errorf("close: %v", err)
+	if ev.Pending != 0 {
+		badf("%d messages left in the outbox", ev.Pending)
 	}
-	if s.h.Check != nil {
-		s.h.Check(t, store)
-	}
+	return bad
 }
 
 func contains(xs []string, x string) bool {
