@@ -118,7 +118,8 @@ func TestMatrixCheckRejectsBrokenPromises(t *testing.T) {
 }
 
 // TestScanPointsFindsEveryMarkedPoint: the scan finds the points of
-// internal/core by name and refuses a point whose name is not a literal.
+// internal/core by name and refuses a point whose name is not a literal, and
+// one marked with fault.Point (the error action could not run there).
 func TestScanPointsFindsEveryMarkedPoint(t *testing.T) {
 	dirs, err := suiteDirs()
 	if err != nil {
@@ -142,7 +143,39 @@ func TestScanPointsFindsEveryMarkedPoint(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "p.go"), []byte(src), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := scanPoints(dir); err == nil || !strings.Contains(err.Error(), "not a string literal") {
+	if _, err := scanPoints(dir); err == nil || !strings.Contains(err.Error(), "p.go:7") {
 		t.Fatalf("a point named by a variable: %v", err)
+	}
+	src = "package p\n\nimport \"github.com/idemkit/idem/internal/fault\"\n\nfunc f() { fault.Point(\"x\") }\n"
+	if err := os.WriteFile(filepath.Join(dir, "p.go"), []byte(src), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := scanPoints(dir); err == nil || !strings.Contains(err.Error(), "fault.Point") {
+		t.Fatalf("a point that cannot fail: %v", err)
+	}
+}
+
+// TestEveryFailpointIsInABackendsMatrix: every failpoint in the repository is
+// in a module whose backend runs the crash matrix (the root module's bbolt
+// engine, idempg), or in the state machine and this suite, which both run:
+// a point anywhere else would have no cell.
+func TestEveryFailpointIsInABackendsMatrix(t *testing.T) {
+	dirs, err := suiteDirs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := filepath.Dir(dirs[1])
+	sites, err := scan(repo, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sites) == 0 {
+		t.Fatal("no failpoints in the repository")
+	}
+	for _, s := range sites {
+		mod := moduleDir(filepath.Dir(filepath.Join(repo, s.File)))
+		if mod != repo && mod != filepath.Join(repo, "idempg") {
+			t.Errorf("%s (%s:%d) is in the module at %s, whose tests do not run the crash matrix", s.Name, s.File, s.Line, mod)
+		}
 	}
 }

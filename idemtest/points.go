@@ -16,10 +16,11 @@ import (
 )
 
 // The crash matrix is generated from the failpoints in the code: every call
-// fault.Point("name") or fault.Err("name") in the Go files (tests and
+// fault.Err("name") in the Go files (tests and
 // testdata excepted) of the state machine (internal/core), of this suite, and
 // of the module the backend's test runs in. A point's name must be a string
-// literal, so that the scan sees it.
+// literal, so that the scan sees it, and a point must be able to fail
+// (fault.Err, not fault.Point), since the matrix runs the error action there.
 
 // pointSite is where a failpoint is marked.
 type pointSite struct {
@@ -85,9 +86,12 @@ func backendPoints() (map[string]pointSite, error) {
 
 // scanPoints parses the Go files under root (not _test.go files, not under
 // testdata, hidden directories or another module's root) and returns every
-// fault.Point and fault.Err call's point, by file and line. A call whose
-// name is not a string literal is an error.
-func scanPoints(root string) ([]pointSite, error) {
+// fault.Err call's point, by file and line. A call whose name is not a
+// string literal is an error, and so is fault.Point, which cannot fail.
+func scanPoints(root string) ([]pointSite, error) { return scan(root, false) }
+
+// scan is scanPoints; with modules set it also walks into other modules.
+func scan(root string, modules bool) ([]pointSite, error) {
 	var sites []pointSite
 	var bad []string
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -99,7 +103,7 @@ func scanPoints(root string) ([]pointSite, error) {
 			if path != root && (name == "testdata" || strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_")) {
 				return filepath.SkipDir
 			}
-			if path != root {
+			if path != root && !modules {
 				if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
 					return filepath.SkipDir // another module
 				}
@@ -128,6 +132,12 @@ func scanPoints(root string) ([]pointSite, error) {
 				return true
 			}
 			pos := fset.Position(c.Pos())
+			if sel.Sel.Name == "Point" {
+				// The matrix runs the error action at every point: a
+				// Point cannot return one.
+				bad = append(bad, fmt.Sprintf("%s:%d (fault.Point: mark it with fault.Err and give the error its step's failure path)", rel, pos.Line))
+				return true
+			}
 			if len(c.Args) == 1 {
 				if lit, ok := c.Args[0].(*ast.BasicLit); ok && lit.Kind == token.STRING {
 					if name, err := strconv.Unquote(lit.Value); err == nil && name != "" {
@@ -145,7 +155,7 @@ func scanPoints(root string) ([]pointSite, error) {
 		return nil, err
 	}
 	if len(bad) > 0 {
-		return nil, fmt.Errorf("idemtest: failpoints whose name is not a string literal (the crash matrix cannot see them): %s", strings.Join(bad, ", "))
+		return nil, fmt.Errorf("idemtest: failpoints the crash matrix cannot run (a name that is not a string literal, or fault.Point): %s", strings.Join(bad, ", "))
 	}
 	sort.Slice(sites, func(i, j int) bool { return sites[i].Name < sites[j].Name })
 	return sites, nil
