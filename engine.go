@@ -27,19 +27,10 @@ type Engine struct {
 	db   *bbolt.DB
 	opts Options
 	st   store
-	ob   *outbox
 	pipe *commit.Pipeline
 	log  *slog.Logger
 
-	// ctx is cancelled by Close: the dispatcher and the pruner end with it
-	// (fn's contexts end with the core's Stop).
-	ctx    context.Context
-	cancel context.CancelFunc
-
-	bg       sync.WaitGroup // pruner, dispatcher
-	stopBg   chan struct{}
 	closing  sync.Once
-	pruneMu  sync.Mutex // one prune at a time
 	shutDone chan struct{}
 	closeErr error
 
@@ -127,49 +118,33 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		opts:     o,
 		st:       store{width: o.Retention, refuse: o.Recovery == RecoverRefuse},
 		log:      o.Logger,
-		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
 	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.ReadOnly}
+	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.ReadOnly, ix: newOutboxIndex()}
 	e.pipe = commit.New(db, e.b.committed)
 	e.b.pipe = e.pipe
-	e.b.OnCommit(e.committed)
 	var b core.Backend[*Tx] = e.b
 	if wrap != nil {
 		b = wrap(b)
 	}
-	e.core = core.New(b, core.Options{
-		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
-		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes,
-		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
-		Guard: func() error {
-			if e.reads.holding() {
-				return errInsideRead
-			}
-			// Fail closed after a failed commit (ErrStorageFailed): every
-			// call, replays from the cache too, is refused until a reopen.
-			if err := e.pipe.Failed(); err != nil {
-				return storageErr(err, e.opts.MaxSize)
-			}
-			return nil
-		},
-	})
+	co := o.core()
+	co.Guard = func() error {
+		if e.reads.holding() {
+			return errInsideRead
+		}
+		// Fail closed after a failed commit (ErrStorageFailed): every
+		// call, replays from the cache too, is refused until a reopen.
+		if err := e.pipe.Failed(); err != nil {
+			return storageErr(err, e.opts.MaxSize)
+		}
+		return nil
+	}
+	e.core = core.New(b, co)
 	e.watchCommits()
-	if o.ReadOnly {
-		e.opts.Outbox.Dispatch = false
-	}
-	if err := e.startOutbox(); err != nil {
-		_ = e.Close()
-		return nil, &OpError{Op: "open", Path: path, Err: err}
-	}
-	if o.PruneInterval > 0 && !o.ReadOnly {
-		e.bg.Add(1)
-		go e.pruneLoop(o.PruneInterval)
-	}
+	e.core.Start()
 	return e, nil
 }
 
@@ -274,11 +249,8 @@ func (e *Engine) Close() error { return e.Shutdown(context.Background()) }
 func (e *Engine) Shutdown(ctx context.Context) error {
 	e.closing.Do(func() {
 		e.core.Stop()
-		e.cancel()
 		go func() {
-			e.core.Wait()
-			close(e.stopBg)
-			e.bg.Wait()
+			e.core.Wait() // the calls, the pruner and the dispatcher
 			e.closeErr = e.b.Close()
 			close(e.shutDone)
 		}()

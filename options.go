@@ -165,3 +165,14 @@ type Options struct {
 // clock). The type is the state machine's (internal/core), shared by every
 // backend.
 type Result = core.Result
+
+// core returns the engine settings of o as the state machine takes them, for
+// every backend (idempg reaches it through internal/bridge).
+func (o *Options) core() core.Options {
+	return core.Options{
+		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
+		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes,
+		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
+		PruneInterval: o.PruneInterval, Outbox: core.OutboxOptions(o.Outbox),
+	}
+}

@@ -52,16 +52,8 @@ type EngineOptions struct {
 // engine, over records that several processes share. It is safe for
 // concurrent use.
 type Engine struct {
-	c   *core.Engine[pgx.Tx]
-	b   *backend
-	ob  *outbox
-	lg  *slog.Logger
-	dwg sync.WaitGroup // the dispatcher started by OutboxOptions.Dispatch
-
-	closing   context.Context
-	cancel    context.CancelFunc
-	stopPrune chan struct{}
-	pruneDone chan struct{}
+	c         *core.Engine[pgx.Tx]
+	b         *backend
 	closeOnce sync.Once
 }
 
@@ -105,52 +97,10 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOpti
 	e := &Engine{b: b, c: core.New[pgx.Tx](cb, core.Options{
 		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
 		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes, Now: o.Now, Logger: o.Logger,
+		PruneInterval: o.PruneInterval, Outbox: core.OutboxOptions(o.Outbox),
 	})}
-	e.closing, e.cancel = context.WithCancel(context.Background())
-	e.lg = o.Logger
-	if e.lg == nil {
-		e.lg = slog.New(slog.DiscardHandler)
-	}
-	e.ob = newOutbox(o.Outbox)
-	b.OnCommit(e.ob.poke)
-	if o.Outbox.Dispatch {
-		e.dwg.Go(func() { _ = e.Dispatch(e.closing) })
-	}
-	if o.PruneInterval >= 0 {
-		e.stopPrune, e.pruneDone = make(chan struct{}), make(chan struct{})
-		go e.pruner(max(o.PruneInterval, 0))
-	}
+	e.c.Start()
 	return e, nil
-}
-
-func (e *Engine) log() *slog.Logger { return e.lg }
-
-// pruneCtx ends when Close begins, so that a running prune stops between
-// batches.
-func (e *Engine) pruneCtx() context.Context { return e.closing }
-
-// pruner prunes every interval until Close.
-func (e *Engine) pruner(every time.Duration) {
-	defer close(e.pruneDone)
-	if every == 0 {
-		every = idem.DefaultPruneInterval
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.stopPrune:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithCancel(context.Background())
-			stop := context.AfterFunc(e.pruneCtx(), cancel)
-			_, _ = e.c.Prune(ctx)
-			now := e.c.Now()
-			_, _ = e.b.PruneDead(ctx, func(m *core.Message) bool { return !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) }, e.b.s.PruneBatch)
-			stop()
-			cancel()
-		}
-	}
 }
 
 // Do runs fn once per idempotency key across every process that shares the
@@ -209,14 +159,8 @@ func (e *Engine) Prune(ctx context.Context) (int, error) { return e.c.Prune(ctx)
 // idempotent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
-		e.cancel()
 		e.c.Stop()
-		e.c.Wait()
-		e.dwg.Wait()
-		if e.stopPrune != nil {
-			close(e.stopPrune)
-			<-e.pruneDone
-		}
+		e.c.Wait() // the calls, the pruner and the dispatchers
 		_ = e.b.Close()
 	})
 	return nil
