@@ -179,3 +179,41 @@ func TestEveryFailpointIsInABackendsMatrix(t *testing.T) {
 		}
 	}
 }
+
+// TestRobustnessListsEveryFailpoint: ROBUSTNESS.md's table of the matrix's
+// points has a row for every failpoint of the repository, and none for a
+// point the code no longer has.
+func TestRobustnessListsEveryFailpoint(t *testing.T) {
+	dirs, err := suiteDirs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	repo := filepath.Dir(dirs[1])
+	doc, err := os.ReadFile(filepath.Join(repo, "ROBUSTNESS.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sites, err := scan(repo, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inCode := map[string]bool{}
+	for _, s := range sites {
+		if inCode[s.Name] {
+			continue
+		}
+		inCode[s.Name] = true
+		if !strings.Contains(string(doc), "| `"+s.Name+"` |") {
+			t.Errorf("ROBUSTNESS.md's table of points has no row for %s (%s:%d)", s.Name, s.File, s.Line)
+		}
+	}
+	section, _, _ := strings.Cut(string(doc)[strings.Index(string(doc), "## The crash matrix"):], "\nOne run of a cell")
+	for _, line := range strings.Split(section, "\n") {
+		if name, ok := strings.CutPrefix(line, "| `"); ok {
+			name, _, _ = strings.Cut(name, "`")
+			if !inCode[name] {
+				t.Errorf("ROBUSTNESS.md lists the point %s, which the code does not have", name)
+			}
+		}
+	}
+}
