@@ -194,7 +194,7 @@ func (b *boltBackend) committed() {
 // what did.
 func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (core.Due, error) {
 	if err := b.pipe.Failed(); err != nil {
-		return core.Due{}, storageErr(err, b.e.opts.MaxSize)
+		return core.Due{}, storageErr(err, b.e.opts.Bolt.MaxSize)
 	}
 	ix := b.ix
 	ix.mu.Lock()
@@ -432,7 +432,7 @@ func (b *boltBackend) Close() error {
 
 // write runs fn in the commit pipeline; its errors are mapped by storageErr.
 func (b *boltBackend) write(fn commit.Func) error {
-	return storageErr(b.pipe.Do(fn), b.e.opts.MaxSize)
+	return storageErr(b.pipe.Do(fn), b.e.opts.Bolt.MaxSize)
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,

@@ -111,7 +111,8 @@ func (b *backend) leaseSQL() string {
 
 // Info implements core.Backend.
 func (b *backend) Info() core.Info {
-	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval, ClaimTimeout: b.s.LockTimeout}
+	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
+		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout}
 }
 
 // scanned is one record row as read.

@@ -26,8 +26,8 @@ func (e *Engine) Handle(topic string, h Handler) { e.c.Outbox().Handle(topic, h)
 // together: each claims due heads of ordering keys (FOR UPDATE SKIP LOCKED,
 // then a claim for one Options.Lease), so the messages of one ordering key
 // are delivered one at a time, in enqueue order, at least once. A second
-// Dispatch in one engine fails with idem.ErrDispatcherRunning. On return
-// every handler it started has returned.
+// Dispatch in one engine fails with an error wrapping ErrDispatcherRunning.
+// On return every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error {
 	err := e.c.Outbox().Run(ctx)
 	if errors.Is(err, core.ErrDispatcherRunning) {

@@ -266,6 +266,10 @@ type Info struct {
 	// ReadOnly is set when every write fails (bbolt's read-only open): the
 	// engine starts no pruner and no dispatcher.
 	ReadOnly bool
+	// PruneBatch is the Limit the engine passes to Prune and PruneDead: the
+	// most records, or dead letters, deleted per write transaction. Zero
+	// means PruneBatch (the package's constant).
+	PruneBatch int
 	// ClaimTimeout bounds each ClaimDue, which the dispatcher runs without
 	// its own context's cancellation (a claim that committed but whose
 	// answer was dropped would hold its messages for a lease); zero means

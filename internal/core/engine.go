@@ -173,8 +173,9 @@ func (e *Engine[T]) Counters() *Counters { return &e.n }
 // Backend returns the engine's backend.
 func (e *Engine[T]) Backend() Backend[T] { return e.b }
 
-// Stop refuses new calls (ErrClosed) and cancels the contexts of running
-// fns. Wait then waits for the running calls. Stop is idempotent.
+// Stop refuses new calls (ErrClosed), cancels the contexts of running fns
+// and ends the pruner and the dispatchers (their handlers' contexts too).
+// Wait then waits for all of them. Stop is idempotent.
 func (e *Engine[T]) Stop() {
 	e.mu.Lock()
 	e.closed = true

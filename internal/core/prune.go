@@ -1,12 +1,14 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"time"
 )
 
 // PruneBatch bounds the records a backend deletes per write transaction
-// when the engine prunes, and the dead letters.
+// when the engine prunes, and the dead letters, unless its Info.PruneBatch
+// says otherwise.
 const PruneBatch = 1000
 
 // Expired reports whether r is expired under q: not live at q.Now by the
@@ -45,9 +47,9 @@ func (e *Engine[T]) prune(ctx context.Context) (int, error) {
 			o.Observe(Event{Kind: EventPrune, N: r.Deleted, Duration: time.Since(start)})
 		}(time.Now(), &r)
 	}
-	now := e.now()
+	now, limit := e.now(), cmp.Or(e.info.PruneBatch, PruneBatch)
 	r, err := e.b.Prune(ctx, PruneRequest{Now: now, Retention: e.opts.Retention,
-		KeepStarted: e.opts.Recovery == RecoverRefuse, Limit: PruneBatch})
+		KeepStarted: e.opts.Recovery == RecoverRefuse, Limit: limit})
 	e.n.Pruned.Add(uint64(r.Deleted))
 	if r.Interrupted > 0 {
 		e.log.Warn("idem: pruned interrupted executions past the retention window; their keys run as new, not recovered",
@@ -56,7 +58,7 @@ func (e *Engine[T]) prune(ctx context.Context) (int, error) {
 	if err != nil {
 		return r.Deleted, OpErr("prune", "", err)
 	}
-	n, err := e.b.PruneDead(ctx, func(m *Message) bool { return e.ob.DeadExpired(m, now) }, PruneBatch)
+	n, err := e.b.PruneDead(ctx, func(m *Message) bool { return e.ob.DeadExpired(m, now) }, limit)
 	switch {
 	case err != nil && ctx.Err() == nil:
 		e.log.Warn("idem: pruning dead letters failed", "err", err)
