@@ -402,13 +402,14 @@ func (s *suite[T]) matrix(t *testing.T) {
 		}
 	})
 	var b strings.Builder
-	fmt.Fprintf(&b, "| point | action | runs | killed | died of the panic | went on | answers (before the fault) | Do re-executions, all Recovered | calls finished after | messages delivered (again) | DoTx effects twice | answers lost |\n")
-	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b, "| point | action | runs | not fired | killed | died of the panic | went on | answers (before the fault) | Do re-executions, all Recovered | calls finished after | messages delivered (again) | DoTx effects twice | answers lost |\n")
+	fmt.Fprintf(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	var total cellStats
 	for _, c := range table {
-		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d (%d) | %d | %d | %d (%d) | %d | %d |\n", c.Point, c.Action, c.Runs,
+		fmt.Fprintf(&b, "| %s | %s | %d | %d | %d | %d | %d | %d (%d) | %d | %d | %d (%d) | %d | %d |\n", c.Point, c.Action, c.Runs, c.Unfired,
 			c.Killed, c.Died, c.Exited, c.Answers, c.BeforeFault, c.Recovered, c.Retried, c.Delivered, c.Redelivered, c.DupEffects, c.LostAnswers)
 		total.Runs += c.Runs
+		total.Unfired += c.Unfired
 		total.Killed += c.Killed
 		total.Died += c.Died
 		total.Exited += c.Exited
@@ -424,7 +425,7 @@ func (s *suite[T]) matrix(t *testing.T) {
 			t.Errorf("cell %s=%s has zero runs", c.Point, c.Action)
 		}
 	}
-	fmt.Fprintf(&b, "| **all %d cells** | | %d | %d | %d | %d | %d (%d) | %d | %d | %d (%d) | %d | %d |\n", len(table), total.Runs,
+	fmt.Fprintf(&b, "| **all %d cells** | | %d | %d | %d | %d | %d | %d (%d) | %d | %d | %d (%d) | %d | %d |\n", len(table), total.Runs, total.Unfired,
 		total.Killed, total.Died, total.Exited, total.Answers, total.BeforeFault, total.Recovered, total.Retried, total.Delivered, total.Redelivered, total.DupEffects, total.LostAnswers)
 	t.Logf("crash matrix, %d points × %d actions, %d fired runs per cell:\n%s", len(names), len(matrixActions), runs, b.String())
 	if path := os.Getenv(EnvMatrixReport); path != "" {
