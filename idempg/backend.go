@@ -649,7 +649,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		fault.Point("prune-before-drop")
+		if err := fault.Err("prune-before-drop"); err != nil {
+			return res, err // as a failed DELETE
+		}
 		rows, err := b.pool.Query(ctx, b.sql(`DELETE FROM {schema}.idem_records WHERE key IN (
 				SELECT key FROM {schema}.idem_records AS r
 				WHERE expires_ns > 0 AND expires_ns <= $1::bigint AND (NOT $3::boolean OR state = 2)
@@ -660,7 +662,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 			return res, err
 		}
 		states, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-		fault.Point("prune-after-drop")
+		if err == nil {
+			err = fault.Err("prune-after-drop") // as a DELETE whose answer was lost
+		}
 		if err != nil {
 			return res, err
 		}
