@@ -460,8 +460,11 @@ func storageErr(err error, maxSize int) error {
 	// A write's panic is bbolt's on a damaged page (a DoTx fn's own panic
 	// is the core's *PanicError, re-raised in its caller): the transaction
 	// rolled back, the file is as it was.
+	// (A failpoint's injected panic stays what it is.)
 	if pe, ok := errors.AsType[*commit.PanicError](err); ok {
-		return damaged(pe.Value)
+		if _, injected := pe.Value.(*fault.Panic); !injected {
+			return damaged(pe.Value)
+		}
 	}
 	return err
 }
