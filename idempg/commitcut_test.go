@@ -162,10 +162,11 @@ func TestDoTxCommitCut(t *testing.T) {
 
 // TestDoCompleteCut cuts the connection of Do's done record (its UPDATE and
 // the implicit COMMIT of its batch, sent together) in the ways
-// TestAmbiguousCommitReadBack does not: forwarded and closed at once (with
-// pgx's cancel requests dropped the server runs it, and the call answers
-// fn's response, the stored one; with them the write may be cancelled), and
-// held back until after the engine's read back (the write arrives late). A
+// TestAmbiguousCommitReadBack does not: forwarded and closed at once (the
+// server may run it, and the call answers fn's response, the stored one; or
+// the close resets the connection first, or pgx's cancel request cancels
+// it: an unknown outcome), and held back until after the engine's read back
+// (the write arrives late). A
 // late write cannot be seen by any read before it arrives: the read back
 // finds the record still started with this claim's token, and the call
 // fails with the connection's error, an unknown outcome, never ErrFenced.
@@ -182,8 +183,9 @@ func TestDoCompleteCut(t *testing.T) {
 		dropCancels bool
 		want        string
 	}{
-		{"cut at once", (*pgtest.Proxy).CutAtOnce, true, committed},
-		{"cut at once, cancel request sent", (*pgtest.Proxy).CutAtOnce, false, either},
+		// The proxy's close may reset the server's side before it read
+		// the whole batch: the write may or may not run.
+		{"cut at once", (*pgtest.Proxy).CutAtOnce, false, either},
 		{"write arrives late", (*pgtest.Proxy).CutDelayed, true, either},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
