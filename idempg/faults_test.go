@@ -15,12 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // faultPool opens a pool on dsn for the fault tests; pollOnly for PgBouncer
@@ -75,11 +77,13 @@ func faultSchema(t *testing.T, pool *pgxpool.Pool, name string) {
 // faultLog records, per key, every execution of fn (its Call) and every
 // call's answer or error.
 type faultLog struct {
+	clock   atomic.Int64 // orders the calls' starts and ends, for porcupine
 	mu      sync.Mutex
 	tx      map[string]bool // the key's calls are DoTx
 	runs    map[string][]core.Call
 	answers map[string][]string
 	errs    map[string][]error
+	history []porcupine.Operation
 }
 
 func newFaultLog() *faultLog {
@@ -93,6 +97,7 @@ func (l *faultLog) call(e *idempg.Engine, schema, key string, tx bool, hold <-ch
 	l.mu.Lock()
 	l.tx[key] = tx
 	l.mu.Unlock()
+	var returned string // the response fn returned, if it did
 	ran := func(ctx context.Context) []byte {
 		c, _ := core.CallFrom(ctx)
 		l.mu.Lock()
@@ -113,6 +118,7 @@ func (l *faultLog) call(e *idempg.Engine, schema, key string, tx bool, hold <-ch
 		err error
 		ctx = context.Background()
 	)
+	begin := l.clock.Add(1)
 	if tx {
 		res, err = e.DoTx(ctx, key, []byte("fp"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 			resp := ran(ctx)
@@ -120,14 +126,24 @@ func (l *faultLog) call(e *idempg.Engine, schema, key string, tx bool, hold <-ch
 				return nil, err
 			}
 			block()
+			returned = string(resp)
 			return resp, nil
 		})
 	} else {
 		res, err = e.Do(ctx, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
 			resp := ran(ctx)
 			block()
+			returned = string(resp)
 			return resp, nil
 		})
+	}
+	end := l.clock.Add(1)
+	in := testkit.HistIn{Key: key, Op: "exec", Resp: string(res.Response)}
+	switch {
+	case err != nil:
+		in.Op, in.Resp = "unknown", returned
+	case res.Replayed:
+		in.Op = "replay"
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -136,12 +152,13 @@ func (l *faultLog) call(e *idempg.Engine, schema, key string, tx bool, hold <-ch
 	} else {
 		l.answers[key] = append(l.answers[key], string(res.Response))
 	}
+	l.history = append(l.history, porcupine.Operation{Input: in, Call: begin, Return: end})
 	return err
 }
 
 // faultStats are the figures of one run through a fault.
 type faultStats struct {
-	keys, calls, errors, answeredBefore, reexecuted int
+	keys, calls, errors, answeredBefore, reexecuted, history int
 }
 
 // throughFault runs Do and DoTx traffic on engine e (opened by open on
@@ -153,7 +170,8 @@ type faultStats struct {
 // engine reads it back as the key's done record; a Do fn ran a second time
 // only as a recovery (Recovered, the next attempt); every DoTx key's effect
 // committed exactly once; every in-flight DoTx failed (the server rolled its
-// transaction back).
+// transaction back); and the history of every call, with its start and end,
+// is linearizable per key against testkit.ContractModel (porcupine).
 func throughFault(t *testing.T, e *idempg.Engine, open func() *idempg.Engine, schema string, check *pgxpool.Pool, fault func()) faultStats {
 	t.Helper()
 	l := newFaultLog()
@@ -316,6 +334,16 @@ func throughFault(t *testing.T, e *idempg.Engine, open func() *idempg.Engine, sc
 	if st.errors == 0 {
 		t.Error("no call failed: the fault did not reach the calls")
 	}
+	// The whole history, per key, against the contract's model: every
+	// failed call an unknown outcome (it took effect or not), no double
+	// execution, no wrong replay.
+	for i := range l.history {
+		l.history[i].ClientId = i // every call is a client of its own
+	}
+	if res := porcupine.CheckOperationsTimeout(testkit.ContractModel, l.history, time.Minute); res != porcupine.Ok {
+		t.Errorf("the history of %d calls through the fault is not linearizable against the contract: %v", len(l.history), res)
+	}
+	st.history = len(l.history)
 	return st
 }
 
@@ -335,8 +363,8 @@ func TestServerRestartMidTransaction(t *testing.T) {
 			st := throughFault(t, e, func() *idempg.Engine {
 				return faultEngine(t, faultPool(t, c.DSN(), false), schema, false)
 			}, schema, pool, func() { c.Restart(mode) })
-			t.Logf("restart -m %s: %d keys, %d calls, %d failed and were retried, %d answered before it, %d Do keys re-executed (all recovered)",
-				mode, st.keys, st.calls, st.errors, st.answeredBefore, st.reexecuted)
+			t.Logf("restart -m %s: %d keys, %d calls, %d failed and were retried, %d answered before it, %d Do keys re-executed (all recovered), %d calls checked with porcupine",
+				mode, st.keys, st.calls, st.errors, st.answeredBefore, st.reexecuted, st.history)
 		})
 	}
 }
@@ -358,6 +386,6 @@ func TestPgBouncerRestart(t *testing.T) {
 		c.KillBouncer()
 		c.StartBouncer()
 	})
-	t.Logf("PgBouncer killed and restarted: %d keys, %d calls, %d failed and were retried, %d answered before it, %d Do keys re-executed (all recovered)",
-		st.keys, st.calls, st.errors, st.answeredBefore, st.reexecuted)
+	t.Logf("PgBouncer killed and restarted: %d keys, %d calls, %d failed and were retried, %d answered before it, %d Do keys re-executed (all recovered), %d calls checked with porcupine",
+		st.keys, st.calls, st.errors, st.answeredBefore, st.reexecuted, st.history)
 }
