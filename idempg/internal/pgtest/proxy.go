@@ -27,7 +27,6 @@ type Proxy struct {
 	held    []byte  // … and those bytes
 
 	dropCancels bool // DropCancelRequests
-	cancels     int  // cancel requests seen
 }
 
 // cutMode is how the proxy cuts the marked connection.
@@ -147,13 +146,6 @@ func (p *Proxy) DropCancelRequests() {
 	p.mu.Unlock()
 }
 
-// CancelRequests returns how many cancel requests clients sent.
-func (p *Proxy) CancelRequests() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.cancels
-}
-
 // Cut returns how many connections the proxy has cut.
 func (p *Proxy) Cut() int {
 	p.mu.Lock()
@@ -194,13 +186,10 @@ func (p *Proxy) serve(c *pconn) {
 			if n > 0 {
 				data := buf[:n]
 				p.mu.Lock()
-				if first && cancelRequest(data) {
-					p.cancels++
-					if p.dropCancels {
-						p.mu.Unlock()
-						closeBoth()
-						return
-					}
+				if first && p.dropCancels && cancelRequest(data) {
+					p.mu.Unlock()
+					closeBoth()
+					return
 				}
 				at := -1
 				if p.marker != nil {
