@@ -59,7 +59,10 @@ const (
 //   - commit arrives late: the client's side is cut while the COMMIT is
 //     held back; it reaches the server only after another connection's
 //     statement (the engine's read back) was answered;
-//   - commit never arrives: the COMMIT is dropped.
+//   - commit never arrives: the COMMIT is dropped;
+//   - commit lost, its connection left open: the COMMIT is dropped and the
+//     server's side kept open, idle in its transaction until the server's
+//     idle-in-transaction timeout ends it.
 //
 // pgx answers a failed read by closing the connection with a cancel
 // request, which may cancel a COMMIT that is running; the late case runs
@@ -83,6 +86,10 @@ func TestDoTxCommitCut(t *testing.T) {
 		{"commit arrives late", (*pgtest.Proxy).CutDelayed, true, committed},
 		{"commit arrives late, cancel request sent", (*pgtest.Proxy).CutDelayed, false, either},
 		{"commit never arrives", (*pgtest.Proxy).CutBefore, false, aborted},
+		// The server connection stays open: the transaction is in
+		// progress until the server's idle-in-transaction timeout (the
+		// store's 2 s lease) aborts it, and the engine waits for that.
+		{"commit lost, its connection left open", (*pgtest.Proxy).CutHeld, true, aborted},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newStore(t, pgtest.Env)

@@ -48,6 +48,10 @@ const (
 	// and answered: a COMMIT that arrives late, after the client gave up
 	// on it and read back.
 	cutDelayed
+	// cutHeld is cutDelayed with the marked bytes never delivered: the
+	// server connection stays open, its transaction idle until the server
+	// ends it.
+	cutHeld
 )
 
 // pconn is one proxied connection.
@@ -128,6 +132,12 @@ func (p *Proxy) CutBefore(marker string) { p.arm(marker, cutBefore) }
 // and had the answer of its execution (CommandComplete or an error): a
 // COMMIT that arrives after the client's read-back.
 func (p *Proxy) CutDelayed(marker string) { p.arm(marker, cutDelayed) }
+
+// CutHeld arms the proxy as CutDelayed does, except that the marked bytes
+// never reach the server: the server connection stays open and idle, its
+// transaction in progress until the server ends it (a COMMIT lost on its
+// way, on a connection the server still believes alive).
+func (p *Proxy) CutHeld(marker string) { p.arm(marker, cutHeld) }
 
 func (p *Proxy) arm(marker string, mode cutMode) {
 	p.mu.Lock()
@@ -211,11 +221,13 @@ func (p *Proxy) serve(c *pconn) {
 					closeBoth()
 					return
 				}
-				if at >= 0 && mode == cutDelayed {
+				if at >= 0 && (mode == cutDelayed || mode == cutHeld) {
 					// Forward what precedes the marked message, hold the
 					// rest, and leave the server side open.
 					start := messageStart(data, at)
-					p.delayed, p.held = c, append([]byte(nil), data[start:]...)
+					if mode == cutDelayed {
+						p.delayed, p.held = c, append([]byte(nil), data[start:]...)
+					}
 					c.detached.Store(true)
 					p.mu.Unlock()
 					if start > 0 {
