@@ -33,6 +33,7 @@ const (
 	envChild  = "IDEMPG_CHILD"
 	envSchema = "IDEMPG_SCHEMA"
 	envKey    = "IDEMPG_KEY"
+	envLease  = "IDEMPG_LEASE" // the child's Lease, if set (default 10 s)
 )
 
 func TestMain(m *testing.M) {
@@ -56,6 +57,9 @@ func childMain(role string) int {
 	}
 	defer pool.Close()
 	opts := &idempg.Options{Schema: os.Getenv(envSchema), Lease: 10 * time.Second, Heartbeat: 9 * time.Second}
+	if d, err := time.ParseDuration(os.Getenv(envLease)); err == nil {
+		opts.Lease, opts.Heartbeat = d, 0 // the lease, and the idle-in-transaction timeout with it
+	}
 	e, err := idempg.Open(ctx, pool, opts, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Println("error", err)
@@ -106,11 +110,12 @@ type child struct {
 }
 
 // startChild starts the test binary as a child in role on st's schema for
-// key, and waits until its fn has started.
-func startChild(t *testing.T, st *store, role, key string) *child {
+// key, with env added to its environment, and waits until its fn has
+// started.
+func startChild(t *testing.T, st *store, role, key string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envChild+"="+role, envSchema+"="+st.opts.Schema, envKey+"="+key)
+	cmd.Env = append(append(os.Environ(), envChild+"="+role, envSchema+"="+st.opts.Schema, envKey+"="+key), env...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -267,5 +272,50 @@ func TestProcessDoTxNoEffectTwice(t *testing.T) {
 	}
 	if n != 1 {
 		t.Fatalf("the effect counted %d times, want once", n)
+	}
+}
+
+// TestProcessStoppedInDoTx: a child process is SIGSTOPped inside a DoTx fn
+// that wrote its effect, its transaction open and holding the key's row.
+// This process's DoTx of the key waits for the row (not taking the key for
+// free, not failing) until the server ends the stopped session
+// (idle_in_transaction_session_timeout, the child's 2 s lease) and rolls
+// its transaction back; then fn runs here, once, as a first execution. The
+// child, resumed, finishes its fn: its DoTx fails (its session is gone),
+// and the effect counts once, this process's.
+func TestProcessStoppedInDoTx(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	ctx := context.Background()
+	if _, err := st.pool.Exec(ctx, "CREATE TABLE "+st.opts.Schema+".effects (key text PRIMARY KEY, n int NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	c := startChild(t, st, "dotx", "k", envLease+"=2s")
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	e := st.open(t, nil)
+	res, err := e.DoTx(ctx, "k", []byte("fp"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		_, err := tx.Exec(ctx, "INSERT INTO "+st.opts.Schema+".effects (key, n) VALUES ('k', 1) ON CONFLICT (key) DO UPDATE SET n = effects.n + 1")
+		return []byte("parent"), err
+	})
+	if err != nil || string(res.Response) != "parent" || res.Replayed || res.Attempt != 1 {
+		t.Fatalf("DoTx while the stopped child held the key: %+v, %v; want a first execution once the server ended the child's session", res, err)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if line := c.next(t); !strings.HasPrefix(line, "error") {
+		t.Fatalf("the resumed child's DoTx: %q, want an error (its transaction was rolled back)", line)
+	}
+	var n int
+	if err := st.pool.QueryRow(ctx, "SELECT n FROM "+st.opts.Schema+".effects WHERE key = 'k'").Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the effect: %d, %v; want once", n, err)
+	}
+	rec, err := e.Get("k")
+	if err != nil || rec.State != core.StateDone || string(rec.Response) != "parent" {
+		t.Fatalf("record: %+v, %v; want this process's outcome", rec, err)
 	}
 }

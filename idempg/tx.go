@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -32,6 +33,9 @@ func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (
 	if err := b.limit(ctx, tx); err != nil {
 		return err
 	}
+	// xid is the transaction's id (txid_current), by which an ambiguous
+	// COMMIT is resolved (commitOutcome).
+	var xid int64
 	token := c.Token
 	if token == 0 {
 		var fence int64
@@ -41,7 +45,7 @@ func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (
 			ON CONFLICT (key) DO UPDATE SET state = 1, fence = EXCLUDED.fence, owner = EXCLUDED.owner,
 				lease_until = EXCLUDED.lease_until, response = NULL, has_error = false
 			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "$5::bigint", "$3::text")+`
-			RETURNING fence`), b.s.args(c.Key, int64(c.Fingerprint), b.owner, int64(b.s.retention), toNs(b.s.engineNow()))...).Scan(&fence)
+			RETURNING fence, txid_current()`), b.s.args(c.Key, int64(c.Fingerprint), b.owner, int64(b.s.retention), toNs(b.s.engineNow()))...).Scan(&fence, &xid)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 			return core.ErrClaimTaken
@@ -51,6 +55,8 @@ func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (
 			return err
 		}
 		token = core.Fence(fence)
+	} else if err := tx.QueryRow(ctx, `SELECT txid_current()`, b.s.args()...).Scan(&xid); err != nil {
+		return err
 	}
 	if _, err := tx.Exec(ctx, "SAVEPOINT idem_fn"); err != nil {
 		return err
@@ -73,12 +79,50 @@ func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (
 	}
 	err = tx.Commit(ctx)
 	if err != nil && ambiguous(err) {
-		err = b.readBack(ctx, &core.Claim{Key: c.Key, Token: token}, core.StateDone, err)
+		err = b.commitOutcome(ctx, xid, &core.Claim{Key: c.Key, Token: token}, err)
 	}
 	if err == nil {
 		b.committed()
 	}
 	return err
+}
+
+// commitOutcome resolves a COMMIT whose answer was lost (cause) by the
+// transaction's status on the server (txid_status of xid), waiting while
+// it is still in progress: the COMMIT may not have arrived yet (a
+// connection cut while it was on its way), and a read back before it
+// arrives would see the transaction's writes missing although they commit
+// a moment later. Committed, the record is read back by the claim's token
+// (readBack: done with it, nil); aborted, nothing of fn's committed and the
+// error is cause's. The wait is bounded by the transaction's
+// idle_in_transaction_session_timeout, after which the server aborts a
+// transaction whose COMMIT never came, and LockTimeout more; past it, or if
+// the status cannot be read, the outcome stays unknown and the error says
+// so. It only reads: the outcome is never decided by writing again.
+func (b *backend) commitOutcome(ctx context.Context, xid int64, c *core.Claim, cause error) error {
+	deadline := time.Now().Add(b.s.IdleInTransactionTimeout + b.s.LockTimeout)
+	for {
+		var status *string
+		err := b.pool.QueryRow(ctx, `SELECT txid_status($1::bigint)`, b.s.args(xid)...).Scan(&status)
+		switch {
+		case err != nil:
+			return fmt.Errorf("the COMMIT's answer was lost (%w), and so was the read back of its outcome: %v", cause, err)
+		case status == nil: // too old to tell: the record says
+			return b.readBack(ctx, c, core.StateDone, cause)
+		case *status == "committed":
+			return b.readBack(ctx, c, core.StateDone, cause)
+		case *status == "aborted":
+			return fmt.Errorf("the transaction rolled back, its COMMIT's answer lost: %w", cause)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the COMMIT's answer was lost (%w), and its transaction is still in progress", cause)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the COMMIT's answer was lost (%w), and so was the wait for its outcome: %v", cause, ctx.Err())
+		case <-time.After(b.s.PollInterval):
+		}
+	}
 }
 
 // runFn runs fn(tx) on a goroutine of its own and waits: a panic comes back

@@ -34,6 +34,9 @@
 //	restart      exact replays, nil versus empty, recovery at Open, ErrClosed
 //	outbox       delivery with downstream keys, backoff, dead letters, order,
 //	             restarts
+//	histories    DoTx under cancellations checked per key against the
+//	             contract's model (porcupine), its effects counted; the
+//	             outbox's deliveries checked for at least once, in order
 //	process      SIGKILL of a child process in fn or in a handler, and a store
 //	             held by a live process (see ChildMain)
 //	crash matrix every failpoint in the code (internal/core, this package,
@@ -226,6 +229,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("owned", s.owned)
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
+	t.Run("histories", s.histories)
 	t.Run("process", s.process)
 	t.Run("crash matrix", s.matrix)
 	t.Run("logs", s.logs)

@@ -49,3 +49,11 @@ func (r *Recorder) Delivered() []idem.Message {
 	}
 	return out
 }
+
+// Log returns every attempt in order and, beside each, whether it
+// succeeded.
+func (r *Recorder) Log() ([]idem.Message, []bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]idem.Message(nil), r.got...), append([]bool(nil), r.ok...)
+}
