@@ -689,7 +689,14 @@ func (s *session) execute(ctx context.Context, c *child, msg []byte, key string)
 		case resp := <-ch:
 			return resp, verdict(resp)
 		case <-c.ctx.Done():
-			return nil, c.ctx.Err()
+			// The server died: an interrupted execution. fn's context
+			// descends from c.ctx, but the context package closes a
+			// parent's Done before it cancels the children, so wait for
+			// fn's own end: returned earlier, c.ctx's error would be
+			// taken for the outcome of a call whose context is live, and
+			// recorded.
+			<-ctx.Done()
+			return nil, ctx.Err()
 		case <-done:
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 				done = nil // MaxWait bounds the duplicates, not this call
