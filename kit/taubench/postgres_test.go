@@ -1,0 +1,159 @@
+package taubench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+)
+
+// envTestPG names the Postgres server of the tests (scripts/postgres.sh
+// start prints it), as for idempg's.
+const envTestPG = "IDEM_TEST_PG"
+
+// testPG returns the DSN of the test server: without one the test is
+// skipped when run by hand, and fails when CI is set.
+func testPG(t *testing.T) string {
+	t.Helper()
+	dsn := os.Getenv(envTestPG)
+	if dsn == "" {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("CI is set and %s is not: start the server with scripts/postgres.sh start", envTestPG)
+		}
+		t.Skipf("%s not set: eval \"$(scripts/postgres.sh start)\" runs a local server", envTestPG)
+	}
+	return dsn
+}
+
+// leftSchemas counts the schemas of runs (taubench_…) on the server.
+func leftSchemas(t *testing.T, dsn string) map[string]bool {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), dsn)
+	require.NoError(t, err)
+	defer pool.Close()
+	rows, err := pool.Query(t.Context(), `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'taubench\_%'`)
+	require.NoError(t, err)
+	defer rows.Close()
+	names := map[string]bool{}
+	for rows.Next() {
+		var n string
+		require.NoError(t, rows.Scan(&n))
+		names[n] = true
+	}
+	require.NoError(t, rows.Err())
+	return names
+}
+
+// TestRunnerPostgres plays a subset of the tasks under every schedule on the
+// Postgres backend, through idempg and the baseline, with crash children
+// killed for real: every idem row matches the reference with no divergent
+// answer and no extra effect; the crash schedule's Do-form calls were taken
+// over by this process after the killed child's lease lapsed; the baseline
+// shows the damage; and the run leaves no schema behind.
+func TestRunnerPostgres(t *testing.T) {
+	dsn := testPG(t)
+	dir := testDataDir(t)
+	tasksFile := filepath.Join(dir, TasksFile)
+	tasks, err := LoadTasks(tasksFile)
+	require.NoError(t, err)
+	n := 12
+	if testing.Short() {
+		n = 6
+	}
+	before := leftSchemas(t, dsn)
+	rep, err := Run(t.Context(), Config{
+		DataDir: dir, Tasks: tasks[:n], TasksFile: tasksFile,
+		Baseline: true, Seed: 1, WorkDir: t.TempDir(), Backend: Postgres, PG: dsn,
+	})
+	require.NoError(t, err)
+	require.Len(t, rep.Rows, 2*len(Schedules))
+	damage := 0
+	for _, row := range rep.Rows {
+		if row.Mode == Idem {
+			require.Equal(t, n, row.Matched, "%s/idem: %v", row.Schedule, row.Failures)
+			require.Zero(t, row.Diverged, "%s/idem", row.Schedule)
+			require.Zero(t, row.ExtraEffects, "%s/idem", row.Schedule)
+			if row.Schedule == Crash {
+				dos := 0
+				for _, c := range row.Crashes {
+					require.Contains(t, crashForms, c.Form)
+					if c.Form == FormDo {
+						dos++
+					}
+				}
+				require.Positive(t, dos, "the seed puts some crash in the Do form: %v", row.Crashes)
+				require.Equal(t, dos, row.Takeovers, "every Do-form crash was taken over")
+			} else {
+				require.Zero(t, row.Takeovers)
+			}
+			continue
+		}
+		if row.Schedule == None {
+			require.Equal(t, n, row.Matched, "the tools are right on Postgres: %v", row.Failures)
+		}
+		damage += row.Diverged + row.ExtraEffects
+	}
+	require.Positive(t, damage, "the baseline shows what idem prevents")
+	require.True(t, rep.OK())
+	after := leftSchemas(t, dsn)
+	for s := range after {
+		require.True(t, before[s], "the run left schema %s behind", s)
+	}
+}
+
+// TestStoresAgree: every tool answers the same on the bbolt and the Postgres
+// store, call by call over the tasks' actions, and leaves the same records.
+func TestStoresAgree(t *testing.T) {
+	dsn := testPG(t)
+	dir := testDataDir(t)
+	tasks, err := LoadTasks(filepath.Join(dir, TasksFile))
+	require.NoError(t, err)
+	ctx := context.Background()
+	bs, err := newBoltStage(t.TempDir(), dir)
+	require.NoError(t, err)
+	ps, err := newPgStage(ctx, dsn, t.TempDir(), dir)
+	require.NoError(t, err)
+	defer ps.close()
+	require.Equal(t, bs.initial(), ps.initial(), "one dataset, one snapshot")
+	for _, task := range tasks[:20] {
+		name := fmt.Sprintf("agree-%d", task.ID)
+		bp, err := bs.fresh(ctx, name, false)
+		require.NoError(t, err)
+		pp, err := ps.fresh(ctx, name, false)
+		require.NoError(t, err)
+		bdb, err := openDB(ctx, bp, false, "")
+		require.NoError(t, err)
+		pdb, err := openDB(ctx, pp, false, dsn)
+		require.NoError(t, err)
+		for i, a := range task.Actions {
+			tool, ok := Lookup(a.Name)
+			require.True(t, ok)
+			answers := [2]string{}
+			for j, db := range []taskDB{bdb, pdb} {
+				run := db.read
+				if tool.Write {
+					run = db.write
+				}
+				require.NoError(t, run(ctx, func(s Store) error {
+					var err error
+					answers[j], err = tool.Run(s, a.Kwargs)
+					return err
+				}))
+			}
+			require.Equal(t, answers[0], answers[1], "task %d action %d %s", task.ID, i, a.Name)
+		}
+		bsnap, err := bdb.snapshot(ctx)
+		require.NoError(t, err)
+		psnap, err := pdb.snapshot(ctx)
+		require.NoError(t, err)
+		require.Equal(t, bsnap, psnap, "task %d", task.ID)
+		require.NoError(t, bdb.close())
+		require.NoError(t, pdb.close())
+		bs.remove(bp)
+		ps.remove(pp)
+	}
+}
