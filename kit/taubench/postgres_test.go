@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -156,4 +157,43 @@ func TestStoresAgree(t *testing.T) {
 		bs.remove(bp)
 		ps.remove(pp)
 	}
+}
+
+// TestRunMCPPostgres plays a few tasks over MCP on the Postgres backend:
+// the tool server children serve the tools over the task's schema (through
+// idemmcp on idempg, write tools in the DoTx form with the pgx.Tx), one is
+// killed mid-call under the crash schedule and restarted on the schema, and
+// every idem row matches with no extra effect counted by the server.
+func TestRunMCPPostgres(t *testing.T) {
+	dsn := testPG(t)
+	dir := testDataDir(t)
+	tasksFile := filepath.Join(dir, TasksFile)
+	tasks, err := LoadTasks(tasksFile)
+	require.NoError(t, err)
+	n := 6
+	if testing.Short() {
+		n = 3
+	}
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	rep, err := RunMCP(t.Context(), Config{
+		DataDir: dir, Tasks: tasks[:n], TasksFile: tasksFile,
+		Baseline: true, Seed: 1, WorkDir: t.TempDir(), Backend: Postgres, PG: dsn,
+	})
+	require.NoError(t, err)
+	require.Len(t, rep.Rows, 2*len(Schedules))
+	damage := 0
+	for _, row := range rep.Rows {
+		if row.Mode == Idem {
+			require.Equal(t, n, row.Matched, "%s/idem: %v", row.Schedule, row.Failures)
+			require.Zero(t, row.Diverged, "%s/idem", row.Schedule)
+			require.Zero(t, row.ExtraEffects, "%s/idem", row.Schedule)
+			continue
+		}
+		if row.Schedule == None {
+			require.Equal(t, n, row.Matched, "the tools are right over MCP on Postgres: %v", row.Failures)
+		}
+		damage += row.Diverged + row.ExtraEffects
+	}
+	require.Positive(t, damage, "the baseline shows what idem prevents")
+	require.True(t, rep.OK())
 }

@@ -152,9 +152,10 @@ type CrashChoice struct {
 
 // Report is the outcome of Run.
 type Report struct {
-	Seed  uint64 `json:"seed"`
-	Tasks int    `json:"tasks"`
-	Rows  []Row  `json:"rows"`
+	Seed    uint64  `json:"seed"`
+	Tasks   int     `json:"tasks"`
+	Backend Backend `json:"backend"`
+	Rows    []Row   `json:"rows"`
 }
 
 // OK reports whether every idem row has no divergent output, no extra
@@ -216,7 +217,7 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 	if cfg.Baseline {
 		modes = []Mode{Baseline, Idem}
 	}
-	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks)}
+	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks), Backend: cfg.Backend}
 	total, done := len(cfg.Schedules)*len(modes)*len(cfg.Tasks), 0
 	for _, sched := range cfg.Schedules {
 		for _, mode := range modes {
@@ -861,7 +862,11 @@ recovered         answers of those calls that differ from the reference, and the
 // recovered effects, if a row has recovered calls).
 func WriteTable(w io.Writer, rep *Report) {
 	recovered := slices.ContainsFunc(rep.Rows, func(r Row) bool { return r.RecoveredCalls > 0 })
-	fmt.Fprintf(w, "τ-bench retail, %d tasks, seed %d\n\n", rep.Tasks, rep.Seed)
+	on := ""
+	if rep.Backend != "" && rep.Backend != Bolt {
+		on = " on " + string(rep.Backend)
+	}
+	fmt.Fprintf(w, "τ-bench retail%s, %d tasks, seed %d\n\n", on, rep.Tasks, rep.Seed)
 	if recovered {
 		fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches | recovered calls | recovered diverged | recovered effects |")
 		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")
@@ -881,6 +886,11 @@ func WriteTable(w io.Writer, rep *Report) {
 			fmt.Fprintf(w, " %d | %d | %d |", r.RecoveredCalls, r.RecoveredDiverged, r.RecoveredEffects)
 		}
 		fmt.Fprintln(w)
+	}
+	for _, r := range rows {
+		if r.Takeovers > 0 {
+			fmt.Fprintf(w, "\n%s/%s: %d of the crashed calls were in the Do form: a second process took each over after the killed one's lease, its fn seeing Recovered\n", r.Schedule, r.Mode, r.Takeovers)
+		}
 	}
 	fmt.Fprintf(w, "\n%s", Legend)
 	if recovered {
