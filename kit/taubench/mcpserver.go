@@ -47,7 +47,7 @@ type ServeConfig struct {
 	// Idem, of idempg's) on the server PG names: the Postgres backend.
 	Schema string `json:"schema,omitempty"`
 	// PG is the Postgres DSN for Schema. It is not part of the JSON: a tool
-	// server child reads it from its environment (EnvChildPG).
+	// server child reads it from its environment (IDEM_TAUBENCH_CHILD_PG).
 	PG string `json:"-"`
 	// Idem serves the tools through idemmcp: write tools in the DoTx form
 	// under the key from _meta, read tools (annotated read-only) passed
@@ -223,7 +223,7 @@ func RunMCPServerChild(raw string) error {
 		return fmt.Errorf("taubench tool server: configuration: %w", err)
 	}
 	if cfg.Schema != "" {
-		cfg.PG = os.Getenv(EnvChildPG)
+		cfg.PG = os.Getenv(envChildPG)
 	}
 	err := ServeMCP(context.Background(), cfg, &mcp.StdioTransport{})
 	if errors.Is(err, context.Canceled) {

@@ -89,7 +89,7 @@ type Config struct {
 	Backend Backend
 	// PG is the Postgres server of the Postgres backend, a pgx DSN. The run
 	// makes a schema per task run (taubench_…, dropped after it) and gives
-	// the DSN to its children in their environment (EnvChildPG).
+	// the DSN to its children in their environment (IDEM_TAUBENCH_CHILD_PG).
 	PG string
 }
 
@@ -758,7 +758,7 @@ func RunChild(raw string) error {
 	}
 	cfg := &Config{Seed: spec.Seed, Backend: Bolt}
 	if spec.place.Schema != "" {
-		cfg.Backend, cfg.PG = Postgres, os.Getenv(EnvChildPG)
+		cfg.Backend, cfg.PG = Postgres, os.Getenv(envChildPG)
 	}
 	p := &play{cfg: cfg, task: *task, sched: spec.Schedule, mode: spec.Mode,
 		pl: spec.place, effects: map[int]int{}, doAt: -1}

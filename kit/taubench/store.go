@@ -24,8 +24,9 @@ const (
 	ProductOrderBucket = "tau_product_order"
 )
 
-// Buckets is what a tool needs from a write transaction: named top-level buckets,
-// created on first use. *idem.Tx satisfies it; BoltTx adapts a plain *bbolt.Tx.
+// Buckets is what BoltStore needs from a bbolt transaction: named top-level
+// buckets, created on first use. *idem.Tx satisfies it; BoltTx adapts a plain
+// *bbolt.Tx.
 type Buckets interface {
 	Bucket(name []byte) (*bbolt.Bucket, error)
 }
