@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"go.etcd.io/bbolt"
 
@@ -29,9 +30,6 @@ const (
 	// through the pgx.Tx in which the done record commits.
 	Postgres Backend = "postgres"
 )
-
-// Backends lists the backends, Bolt first (the default).
-var Backends = []Backend{Bolt, Postgres}
 
 // place is where one task's database lives: a bbolt file, or a Postgres
 // schema. Path is set for both: on Postgres it names no file, only the base
@@ -90,7 +88,18 @@ func (s *boltStage) fresh(_ context.Context, name string, _ bool) (place, error)
 
 func (s *boltStage) remove(pl place) {
 	os.Remove(pl.Path)
-	beside, _ := filepath.Glob(pl.Path + ".*")
+	removeBeside(pl.Path)
+}
+
+// removeBeside removes the files named path followed by a dot and a suffix.
+// An empty path names no file, so nothing is beside it: its pattern would be
+// ".*", every dot file of the working directory.
+func removeBeside(path string) {
+	if path == "" {
+		return
+	}
+	quoted := strings.NewReplacer(`\`, `\\`, `*`, `\*`, `?`, `\?`, `[`, `\[`).Replace(path)
+	beside, _ := filepath.Glob(quoted + ".*")
 	for _, f := range beside {
 		os.Remove(f)
 	}

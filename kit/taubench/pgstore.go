@@ -187,19 +187,19 @@ const (
 	pgIdleInTx     = 10 * time.Second
 )
 
-// EnvChildPG carries the Postgres DSN from the runner to its children
+// envChildPG carries the Postgres DSN from the runner to its children
 // (crash children, MCP tool servers and the proxies in front of them): in
 // the environment, so that a password in it is not on a command line. It
 // only tells a child where the database is; arguments decide whether a
 // process is a child.
-const EnvChildPG = "IDEM_TAUBENCH_CHILD_PG"
+const envChildPG = "IDEM_TAUBENCH_CHILD_PG"
 
 // childEnv returns the environment of a child of a run on pl.
 func childEnv(pl place, dsn string) []string {
 	if pl.Schema == "" {
 		return nil
 	}
-	return append(os.Environ(), EnvChildPG+"="+dsn)
+	return append(os.Environ(), envChildPG+"="+dsn)
 }
 
 // newPool opens a pool on dsn, checked with a ping.
@@ -303,17 +303,19 @@ func (s *pgStage) fresh(ctx context.Context, name string, withIdem bool) (place,
 }
 
 func (s *pgStage) remove(pl place) {
+	s.drop(pl.Schema)
+	removeBeside(pl.Path)
+}
+
+// drop drops schema with everything in it.
+func (s *pgStage) drop(schema string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, _ = s.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{pl.Schema}.Sanitize()+" CASCADE")
-	beside, _ := filepath.Glob(pl.Path + ".*")
-	for _, f := range beside {
-		os.Remove(f)
-	}
+	_, _ = s.pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 }
 
 func (s *pgStage) close() {
-	s.remove(place{Schema: s.tmpl})
+	s.drop(s.tmpl)
 	s.pool.Close()
 }
 

@@ -197,3 +197,30 @@ func TestRunMCPPostgres(t *testing.T) {
 	require.Positive(t, damage, "the baseline shows what idem prevents")
 	require.True(t, rep.OK())
 }
+
+// TestPgStageRemovesOnlyItsOwn: a stage's cleanup removes the files beside
+// a task's place and nothing else: not the working directory's dot files
+// (the template's place names no file, and its cleanup once globbed ".*").
+func TestPgStageRemovesOnlyItsOwn(t *testing.T) {
+	dsn := testPG(t)
+	dir := testDataDir(t)
+	dir, err := filepath.Abs(dir)
+	require.NoError(t, err)
+	cwd, work := t.TempDir(), t.TempDir()
+	t.Chdir(cwd)
+	for _, f := range []string{".git", ".gitignore", "keep"} {
+		require.NoError(t, os.WriteFile(filepath.Join(cwd, f), []byte("x"), 0o600))
+	}
+	st, err := newPgStage(t.Context(), dsn, work, dir)
+	require.NoError(t, err)
+	pl, err := st.fresh(t.Context(), "one", false)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(pl.Path+".proxy", []byte("x"), 0o600))
+	st.remove(pl)
+	require.NoFileExists(t, pl.Path+".proxy", "what lives beside the place goes with it")
+	st.close()
+	for _, f := range []string{".git", ".gitignore", "keep"} {
+		require.FileExists(t, filepath.Join(cwd, f))
+	}
+	require.NotContains(t, leftSchemas(t, dsn), st.tmpl)
+}
