@@ -32,20 +32,23 @@ const (
 )
 
 // place is where one task's database lives: a bbolt file, or a Postgres
-// schema. Path is set for both: on Postgres it names no file, only the base
-// of the files a command puts beside it (MCPOptions.Command).
+// schema (and idempg's tables in IdemSchema, one per row of the report:
+// tasks' keys differ, a schedule's repeat them). Path is set for both: on
+// Postgres it names no file, only the base of the files a command puts
+// beside it (MCPOptions.Command).
 type place struct {
-	Path   string `json:"db"`
-	Schema string `json:"schema,omitempty"`
+	Path       string `json:"db"`
+	Schema     string `json:"schema,omitempty"`
+	IdemSchema string `json:"idem_schema,omitempty"`
 }
 
 // stage makes a fresh copy of the seeded database for each task run.
 type stage interface {
 	// initial is the seeded database's content.
 	initial() snapshot
-	// fresh makes a copy called name; idem says whether idem's records
-	// live beside it (Postgres: the schema is migrated).
-	fresh(ctx context.Context, name string, idem bool) (place, error)
+	// fresh makes a copy for task in row; idem says whether idem's records
+	// live beside it (Postgres: in the row's schema, migrated on first use).
+	fresh(ctx context.Context, row string, task int, idem bool) (place, error)
 	// remove deletes a copy, with whatever lives beside it.
 	remove(pl place)
 	// close removes the template.
@@ -81,8 +84,8 @@ func newBoltStage(work, dataDir string) (*boltStage, error) {
 
 func (s *boltStage) initial() snapshot { return s.init }
 
-func (s *boltStage) fresh(_ context.Context, name string, _ bool) (place, error) {
-	pl := place{Path: filepath.Join(s.work, name+".db")}
+func (s *boltStage) fresh(_ context.Context, row string, task int, _ bool) (place, error) {
+	pl := place{Path: filepath.Join(s.work, fmt.Sprintf("%s-%d.db", row, task))}
 	return pl, copyFile(s.template, pl.Path)
 }
 
@@ -149,7 +152,7 @@ var errNoEngine = errors.New("taubench: no engine in baseline mode")
 // names the Postgres server when pl is a schema.
 func openDB(ctx context.Context, pl place, withIdem bool, dsn string) (taskDB, error) {
 	if pl.Schema != "" {
-		return openPgDB(ctx, dsn, pl.Schema, withIdem)
+		return openPgDB(ctx, dsn, pl, withIdem)
 	}
 	if withIdem {
 		e, err := idem.Open(pl.Path, &idem.Options{PruneInterval: -1})

@@ -98,7 +98,7 @@ func (p *mcpPlay) key(i int) string {
 
 // start starts a tool server child on the file and connects a client.
 func (p *mcpPlay) start(ctx context.Context, crashKey, crashPoint string) error {
-	cmd, err := p.opts.Command(p.cfg.Executable, ServeConfig{DB: p.pl.Path, Schema: p.pl.Schema, PG: p.cfg.PG,
+	cmd, err := p.opts.Command(p.cfg.Executable, ServeConfig{DB: p.pl.Path, Schema: p.pl.Schema, IdemSchema: p.pl.IdemSchema, PG: p.cfg.PG,
 		Idem: p.mode == Idem, CrashKey: crashKey, CrashPoint: crashPoint})
 	if err != nil {
 		return err

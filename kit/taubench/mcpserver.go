@@ -46,6 +46,9 @@ type ServeConfig struct {
 	// Schema, if set, is the Postgres schema of the retail tables (and, with
 	// Idem, of idempg's) on the server PG names: the Postgres backend.
 	Schema string `json:"schema,omitempty"`
+	// IdemSchema is the schema of idempg's tables, with Schema and Idem;
+	// empty means Schema.
+	IdemSchema string `json:"idem_schema,omitempty"`
 	// PG is the Postgres DSN for Schema. It is not part of the JSON: a tool
 	// server child reads it from its environment (IDEM_TAUBENCH_CHILD_PG).
 	PG string `json:"-"`
@@ -75,7 +78,7 @@ func ServeMCP(ctx context.Context, cfg ServeConfig, t mcp.Transport) error {
 			select {} // the signal is on its way
 		}
 	}
-	db, err := openDB(ctx, place{Path: cfg.DB, Schema: cfg.Schema}, cfg.Idem, cfg.PG)
+	db, err := openDB(ctx, place{Path: cfg.DB, Schema: cfg.Schema, IdemSchema: cfg.IdemSchema}, cfg.Idem, cfg.PG)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package taubench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -227,6 +228,10 @@ func newPool(ctx context.Context, dsn string) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// testStagePrefix, if set, sees and may replace the prefix of a new
+// pgStage's schemas (tests only).
+var testStagePrefix func(string) string
+
 // pgStage keeps the seeded template in a schema of its own and copies it
 // into a new schema per task run.
 type pgStage struct {
@@ -235,6 +240,7 @@ type pgStage struct {
 	prefix string // of every schema of the run
 	tmpl   string
 	init   snapshot
+	idem   map[string]bool // the rows' idempg schemas made so far
 }
 
 func newPgStage(ctx context.Context, dsn, work, dataDir string) (*pgStage, error) {
@@ -248,7 +254,10 @@ func newPgStage(ctx context.Context, dsn, work, dataDir string) (*pgStage, error
 	}
 	var b [4]byte
 	_, _ = rand.Read(b[:])
-	s := &pgStage{pool: pool, work: work, prefix: "taubench_" + hex.EncodeToString(b[:])}
+	s := &pgStage{pool: pool, work: work, prefix: "taubench_" + hex.EncodeToString(b[:]), idem: map[string]bool{}}
+	if testStagePrefix != nil {
+		s.prefix = testStagePrefix(s.prefix)
+	}
 	s.tmpl = s.prefix + "_template"
 	if err := s.seed(ctx, d); err != nil {
 		s.close()
@@ -283,8 +292,22 @@ func (s *pgStage) seed(ctx context.Context, d *Dataset) error {
 
 func (s *pgStage) initial() snapshot { return s.init }
 
-func (s *pgStage) fresh(ctx context.Context, name string, withIdem bool) (place, error) {
-	pl := place{Path: filepath.Join(s.work, name+".pg"), Schema: s.prefix + "_" + strings.NewReplacer("-", "_").Replace(name)}
+func (s *pgStage) fresh(ctx context.Context, row string, task int, withIdem bool) (place, error) {
+	row = strings.NewReplacer("-", "_").Replace(row)
+	pl := place{Path: filepath.Join(s.work, fmt.Sprintf("%s-%d.pg", row, task)), Schema: fmt.Sprintf("%s_%s_%d", s.prefix, row, task)}
+	if withIdem {
+		// idempg's tables are one schema per row, migrated once: each
+		// migration takes a few hundred milliseconds, and the tasks of a
+		// row use keys of their own.
+		pl.IdemSchema = s.prefix + "_" + row + "_idem"
+		if !s.idem[pl.IdemSchema] {
+			if _, err := idempg.Migrate(ctx, s.pool, &idempg.Options{Schema: pl.IdemSchema}); err != nil {
+				s.drop(pl.IdemSchema)
+				return pl, err
+			}
+			s.idem[pl.IdemSchema] = true
+		}
+	}
 	sch, tmpl := pgx.Identifier{pl.Schema}.Sanitize(), pgx.Identifier{s.tmpl}.Sanitize()
 	q := "CREATE SCHEMA " + sch + ";" + strings.ReplaceAll(pgSchemaSQL, "{schema}", sch)
 	for _, t := range []string{PgOrders, PgUsers, PgProducts} {
@@ -292,12 +315,6 @@ func (s *pgStage) fresh(ctx context.Context, name string, withIdem bool) (place,
 	}
 	if _, err := s.pool.Exec(ctx, q); err != nil {
 		return pl, fmt.Errorf("taubench: postgres schema %s: %w", pl.Schema, err)
-	}
-	if withIdem {
-		if _, err := idempg.Migrate(ctx, s.pool, &idempg.Options{Schema: pl.Schema}); err != nil {
-			s.remove(pl)
-			return pl, err
-		}
 	}
 	return pl, nil
 }
@@ -316,6 +333,9 @@ func (s *pgStage) drop(schema string) {
 
 func (s *pgStage) close() {
 	s.drop(s.tmpl)
+	for schema := range s.idem {
+		s.drop(schema)
+	}
 	s.pool.Close()
 }
 
@@ -325,22 +345,22 @@ func pgSnapshot(ctx context.Context, q PgQuerier, schema string) (snapshot, erro
 }
 
 // pgDB is one task's schema as one process opened it: a pool of its own,
-// and in Idem mode an idempg engine on the schema.
+// and in Idem mode an idempg engine on the place's IdemSchema (or Schema).
 type pgDB struct {
 	pool   *pgxpool.Pool
 	schema string
 	e      *idempg.Engine // Idem mode
 }
 
-func openPgDB(ctx context.Context, dsn, schema string, withIdem bool) (*pgDB, error) {
+func openPgDB(ctx context.Context, dsn string, pl place, withIdem bool) (*pgDB, error) {
 	pool, err := newPool(ctx, dsn)
 	if err != nil {
 		return nil, err
 	}
-	d := &pgDB{pool: pool, schema: schema}
+	d := &pgDB{pool: pool, schema: pl.Schema}
 	if withIdem {
 		d.e, err = idempg.Open(ctx, pool, &idempg.Options{
-			Schema: schema, Lease: pgLease, Heartbeat: pgHeartbeat, PollInterval: pgPollInterval,
+			Schema: cmp.Or(pl.IdemSchema, pl.Schema), Lease: pgLease, Heartbeat: pgHeartbeat, PollInterval: pgPollInterval,
 			IdleInTransactionTimeout: pgIdleInTx,
 		}, &idempg.EngineOptions{PruneInterval: -1})
 		if err != nil {

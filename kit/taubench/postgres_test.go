@@ -2,10 +2,10 @@ package taubench
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -30,13 +30,31 @@ func testPG(t *testing.T) string {
 	return dsn
 }
 
-// leftSchemas counts the schemas of runs (taubench_…) on the server.
-func leftSchemas(t *testing.T, dsn string) map[string]bool {
+// stagePrefixes records the schema prefix of every stage made until the
+// test ends.
+func stagePrefixes(t *testing.T) *[]string {
+	var (
+		mu       sync.Mutex
+		prefixes []string
+	)
+	testStagePrefix = func(p string) string {
+		mu.Lock()
+		defer mu.Unlock()
+		prefixes = append(prefixes, p)
+		return p
+	}
+	t.Cleanup(func() { testStagePrefix = nil })
+	return &prefixes
+}
+
+// leftSchemas returns the schemas on the server whose names start with
+// prefix.
+func leftSchemas(t *testing.T, dsn, prefix string) map[string]bool {
 	t.Helper()
 	pool, err := pgxpool.New(t.Context(), dsn)
 	require.NoError(t, err)
 	defer pool.Close()
-	rows, err := pool.Query(t.Context(), `SELECT nspname FROM pg_namespace WHERE nspname LIKE 'taubench\_%'`)
+	rows, err := pool.Query(t.Context(), `SELECT nspname FROM pg_namespace WHERE starts_with(nspname, $1)`, prefix)
 	require.NoError(t, err)
 	defer rows.Close()
 	names := map[string]bool{}
@@ -61,14 +79,11 @@ func TestRunnerPostgres(t *testing.T) {
 	tasksFile := filepath.Join(dir, TasksFile)
 	tasks, err := LoadTasks(tasksFile)
 	require.NoError(t, err)
-	n := 12
-	if testing.Short() {
-		n = 6
-	}
-	before := leftSchemas(t, dsn)
+	n := 4 // seed 20 crashes them in each form at each point
+	prefixes := stagePrefixes(t)
 	rep, err := Run(t.Context(), Config{
 		DataDir: dir, Tasks: tasks[:n], TasksFile: tasksFile,
-		Baseline: true, Seed: 1, WorkDir: t.TempDir(), Backend: Postgres, PG: dsn,
+		Baseline: true, Seed: 20, WorkDir: t.TempDir(), Backend: Postgres, PG: dsn,
 	})
 	require.NoError(t, err)
 	require.Len(t, rep.Rows, 2*len(Schedules))
@@ -79,14 +94,15 @@ func TestRunnerPostgres(t *testing.T) {
 			require.Zero(t, row.Diverged, "%s/idem", row.Schedule)
 			require.Zero(t, row.ExtraEffects, "%s/idem", row.Schedule)
 			if row.Schedule == Crash {
-				dos := 0
+				dos, kinds := 0, map[[2]string]bool{}
 				for _, c := range row.Crashes {
 					require.Contains(t, crashForms, c.Form)
+					kinds[[2]string{c.Form, c.Point}] = true
 					if c.Form == FormDo {
 						dos++
 					}
 				}
-				require.Positive(t, dos, "the seed puts some crash in the Do form: %v", row.Crashes)
+				require.Len(t, kinds, len(crashForms)*len(crashPoints), "the seed crashes each form at each point: %v", row.Crashes)
 				require.Equal(t, dos, row.Takeovers, "every Do-form crash was taken over")
 			} else {
 				require.Zero(t, row.Takeovers)
@@ -100,10 +116,8 @@ func TestRunnerPostgres(t *testing.T) {
 	}
 	require.Positive(t, damage, "the baseline shows what idem prevents")
 	require.True(t, rep.OK())
-	after := leftSchemas(t, dsn)
-	for s := range after {
-		require.True(t, before[s], "the run left schema %s behind", s)
-	}
+	require.Len(t, *prefixes, 1)
+	require.Empty(t, leftSchemas(t, dsn, (*prefixes)[0]), "the run leaves no schema behind")
 }
 
 // TestStoresAgree: every tool answers the same on the bbolt and the Postgres
@@ -120,11 +134,10 @@ func TestStoresAgree(t *testing.T) {
 	require.NoError(t, err)
 	defer ps.close()
 	require.Equal(t, bs.initial(), ps.initial(), "one dataset, one snapshot")
-	for _, task := range tasks[:20] {
-		name := fmt.Sprintf("agree-%d", task.ID)
-		bp, err := bs.fresh(ctx, name, false)
+	for _, task := range tasks[:8] {
+		bp, err := bs.fresh(ctx, "agree", task.ID, false)
 		require.NoError(t, err)
-		pp, err := ps.fresh(ctx, name, false)
+		pp, err := ps.fresh(ctx, "agree", task.ID, false)
 		require.NoError(t, err)
 		bdb, err := openDB(ctx, bp, false, "")
 		require.NoError(t, err)
@@ -170,14 +183,11 @@ func TestRunMCPPostgres(t *testing.T) {
 	tasksFile := filepath.Join(dir, TasksFile)
 	tasks, err := LoadTasks(tasksFile)
 	require.NoError(t, err)
-	n := 6
-	if testing.Short() {
-		n = 3
-	}
+	n := 3
 	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	rep, err := RunMCP(t.Context(), Config{
 		DataDir: dir, Tasks: tasks[:n], TasksFile: tasksFile,
-		Baseline: true, Seed: 1, WorkDir: t.TempDir(), Backend: Postgres, PG: dsn,
+		Baseline: true, Seed: 20, WorkDir: t.TempDir(), Backend: Postgres, PG: dsn,
 	})
 	require.NoError(t, err)
 	require.Len(t, rep.Rows, 2*len(Schedules))
@@ -213,7 +223,7 @@ func TestPgStageRemovesOnlyItsOwn(t *testing.T) {
 	}
 	st, err := newPgStage(t.Context(), dsn, work, dir)
 	require.NoError(t, err)
-	pl, err := st.fresh(t.Context(), "one", false)
+	pl, err := st.fresh(t.Context(), "row", 1, true)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(pl.Path+".proxy", []byte("x"), 0o600))
 	st.remove(pl)
@@ -222,5 +232,5 @@ func TestPgStageRemovesOnlyItsOwn(t *testing.T) {
 	for _, f := range []string{".git", ".gitignore", "keep"} {
 		require.FileExists(t, filepath.Join(cwd, f))
 	}
-	require.NotContains(t, leftSchemas(t, dsn), st.tmpl)
+	require.Empty(t, leftSchemas(t, dsn, st.prefix))
 }

@@ -226,7 +226,7 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
-				pl, err := st.fresh(ctx, fmt.Sprintf("%s-%s-%d", sched, mode, task.ID), mode == Idem)
+				pl, err := st.fresh(ctx, fmt.Sprintf("%s-%s", sched, mode), task.ID, mode == Idem)
 				if err != nil {
 					return nil, err
 				}
