@@ -108,7 +108,7 @@ var (
 	ErrFormat = errors.New("unsupported file format")
 
 	// ErrFileFull is returned when a commit would grow the file past
-	// Options.MaxSize (bbolt's ErrMaxSizeReached, which it also wraps).
+	// Options.Bolt.MaxSize (bbolt's ErrMaxSizeReached, which it also wraps).
 	// Nothing of that commit is stored: a call whose started record did not
 	// fit ran no fn; one whose done record did not fit leaves an interrupted
 	// execution. The engine goes on: Prune, Forget and expiry free pages that

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
@@ -82,8 +83,8 @@ func (h *pgHarness) options(store string) *idempg.Options {
 	return o
 }
 
-func engineOptions(o idemtest.Options) *idempg.EngineOptions {
-	return &idempg.EngineOptions{
+func engineOptions(o idemtest.Options) *idem.Options {
+	return &idem.Options{
 		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
 		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Logger: o.Logger, PruneInterval: -1, Outbox: o.Outbox,
 	}

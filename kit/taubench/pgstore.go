@@ -362,7 +362,7 @@ func openPgDB(ctx context.Context, dsn string, pl place, withIdem bool) (*pgDB, 
 		d.e, err = idempg.Open(ctx, pool, &idempg.Options{
 			Schema: cmp.Or(pl.IdemSchema, pl.Schema), Lease: pgLease, Heartbeat: pgHeartbeat, PollInterval: pgPollInterval,
 			IdleInTransactionTimeout: pgIdleInTx,
-		}, &idempg.EngineOptions{PruneInterval: -1})
+		}, &idem.Options{PruneInterval: -1})
 		if err != nil {
 			pool.Close()
 			return nil, err

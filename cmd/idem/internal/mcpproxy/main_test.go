@@ -58,7 +58,7 @@ func proxyMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := &idem.Options{NoSync: true}
+	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}}
 	if os.Getenv("IDEM_TEST_INFLIGHT") == "fail" {
 		opts.InFlight = idem.InFlightFail
 	}
