@@ -177,13 +177,13 @@ func (s PgStore) putDoAnswer(key, answer string) error {
 	return err
 }
 
-// The settings of the runner's idempg engines. The lease is the shortest
-// idempg allows, so that a takeover after a killed process (the crash
-// schedule's Do form) waits about a second; heartbeats come five times a
-// lease, so that a loaded machine does not lose one.
+// The settings of the runner's idempg engines. The lease is short, so that
+// a takeover after a killed process (the crash schedule's Do form) waits at
+// most two seconds; heartbeats come eight times a lease, so that a loaded
+// machine (the race detector, CI) does not lose a lease it holds.
 const (
-	pgLease        = time.Second
-	pgHeartbeat    = 200 * time.Millisecond
+	pgLease        = 2 * time.Second
+	pgHeartbeat    = 250 * time.Millisecond
 	pgPollInterval = 50 * time.Millisecond
 	pgIdleInTx     = 10 * time.Second
 )
