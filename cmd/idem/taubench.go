@@ -120,9 +120,9 @@ recovered effects), outside outputs diverged and extra effects; a task with a
 divergent recovered answer is not matching. Every other count of an idem row
 must be zero.
 
-With --backend postgres, each task's database and idem's records live in a
-schema of their own (taubench_…, dropped after the task) on the Postgres
-server --pg names (a pgx DSN; default $IDEM_PG, else $IDEM_TEST_PG): the
+With --backend postgres, each task's database lives in a schema of its own
+(taubench_…, dropped after the task), and idem's records in one per row of
+the table, on the Postgres server --pg names (a pgx DSN; default $IDEM_PG, else $IDEM_TEST_PG): the
 retail tools read and write Postgres tables, every write call goes through
 idempg (DoTx's fn writing through its pgx.Tx), and the children get the DSN
 in their environment. The crash schedule then also draws the form of the

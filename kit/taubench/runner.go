@@ -88,8 +88,10 @@ type Config struct {
 	// means Bolt) or Postgres.
 	Backend Backend
 	// PG is the Postgres server of the Postgres backend, a pgx DSN. The run
-	// makes a schema per task run (taubench_…, dropped after it) and gives
-	// the DSN to its children in their environment (IDEM_TAUBENCH_CHILD_PG).
+	// makes its schemas there, named taubench_ and a random prefix: the
+	// seeded template, one per task run (dropped after it) and one per row
+	// of the report for idempg's tables (dropped at the end). It gives the
+	// DSN to its children in their environment (IDEM_TAUBENCH_CHILD_PG).
 	PG string
 }
 
