@@ -390,6 +390,11 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 		})
 	} else {
 		res, err = p.db.doTx(ctx, p.key(i), fp, func(ctx context.Context, s Store) ([]byte, error) {
+			if c, _ := idem.CallFrom(ctx); c.Recovered {
+				// On either backend a killed DoTx leaves nothing behind
+				// (its transaction rolls back): nothing to recover.
+				return nil, fmt.Errorf("taubench: DoTx of action %d recovers an interrupted execution (attempt %d)", i, c.Attempt)
+			}
 			out, err := run(s)
 			if err != nil {
 				return nil, err
