@@ -136,3 +136,16 @@ func baseNames(paths []string) []string {
 	}
 	return names
 }
+
+// TestReportBackend: the table names a backend other than bbolt, and says
+// how many crashed calls were taken over, per row that has any.
+func TestReportBackend(t *testing.T) {
+	var b strings.Builder
+	WriteTable(&b, &Report{Tasks: 1, Seed: 2, Backend: Bolt, Rows: []Row{{Schedule: Crash, Mode: Idem, Tasks: 1, Matched: 1}}})
+	require.Contains(t, b.String(), "τ-bench retail, 1 tasks, seed 2\n")
+	require.NotContains(t, b.String(), "took each over")
+	b.Reset()
+	WriteTable(&b, &Report{Tasks: 1, Seed: 2, Backend: Postgres, Rows: []Row{{Schedule: Crash, Mode: Idem, Tasks: 1, Matched: 1, Takeovers: 1}}})
+	require.Contains(t, b.String(), "τ-bench retail on postgres, 1 tasks, seed 2\n")
+	require.Contains(t, b.String(), "crash/idem: 1 of the crashed calls were in the Do form: a second process took each over")
+}
