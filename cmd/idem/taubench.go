@@ -1,14 +1,17 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -61,6 +64,7 @@ func newTaubenchCmd(a *app) *cobra.Command {
 		limit           int
 		baseline        bool
 		via             string
+		backend, pg     string
 		on              = map[taubench.Schedule]*bool{}
 	)
 	c := &cobra.Command{
@@ -115,6 +119,21 @@ counts it in columns of its own (recovered calls, recovered diverged,
 recovered effects), outside outputs diverged and extra effects; a task with a
 divergent recovered answer is not matching. Every other count of an idem row
 must be zero.
+
+With --backend postgres, each task's database lives in a schema of its own
+(taubench_…, dropped after the task), and idem's records in one per row of
+the table, on the Postgres server --pg names (a pgx DSN; default $IDEM_PG, else $IDEM_TEST_PG): the
+retail tools read and write Postgres tables, every write call goes through
+idempg (DoTx's fn writing through its pgx.Tx), and the children get the DSN
+in their environment. The crash schedule then also draws the form of the
+crashed call: DoTx (a kill before the commit leaves nothing, the server rolls
+back) or Do, where the tool commits in a transaction of its own inside fn
+together with its answer under the key, and the child is killed before or
+after that commit holding the key's claim. This program, a second process,
+then waits out the claim's lease (2 s), takes the key over (fn sees
+Recovered) and answers the recorded answer or runs the tool; the report
+counts these takeovers. With --via mcp-proxy the proxy keeps its own records
+in a bbolt file; the tool server behind it uses Postgres.
 
 The data (τ-bench's retail domain: orders.json, users.json, products.json
 and tasks_test.jsonl) is not part of this repository. It is looked for, in
@@ -179,6 +198,19 @@ finished row. The exit status is 1 if any idem row falls short of every task
 				progress = func(done, _ int) { _ = bar.Set(done) }
 				finish = func() { _ = bar.Finish() }
 			}
+			switch taubench.Backend(backend) {
+			case taubench.Bolt:
+				pg = ""
+			case taubench.Postgres:
+				if !cmd.Flags().Changed("pg") {
+					pg = cmp.Or(a.getenv("IDEM_PG"), a.getenv("IDEM_TEST_PG"))
+				}
+				if pg == "" {
+					return &usageError{errors.New("--backend postgres needs --pg DSN (or $IDEM_PG or $IDEM_TEST_PG)")}
+				}
+			default:
+				return &usageError{fmt.Errorf("--backend must be bbolt or postgres, not %q", backend)}
+			}
 			run := taubench.Run
 			switch via {
 			case "direct":
@@ -203,6 +235,7 @@ finished row. The exit status is 1 if any idem row falls short of every task
 			rep, err := run(cmd.Context(), taubench.Config{
 				DataDir: dir, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
 				Baseline: baseline, Seed: seed, Progress: progress,
+				Backend: taubench.Backend(backend), PG: pg,
 			})
 			finish()
 			if err != nil {
@@ -237,6 +270,8 @@ finished row. The exit status is 1 if any idem row falls short of every task
 	f.IntVar(&limit, "limit", 0, "play only the first N tasks")
 	f.BoolVar(&baseline, "baseline", true, "also play every schedule without dedupe")
 	f.StringVar(&via, "via", "direct", "how the agent reaches the tools: direct (in-process calls), mcp (an MCP tool server in a child process over stdio, driven by a go-sdk client) or mcp-proxy (the same client, through idem mcp-proxy in front of the tool server without idem)")
+	f.StringVar(&backend, "backend", string(taubench.Bolt), "where the task databases and idem's records live: bbolt (a file per task) or postgres (a schema per task on --pg)")
+	f.StringVar(&pg, "pg", "", "the Postgres server of --backend postgres, a pgx DSN (default $IDEM_PG, else $IDEM_TEST_PG)")
 	for _, s := range taubench.Schedules {
 		on[s] = f.Bool(string(s), true, fmt.Sprintf("play the %s schedule", s))
 	}
@@ -387,14 +422,30 @@ func rowProgress(w io.Writer, schedules []taubench.Schedule, baseline bool, task
 	}
 }
 
-// repeatLine is the command that repeats this run: its flags as given, and
-// the seed it used.
+// repeatLine is the command that repeats this run: its flags as given (a
+// password in --pg replaced by xxxxx), and the seed it used.
 func repeatLine(cmd *cobra.Command, seed uint64) string {
 	line := []string{"idem taubench"}
 	cmd.Flags().Visit(func(f *pflag.Flag) {
-		if f.Name != "seed" {
+		switch f.Name {
+		case "seed":
+		case "pg":
+			line = append(line, "--pg="+redactDSN(f.Value.String()))
+		default:
 			line = append(line, fmt.Sprintf("--%s=%s", f.Name, f.Value))
 		}
 	})
 	return strings.Join(append(line, fmt.Sprintf("--seed=%d", seed)), " ")
+}
+
+// dsnPassword is a password in a key=value DSN.
+var dsnPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// redactDSN returns dsn with its password, in a URL or as a key=value pair,
+// replaced by xxxxx.
+func redactDSN(dsn string) string {
+	if u, err := url.Parse(dsn); err == nil && u.Scheme != "" {
+		return u.Redacted()
+	}
+	return dsnPassword.ReplaceAllString(dsn, "${1}xxxxx")
 }

@@ -253,3 +253,52 @@ func TestTaubenchServe(t *testing.T) {
 		})
 	}
 }
+
+// TestTaubenchPostgres plays two tasks under every schedule with
+// --backend postgres, the DSN from $IDEM_TEST_PG (crash children are this
+// binary), then one through --via mcp-proxy: every idem row matches, and the
+// table says where it ran.
+func TestTaubenchPostgres(t *testing.T) {
+	dsn, _ := testPG(t, "IDEM_TEST_PG")
+	data := taubenchData(t)
+	env := map[string]string{"IDEM_TEST_PG": dsn}
+	r := idemCmd(t, env, "", "taubench", "--backend", "postgres", "--data", data, "--limit", "2", "--seed", "1")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, r.stdout, "τ-bench retail on postgres, 2 tasks, seed 1")
+	for _, s := range taubench.Schedules {
+		require.Contains(t, r.stdout, "| "+string(s)+" | idem | 2/2 | 0 | 0 | 0 |")
+	}
+	require.Contains(t, r.stdout, "--backend=postgres")
+
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	r = idemCmd(t, nil, "", "--json", "taubench", "--backend", "postgres", "--pg", dsn, "--via", "mcp-proxy",
+		"--data", data, "--limit", "1", "--seed", "1", "--baseline=false")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	rep := decode[taubench.Report](t, r.stdout)
+	require.Equal(t, taubench.Postgres, rep.Backend)
+	require.True(t, rep.OK(), "%+v", rep.Rows)
+}
+
+func TestTaubenchBackendUsage(t *testing.T) {
+	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
+	r := idemCmd(t, nil, "", "taubench", "--backend", "postgres", "--data", data)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, "--backend postgres needs --pg DSN (or $IDEM_PG or $IDEM_TEST_PG)")
+	r = idemCmd(t, nil, "", "taubench", "--backend", "sqlite", "--data", data)
+	require.Equal(t, 2, r.code)
+	require.Contains(t, r.stderr, `--backend must be bbolt or postgres, not "sqlite"`)
+	r = idemCmd(t, nil, "", "taubench", "--backend", "postgres", "--pg", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=1", "--data", data, "--limit", "1")
+	require.Equal(t, 1, r.code)
+	require.NotContains(t, r.stderr, "secret", "the password stays out of the error")
+}
+
+func TestRedactDSN(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://u:secret@h:5432/db?sslmode=disable": "postgres://u:xxxxx@h:5432/db?sslmode=disable",
+		"postgres://u@h/db":                             "postgres://u@h/db",
+		"host=h user=u password=secret dbname=db":       "host=h user=u password=xxxxx dbname=db",
+		"host=h password = 'se cret' dbname=db":         "host=h password = xxxxx dbname=db",
+	} {
+		require.Equal(t, want, redactDSN(in), in)
+	}
+}

@@ -1,13 +1,15 @@
 // Package taubench implements the retail tools of τ-bench (Sierra Research,
-// github.com/sierra-research/tau-bench) over bbolt, so that real agent tool
-// traffic can be replayed through the dedupe engine.
+// github.com/sierra-research/tau-bench) over bbolt or Postgres, so that real
+// agent tool traffic can be replayed through the dedupe engine of either
+// backend (Backend).
 //
 // The tools reproduce the reference Python implementation: each takes the
 // keyword arguments of a task action and returns the exact text the reference
 // returns (a JSON record in json.dumps form, a plain id, or "Error: …"). The
-// database lives in three bbolt buckets, one JSON record per key, and the
-// tools reach it only through the Buckets interface, so that they can run
-// inside the engine's transactions.
+// database is three tables of JSON records by id (bbolt buckets, or Postgres
+// tables in a schema), and the tools reach it only through the Store
+// interface, so that they can run inside either engine's transactions
+// (BoltStore over an *idem.Tx, PgStore over idempg's pgx.Tx).
 package taubench
 
 import (

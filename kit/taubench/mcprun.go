@@ -3,7 +3,6 @@ package taubench
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem/idemmcp"
 )
@@ -62,8 +60,8 @@ func RunMCPWith(ctx context.Context, cfg Config, opts MCPOptions) (*Report, erro
 	if opts.Command == nil {
 		opts.Command = MCPServerCommand
 	}
-	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error) {
-		p := &mcpPlay{cfg: cfg, opts: &opts, task: task, sched: sched, mode: mode, path: path}
+	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error) {
+		p := &mcpPlay{cfg: cfg, opts: &opts, task: task, sched: sched, mode: mode, pl: pl}
 		return p.run(ctx, initial)
 	})
 }
@@ -75,7 +73,7 @@ type mcpPlay struct {
 	task  Task
 	sched Schedule
 	mode  Mode
-	path  string
+	pl    place
 
 	srv *mcpServer
 	// recoveredKey is the key of the crash call the command answered after
@@ -100,9 +98,13 @@ func (p *mcpPlay) key(i int) string {
 
 // start starts a tool server child on the file and connects a client.
 func (p *mcpPlay) start(ctx context.Context, crashKey, crashPoint string) error {
-	cmd, err := p.opts.Command(p.cfg.Executable, ServeConfig{DB: p.path, Idem: p.mode == Idem, CrashKey: crashKey, CrashPoint: crashPoint})
+	cmd, err := p.opts.Command(p.cfg.Executable, ServeConfig{DB: p.pl.Path, Schema: p.pl.Schema, IdemSchema: p.pl.IdemSchema, PG: p.cfg.PG,
+		Idem: p.mode == Idem, CrashKey: crashKey, CrashPoint: crashPoint})
 	if err != nil {
 		return err
+	}
+	if env := childEnv(p.pl, p.cfg.PG); env != nil {
+		cmd.Env = append(cmd.Env, env...)
 	}
 	s := &mcpServer{cmd: cmd, drop: &dropper{}}
 	cmd.Stderr = &s.stderr
@@ -182,40 +184,27 @@ func (p *mcpPlay) run(ctx context.Context, initial snapshot) (out outcome, err e
 	if err := p.stop(); err != nil {
 		return out, err
 	}
-	db, err := bbolt.Open(p.path, 0o600, &bbolt.Options{ReadOnly: true})
+	db, err := openDB(ctx, p.pl, false, p.cfg.PG)
 	if err != nil {
 		return out, err
 	}
-	defer db.Close()
-	var final snapshot
-	err = db.View(func(tx *bbolt.Tx) error {
-		rb := tx.Bucket([]byte(RecoveredBucket))
-		if rb != nil {
-			out.recovered = rb.Stats().KeyN
+	defer db.close()
+	effects, rec, err := db.ledger(ctx)
+	if err != nil {
+		return out, err
+	}
+	out.recovered = len(rec)
+	if p.recoveredKey != "" && !rec[p.recoveredKey] {
+		return out, fmt.Errorf("action %d answered, but the tool server never ran it recovered: it was not killed", crashAt)
+	}
+	for k, n := range effects {
+		if rec[k] {
+			out.recoveredExtra += max(0, n-1)
+		} else {
+			out.extra += max(0, n-1)
 		}
-		if p.recoveredKey != "" && (rb == nil || rb.Get([]byte(p.recoveredKey)) == nil) {
-			return fmt.Errorf("action %d answered, but the tool server never ran it recovered: it was not killed", crashAt)
-		}
-		if b := tx.Bucket([]byte(EffectsBucket)); b != nil {
-			if err := b.ForEach(func(k, v []byte) error {
-				if len(v) != 8 {
-					return nil
-				}
-				extra := max(0, int(binary.BigEndian.Uint64(v))-1)
-				if rb != nil && rb.Get(k) != nil {
-					out.recoveredExtra += extra
-				} else {
-					out.extra += extra
-				}
-				return nil
-			}); err != nil {
-				return err
-			}
-		}
-		var err error
-		final, err = Snapshot(BoltTx{tx})
-		return err
-	})
+	}
+	final, err := db.snapshot(ctx)
 	if err != nil {
 		return out, err
 	}

@@ -2,7 +2,6 @@ package taubench
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,9 +11,7 @@ import (
 	"syscall"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemmcp"
 )
 
@@ -39,10 +36,22 @@ const (
 	MCPAfterCommit = "after-commit"
 )
 
-// ServeConfig is one MCP server of the 16 retail tools over a seeded file.
+// ServeConfig is one MCP server of the 16 retail tools over a seeded file or
+// Postgres schema.
 type ServeConfig struct {
-	// DB is the bbolt file (seeded with Seed).
+	// DB is the bbolt file (seeded with Seed). With Schema set, no file is
+	// opened: DB is then only the base of the names of files a command
+	// puts beside it (MCPOptions.Command).
 	DB string `json:"db"`
+	// Schema, if set, is the Postgres schema of the retail tables (and, with
+	// Idem, of idempg's) on the server PG names: the Postgres backend.
+	Schema string `json:"schema,omitempty"`
+	// IdemSchema is the schema of idempg's tables, with Schema and Idem;
+	// empty means Schema.
+	IdemSchema string `json:"idem_schema,omitempty"`
+	// PG is the Postgres DSN for Schema. It is not part of the JSON: a tool
+	// server child reads it from its environment (IDEM_TAUBENCH_CHILD_PG).
+	PG string `json:"-"`
 	// Idem serves the tools through idemmcp: write tools in the DoTx form
 	// under the key from _meta, read tools (annotated read-only) passed
 	// through. False serves them with no dedupe, one bbolt transaction per
@@ -69,66 +78,55 @@ func ServeMCP(ctx context.Context, cfg ServeConfig, t mcp.Transport) error {
 			select {} // the signal is on its way
 		}
 	}
-	var closeStore func() error
-	if cfg.Idem {
-		e, err := idem.Open(cfg.DB, &idem.Options{PruneInterval: -1})
-		if err != nil {
+	db, err := openDB(ctx, place{Path: cfg.DB, Schema: cfg.Schema, IdemSchema: cfg.IdemSchema}, cfg.Idem, cfg.PG)
+	if err != nil {
+		return err
+	}
+	read := func(tool Tool, in map[string]any) (string, error) {
+		var out string
+		err := db.read(ctx, func(st Store) error {
+			var err error
+			out, err = tool.Run(st, in)
 			return err
-		}
-		closeStore = e.Close
-		m := idemmcp.New(e, nil)
+		})
+		return out, err
+	}
+	if cfg.Idem {
+		m := idemmcp.New(db.doer(), nil)
 		for _, tool := range toolList {
 			def := mcpTool(tool)
 			if !tool.Write {
 				idemmcp.AddTool(s, m, def, func(_ context.Context, _ *mcp.CallToolRequest, in map[string]any) (*mcp.CallToolResult, any, error) {
-					var out string
-					err := e.View(func(tx *bbolt.Tx) error {
-						var err error
-						out, err = tool.Run(BoltTx{tx}, in)
-						return err
-					})
+					out, err := read(tool, in)
 					return textResult(out), nil, err
 				}, nil)
 				continue
 			}
-			idemmcp.AddTxTool(s, m, idem.TxDoer[*idem.Tx](e), def,
-				func(_ context.Context, req *mcp.CallToolRequest, in map[string]any, tx *idem.Tx) (*mcp.CallToolResult, any, error) {
-					out, err := runWrite(tool, tx, req, in)
-					if err != nil {
-						return nil, nil, err
-					}
-					crash(req, MCPBeforeCommit)
-					return textResult(out), nil, nil
-				}, nil)
+			db.addTxTool(s, m, def, func(_ context.Context, req *mcp.CallToolRequest, in map[string]any, st Store) (*mcp.CallToolResult, any, error) {
+				out, err := runWrite(tool, st, req, in)
+				if err != nil {
+					return nil, nil, err
+				}
+				crash(req, MCPBeforeCommit)
+				return textResult(out), nil, nil
+			})
 		}
 		s.AddReceivingMiddleware(m.Wrap)
 	} else {
-		db, err := bbolt.Open(cfg.DB, 0o600, nil)
-		if err != nil {
-			return err
-		}
-		closeStore = db.Close
 		for _, tool := range toolList {
-			mcp.AddTool(s, mcpTool(tool), func(_ context.Context, req *mcp.CallToolRequest, in map[string]any) (*mcp.CallToolResult, any, error) {
+			mcp.AddTool(s, mcpTool(tool), func(ctx context.Context, req *mcp.CallToolRequest, in map[string]any) (*mcp.CallToolResult, any, error) {
+				if !tool.Write {
+					out, err := read(tool, in)
+					return textResult(out), nil, err
+				}
 				var out string
-				run := func(tx *bbolt.Tx) error {
+				err := db.write(ctx, func(st Store) error {
 					var err error
-					if tool.Write {
-						out, err = runWrite(tool, BoltTx{tx}, req, in)
-						if err == nil {
-							crash(req, MCPBeforeCommit)
-						}
-						return err
+					if out, err = runWrite(tool, st, req, in); err == nil {
+						crash(req, MCPBeforeCommit)
 					}
-					out, err = tool.Run(BoltTx{tx}, in)
 					return err
-				}
-				var err error
-				if tool.Write {
-					err = db.Update(run)
-				} else {
-					err = db.View(run)
-				}
+				})
 				return textResult(out), nil, err
 			})
 		}
@@ -143,8 +141,8 @@ func ServeMCP(ctx context.Context, cfg ServeConfig, t mcp.Transport) error {
 			return res, err
 		}
 	})
-	err := s.Run(ctx, t)
-	if cerr := closeStore(); err == nil {
+	err = s.Run(ctx, t)
+	if cerr := db.close(); err == nil {
 		err = cerr
 	}
 	return err
@@ -166,36 +164,27 @@ func textResult(out string) *mcp.CallToolResult {
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: out}}}
 }
 
-// runWrite runs a write tool in b and counts its effect under the call's
-// key in the same transaction; a recovered call (recovered) also marks its
-// key in RecoveredBucket.
-func runWrite(t Tool, b Buckets, req *mcp.CallToolRequest, in map[string]any) (string, error) {
-	out, err := t.Run(b, in)
+// runWrite runs a write tool in st and counts its effect under the call's
+// key in the same transaction (EffectsBucket, PgEffects); a recovered call
+// (recovered) also marks its key (RecoveredBucket, PgRecovered).
+func runWrite(t Tool, st Store, req *mcp.CallToolRequest, in map[string]any) (string, error) {
+	ls, ok := st.(ledgerStore)
+	if !ok {
+		return "", fmt.Errorf("taubench: %T keeps no effect counts", st)
+	}
+	out, err := t.Run(st, in)
 	if err != nil {
 		return out, err
 	}
 	if recovered(req) {
-		rb, err := b.Bucket([]byte(RecoveredBucket))
-		if err != nil {
-			return "", err
-		}
-		if err := rb.Put([]byte(metaKey(req)), []byte{1}); err != nil {
+		if err := ls.markRecovered(metaKey(req)); err != nil {
 			return "", err
 		}
 	}
 	if strings.HasPrefix(out, "Error") {
 		return out, nil
 	}
-	bkt, err := b.Bucket([]byte(EffectsBucket))
-	if err != nil {
-		return "", err
-	}
-	k := []byte(metaKey(req))
-	var n uint64
-	if v := bkt.Get(k); len(v) == 8 {
-		n = binary.BigEndian.Uint64(v)
-	}
-	return out, bkt.Put(k, binary.BigEndian.AppendUint64(nil, n+1))
+	return out, ls.countEffect(metaKey(req))
 }
 
 // recovered reports whether the call's _meta has idemmcp.MetaRecovered true.
@@ -235,6 +224,9 @@ func RunMCPServerChild(raw string) error {
 	var cfg ServeConfig
 	if err := json.Unmarshal([]byte(raw), &cfg); err != nil {
 		return fmt.Errorf("taubench tool server: configuration: %w", err)
+	}
+	if cfg.Schema != "" {
+		cfg.PG = os.Getenv(envChildPG)
 	}
 	err := ServeMCP(context.Background(), cfg, &mcp.StdioTransport{})
 	if errors.Is(err, context.Canceled) {

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -85,6 +84,15 @@ type Config struct {
 	Executable string
 	// Progress, if not nil, is called after each task run.
 	Progress func(done, total int)
+	// Backend keeps the task databases and idem's records: Bolt (empty
+	// means Bolt) or Postgres.
+	Backend Backend
+	// PG is the Postgres server of the Postgres backend, a pgx DSN. The run
+	// makes its schemas there, named taubench_ and a random prefix: the
+	// seeded template, one per task run (dropped after it) and one per row
+	// of the report for idempg's tables (dropped at the end). It gives the
+	// DSN to its children in their environment (IDEM_TAUBENCH_CHILD_PG).
+	PG string
 }
 
 // Row is one line of the report: a schedule played in one mode.
@@ -118,6 +126,11 @@ type Row struct {
 	// be cancelled again) and answers an error. A task with one is not
 	// Matched.
 	RecoveredDiverged int `json:"recovered_diverged_outputs,omitempty"`
+	// Takeovers counts crashed calls of the Do form (FormDo, Postgres
+	// only) that the runner took over from the killed child once its
+	// lease lapsed: a second process whose fn saw CallFrom's Recovered. A
+	// Do-form crash without one fails the run.
+	Takeovers int `json:"takeovers,omitempty"`
 	// Failures describes the first few mismatches, for debugging.
 	Failures []string `json:"failures,omitempty"`
 	// Crashes are the crash schedule's random choices, one per task that
@@ -129,18 +142,22 @@ type Row struct {
 // action Action (an index into the task's actions), at crash point Point
 // ("taubench-before-commit": after the tool ran, before its transaction
 // committed; "taubench-after-commit": after the commit, before the answer
-// reached the agent).
+// reached the agent), in the form Form: on the Postgres backend, FormDoTx
+// or FormDo (how the Idem mode plays the call; the baseline plays it directly
+// either way), empty on bbolt (DoTx).
 type CrashChoice struct {
 	Task   int    `json:"task"`
 	Action int    `json:"action"`
 	Point  string `json:"point"`
+	Form   string `json:"form,omitempty"`
 }
 
 // Report is the outcome of Run.
 type Report struct {
-	Seed  uint64 `json:"seed"`
-	Tasks int    `json:"tasks"`
-	Rows  []Row  `json:"rows"`
+	Seed    uint64  `json:"seed"`
+	Tasks   int     `json:"tasks"`
+	Backend Backend `json:"backend"`
+	Rows    []Row   `json:"rows"`
 }
 
 // OK reports whether every idem row has no divergent output, no extra
@@ -161,15 +178,15 @@ func (r *Report) OK() bool {
 // Run plays every task against a fresh copy of the database under each
 // schedule, in each mode, and compares with the reference.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
-	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error) {
-		p := &play{cfg: cfg, task: task, sched: sched, mode: mode, path: path}
+	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error) {
+		p := &play{cfg: cfg, task: task, sched: sched, mode: mode, pl: pl}
 		return p.run(ctx, initial)
 	})
 }
 
 // runAll is the loop of Run and RunMCPWith over schedules, modes and tasks,
 // each task on a fresh copy of the seeded database, with play doing one.
-func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, path string, initial snapshot) (outcome, error)) (*Report, error) {
+func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error)) (*Report, error) {
 	if cfg.Schedules == nil {
 		cfg.Schedules = Schedules
 	}
@@ -189,19 +206,20 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 		defer os.RemoveAll(dir)
 		work = dir
 	}
-	template := filepath.Join(work, "template.db")
-	if err := seedFile(template, cfg.DataDir); err != nil {
-		return nil, err
+	if cfg.Backend == "" {
+		cfg.Backend = Bolt
 	}
-	initial, err := snapshotFile(template)
+	st, err := newStage(ctx, &cfg, work)
 	if err != nil {
 		return nil, err
 	}
+	defer st.close()
+	initial := st.initial()
 	modes := []Mode{Idem}
 	if cfg.Baseline {
 		modes = []Mode{Baseline, Idem}
 	}
-	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks)}
+	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks), Backend: cfg.Backend}
 	total, done := len(cfg.Schedules)*len(modes)*len(cfg.Tasks), 0
 	for _, sched := range cfg.Schedules {
 		for _, mode := range modes {
@@ -210,16 +228,12 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 				if err := ctx.Err(); err != nil {
 					return nil, err
 				}
-				path := filepath.Join(work, fmt.Sprintf("%s-%s-%d.db", sched, mode, task.ID))
-				if err := copyFile(template, path); err != nil {
+				pl, err := st.fresh(ctx, fmt.Sprintf("%s-%s", sched, mode), task.ID, mode == Idem)
+				if err != nil {
 					return nil, err
 				}
-				out, err := play(ctx, &cfg, task, sched, mode, path, initial)
-				os.Remove(path)
-				beside, _ := filepath.Glob(path + ".*")
-				for _, f := range beside {
-					os.Remove(f)
-				}
+				out, err := play(ctx, &cfg, task, sched, mode, pl, initial)
+				st.remove(pl)
 				if err != nil {
 					return nil, fmt.Errorf("task %d, %s, %s: %w", task.ID, sched, mode, err)
 				}
@@ -231,6 +245,7 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 				row.RecoveredCalls += out.recovered
 				row.RecoveredEffects += out.recoveredExtra
 				row.RecoveredDiverged += out.recoveredDiverged
+				row.Takeovers += out.takeovers
 				if len(out.state) > 0 {
 					row.StateMismatches++
 				}
@@ -256,17 +271,22 @@ type play struct {
 	task  Task
 	sched Schedule
 	mode  Mode
-	path  string
+	pl    place
 
-	e  *idem.Engine // Idem mode
-	db *bbolt.DB    // Baseline mode
+	db taskDB
 
 	// killAt is the crash point at which a crash child kills itself
 	// (point); empty outside a crash child.
 	killAt string
 
-	mu      sync.Mutex
-	effects map[int]int // successful write executions per action index
+	// doAt is the action played through Do (FormDo) rather than DoTx, -1
+	// for none: the crash schedule's crashed call on Postgres, when its
+	// choice says so.
+	doAt int
+
+	mu        sync.Mutex
+	effects   map[int]int // successful write executions per action index
+	takeovers int         // runs of doFn that took a lapsed claim over
 }
 
 // point is a crash point of the runner's own (the engine's failpoints exist
@@ -289,6 +309,7 @@ type outcome struct {
 	// re-executed after a kill, their extra effects (not in extra) and
 	// their divergent answers (not in diverged).
 	recovered, recoveredExtra, recoveredDiverged int
+	takeovers                                    int // Row.Takeovers
 }
 
 // key is the idempotency key of action i: minted once per logical call.
@@ -297,29 +318,19 @@ func (p *play) key(i int) string {
 	return fmt.Sprintf("tau-%d-%d-%016x", p.task.ID, i, r.Uint64())
 }
 
-func (p *play) open() error {
-	if p.mode == Idem {
-		e, err := idem.Open(p.path, &idem.Options{PruneInterval: -1})
-		p.e = e
-		return err
-	}
-	db, err := bbolt.Open(p.path, 0o600, nil)
+func (p *play) open(ctx context.Context) error {
+	db, err := openDB(ctx, p.pl, p.mode == Idem, p.cfg.PG)
 	p.db = db
 	return err
 }
 
 func (p *play) close() error {
-	if p.e != nil {
-		err := p.e.Close()
-		p.e = nil
-		return err
+	if p.db == nil {
+		return nil
 	}
-	if p.db != nil {
-		err := p.db.Close()
-		p.db = nil
-		return err
-	}
-	return nil
+	err := p.db.close()
+	p.db = nil
+	return err
 }
 
 // answer is what one physical call returned to the agent.
@@ -335,8 +346,8 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 	if !ok {
 		return answer{}, fmt.Errorf("unknown tool %q", a.Name)
 	}
-	run := func(b Buckets) (string, error) {
-		out, err := tool.Run(b, args)
+	run := func(s Store) (string, error) {
+		out, err := tool.Run(s, args)
 		if err == nil && tool.Write && !strings.HasPrefix(out, "Error") {
 			p.mu.Lock()
 			p.effects[i]++
@@ -344,49 +355,54 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 		}
 		return out, err
 	}
-	if p.mode == Baseline {
-		var out string
-		var err error
-		if tool.Write {
-			err = p.db.Update(func(tx *bbolt.Tx) error {
-				out, err = run(BoltTx{tx})
-				if err == nil {
-					p.point("taubench-before-commit")
-				}
-				return err
-			})
-		} else {
-			err = p.db.View(func(tx *bbolt.Tx) error {
-				out, err = run(BoltTx{tx})
-				return err
-			})
-		}
-		if err == nil && tool.Write {
-			p.point("taubench-after-commit")
-		}
-		return answer{output: out}, err
-	}
 	if !tool.Write {
 		var out string
-		err := p.e.View(func(tx *bbolt.Tx) error {
+		err := p.db.read(ctx, func(s Store) error {
 			var err error
-			out, err = run(BoltTx{tx})
+			out, err = run(s)
 			return err
 		})
+		return answer{output: out}, err
+	}
+	if p.mode == Baseline {
+		var out string
+		err := p.db.write(ctx, func(s Store) error {
+			var err error
+			out, err = run(s)
+			if err == nil {
+				p.point("taubench-before-commit")
+			}
+			return err
+		})
+		if err == nil {
+			p.point("taubench-after-commit")
+		}
 		return answer{output: out}, err
 	}
 	fp, err := idem.Fingerprint(args)
 	if err != nil {
 		return answer{}, err
 	}
-	res, err := p.e.DoTx(ctx, p.key(i), fp, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
-		out, err := run(tx)
-		if err != nil {
-			return nil, err
-		}
-		p.point("taubench-before-commit")
-		return []byte(out), nil
-	})
+	var res idem.Result
+	if i == p.doAt {
+		res, err = p.db.do(ctx, p.key(i), fp, func(ctx context.Context) ([]byte, error) {
+			return p.doFn(ctx, i, run)
+		})
+	} else {
+		res, err = p.db.doTx(ctx, p.key(i), fp, func(ctx context.Context, s Store) ([]byte, error) {
+			if c, _ := idem.CallFrom(ctx); c.Recovered {
+				// On either backend a killed DoTx leaves nothing behind
+				// (its transaction rolls back): nothing to recover.
+				return nil, fmt.Errorf("taubench: DoTx of action %d recovers an interrupted execution (attempt %d)", i, c.Attempt)
+			}
+			out, err := run(s)
+			if err != nil {
+				return nil, err
+			}
+			p.point("taubench-before-commit")
+			return []byte(out), nil
+		})
+	}
 	if errors.Is(err, idem.ErrFingerprintMismatch) {
 		return answer{refused: true}, nil
 	}
@@ -397,10 +413,68 @@ func (p *play) call(ctx context.Context, i int, args map[string]any) (answer, er
 	return answer{output: string(res.Response)}, nil
 }
 
+// doFn is the fn of a write call of the Do form (FormDo): the tool runs in
+// a Postgres transaction of its own, which records its answer under the key
+// (PgDoAnswers) with its change; the crash points are before and after that
+// commit, both inside fn, so that a kill at either leaves the key's claim
+// behind for another process to take over once its lease lapses. The taker
+// (fn with CallFrom's Recovered) reconciles by the key: an answer recorded
+// means the change committed, and it is answered without running the tool
+// again; none means nothing committed, and the tool runs.
+func (p *play) doFn(ctx context.Context, i int, run func(Store) (string, error)) ([]byte, error) {
+	key := p.key(i)
+	if c, _ := idem.CallFrom(ctx); c.Recovered {
+		p.mu.Lock()
+		p.takeovers++
+		p.mu.Unlock()
+		var (
+			out   string
+			found bool
+		)
+		err := p.db.read(ctx, func(s Store) error {
+			ps, ok := s.(PgStore)
+			if !ok {
+				return fmt.Errorf("taubench: the Do form needs the postgres backend, not %T", s)
+			}
+			var err error
+			out, found, err = ps.doAnswer(key)
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			return []byte(out), nil
+		}
+	}
+	var out string
+	err := p.db.write(ctx, func(s Store) error {
+		ps, ok := s.(PgStore)
+		if !ok {
+			return fmt.Errorf("taubench: the Do form needs the postgres backend, not %T", s)
+		}
+		var err error
+		if out, err = run(s); err != nil {
+			return err
+		}
+		if err := ps.putDoAnswer(key, out); err != nil {
+			return err
+		}
+		p.point("taubench-before-commit")
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	p.point("taubench-after-commit")
+	return []byte(out), nil
+}
+
 func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err error) {
 	p.effects = map[int]int{}
+	p.doAt = -1
 	rng := rand.New(rand.NewPCG(p.cfg.Seed, uint64(p.task.ID)))
-	crashAt, point := -1, ""
+	crashAt, point, form := -1, "", ""
 	if p.sched == Crash {
 		var writes []int
 		for i, a := range p.task.Actions {
@@ -411,12 +485,20 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 		if len(writes) > 0 {
 			crashAt = writes[rng.IntN(len(writes))]
 			point = crashPoints[rng.IntN(len(crashPoints))]
+			if p.cfg.Backend == Postgres {
+				// Drawn last, so that the other choices are the bbolt
+				// backend's.
+				form = crashForms[rng.IntN(len(crashForms))]
+			}
 		}
 	}
 	start := 0
 	if crashAt >= 0 {
-		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point}
-		if err := p.crashChild(crashAt, point); err != nil {
+		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point, Form: form}
+		if form == FormDo && p.mode == Idem {
+			p.doAt = crashAt
+		}
+		if err := p.crashChild(ctx, crashAt, point, form); err != nil {
 			return out, err
 		}
 		// The child's execution of the crashed call had its effect if the
@@ -433,7 +515,7 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 			}
 		}
 	}
-	if err := p.open(); err != nil {
+	if err := p.open(ctx); err != nil {
 		return out, err
 	}
 	defer func() {
@@ -447,6 +529,14 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 		if err != nil {
 			return out, fmt.Errorf("action %d (%s): %w", i, a.Name, err)
 		}
+		if i == crashAt && p.doAt == i {
+			// The killed child held the key's claim: this process must
+			// have taken it over, its fn seeing Recovered.
+			if p.takeovers != 1 {
+				return out, fmt.Errorf("action %d (%s), killed %s in Do: %d takeovers by this process, want 1", i, a.Name, point, p.takeovers)
+			}
+			out.takeovers++
+		}
 		for _, s := range seen {
 			if s.refused || !EqualJSON(s.output, a.Output) {
 				out.diverged++
@@ -459,7 +549,7 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 	for _, n := range p.effects {
 		out.extra += max(0, n-1)
 	}
-	final, err := p.snapshot()
+	final, err := p.db.snapshot(ctx)
 	if err != nil {
 		return out, err
 	}
@@ -471,6 +561,26 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 // the tool ran but before its transaction committed, or after the commit
 // before the answer reached the agent.
 var crashPoints = []string{"taubench-before-commit", "taubench-after-commit"}
+
+// The forms of the crashed call in Idem mode (CrashChoice.Form).
+const (
+	// FormDoTx plays it through DoTx, as every other write call: the tool
+	// writes in the transaction of the done record. On Postgres a kill
+	// before the commit leaves nothing (the server rolls back).
+	FormDoTx = "dotx"
+	// FormDo plays it through Do (Postgres only): the tool runs in a
+	// transaction of its own inside fn, which also records its answer
+	// under the key (PgDoAnswers), and both crash points are inside fn,
+	// before and after that commit. The killed child leaves the key's
+	// claim behind; the runner (another process) waits for its lease to
+	// lapse, takes the key over (fn sees CallFrom's Recovered, counted in
+	// Row.Takeovers), and reconciles by the key: the recorded answer if
+	// the change committed, else the tool runs.
+	FormDo = "do"
+)
+
+// crashForms are the forms the Postgres backend's crash schedule draws from.
+var crashForms = []string{FormDoTx, FormDo}
 
 // schedule sends action i as the schedule says and returns the answers the
 // agent reads.
@@ -564,19 +674,6 @@ func mutate(tool string, args map[string]any) map[string]any {
 	return m
 }
 
-func (p *play) snapshot() (snapshot, error) {
-	var s snapshot
-	view := func(tx *bbolt.Tx) error {
-		var err error
-		s, err = Snapshot(BoltTx{tx})
-		return err
-	}
-	if p.e != nil {
-		return s, p.e.View(view)
-	}
-	return s, p.db.View(view)
-}
-
 // Crash children.
 
 // ChildCommand is the first argument of a crash child: the runner starts
@@ -587,7 +684,9 @@ const ChildCommand = "taubench-crash-child"
 
 // childSpec tells a crash child what to run.
 type childSpec struct {
-	DB        string   `json:"db"`
+	place
+	// Form is the crashed call's CrashChoice.Form.
+	Form      string   `json:"form,omitempty"`
 	TasksFile string   `json:"tasks_file"`
 	Task      int      `json:"task"`
 	Seed      uint64   `json:"seed"`
@@ -598,17 +697,19 @@ type childSpec struct {
 }
 
 // crashChild runs the task up to action crashAt in a child process that is
-// killed with SIGKILL at point during that action.
-func (p *play) crashChild(crashAt int, point string) error {
+// killed with SIGKILL at point during that action, played in form.
+func (p *play) crashChild(ctx context.Context, crashAt int, point, form string) error {
 	if p.cfg.TasksFile == "" {
 		return errors.New("the crash schedule needs Config.TasksFile")
 	}
-	spec, err := json.Marshal(childSpec{DB: p.path, TasksFile: p.cfg.TasksFile, Task: p.task.ID, Seed: p.cfg.Seed,
-		Mode: p.mode, CrashAt: crashAt, Point: point, Schedule: p.sched})
+	spec, err := json.Marshal(childSpec{place: p.pl, TasksFile: p.cfg.TasksFile, Task: p.task.ID, Seed: p.cfg.Seed,
+		Mode: p.mode, CrashAt: crashAt, Point: point, Schedule: p.sched, Form: form})
 	if err != nil {
 		return err
 	}
-	outb, err := exec.Command(p.cfg.Executable, ChildCommand, string(spec)).CombinedOutput()
+	cmd := exec.CommandContext(ctx, p.cfg.Executable, ChildCommand, string(spec))
+	cmd.Env = childEnv(p.pl, p.cfg.PG)
+	outb, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	if errors.As(err, &exit) {
 		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
@@ -662,18 +763,25 @@ func RunChild(raw string) error {
 	if task == nil {
 		return fmt.Errorf("no task %d in %s", spec.Task, spec.TasksFile)
 	}
-	p := &play{cfg: &Config{Seed: spec.Seed}, task: *task, sched: spec.Schedule, mode: spec.Mode,
-		path: spec.DB, effects: map[int]int{}}
+	cfg := &Config{Seed: spec.Seed, Backend: Bolt}
+	if spec.place.Schema != "" {
+		cfg.Backend, cfg.PG = Postgres, os.Getenv(envChildPG)
+	}
+	p := &play{cfg: cfg, task: *task, sched: spec.Schedule, mode: spec.Mode,
+		pl: spec.place, effects: map[int]int{}, doAt: -1}
+	if spec.Form == FormDo && spec.Mode == Idem {
+		p.doAt = spec.CrashAt
+	}
 	if !slices.Contains(crashPoints, spec.Point) {
 		return fmt.Errorf("no crash point %q", spec.Point)
 	}
 	if spec.CrashAt < 0 || spec.CrashAt >= len(task.Actions) {
 		return fmt.Errorf("task %d has no action %d", spec.Task, spec.CrashAt)
 	}
-	if err := p.open(); err != nil {
+	ctx := context.Background()
+	if err := p.open(ctx); err != nil {
 		return err
 	}
-	ctx := context.Background()
 	for i := 0; i < spec.CrashAt; i++ {
 		if _, err := p.call(ctx, i, task.Actions[i].Kwargs); err != nil {
 			return err
@@ -706,7 +814,7 @@ func snapshotFile(path string) (snapshot, error) {
 	defer db.Close()
 	var s snapshot
 	err = db.View(func(tx *bbolt.Tx) error {
-		s, err = Snapshot(BoltTx{tx})
+		s, err = Snapshot(BoltStore{BoltTx{tx}})
 		return err
 	})
 	return s, err
@@ -761,7 +869,11 @@ recovered         answers of those calls that differ from the reference, and the
 // recovered effects, if a row has recovered calls).
 func WriteTable(w io.Writer, rep *Report) {
 	recovered := slices.ContainsFunc(rep.Rows, func(r Row) bool { return r.RecoveredCalls > 0 })
-	fmt.Fprintf(w, "τ-bench retail, %d tasks, seed %d\n\n", rep.Tasks, rep.Seed)
+	on := ""
+	if rep.Backend != "" && rep.Backend != Bolt {
+		on = " on " + string(rep.Backend)
+	}
+	fmt.Fprintf(w, "τ-bench retail%s, %d tasks, seed %d\n\n", on, rep.Tasks, rep.Seed)
 	if recovered {
 		fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches | recovered calls | recovered diverged | recovered effects |")
 		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")
@@ -781,6 +893,11 @@ func WriteTable(w io.Writer, rep *Report) {
 			fmt.Fprintf(w, " %d | %d | %d |", r.RecoveredCalls, r.RecoveredDiverged, r.RecoveredEffects)
 		}
 		fmt.Fprintln(w)
+	}
+	for _, r := range rows {
+		if r.Takeovers > 0 {
+			fmt.Fprintf(w, "\n%s/%s: %d of the crashed calls were in the Do form: a second process took each over after the killed one's lease, its fn seeing Recovered\n", r.Schedule, r.Mode, r.Takeovers)
+		}
 	}
 	fmt.Fprintf(w, "\n%s", Legend)
 	if recovered {

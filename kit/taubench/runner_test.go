@@ -113,3 +113,39 @@ func TestReportRecovered(t *testing.T) {
 	}
 	require.False(t, (&Report{Rows: []Row{{Mode: Idem, Tasks: 2, Matched: 1}}}).OK())
 }
+
+// TestRemoveBeside: the files beside a place go, the place's name taken
+// literally (no pattern in it), and an empty name removes nothing.
+func TestRemoveBeside(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, f := range []string{".git", "a[1].db", "a[1].db.proxy", "a1.db.proxy", "b.db.x"} {
+		require.NoError(t, os.WriteFile(f, nil, 0o600))
+	}
+	removeBeside("")
+	removeBeside(filepath.Join(dir, "a[1].db"))
+	left, err := filepath.Glob(filepath.Join(dir, "*")) // dot files too
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"a[1].db", "a1.db.proxy", "b.db.x", ".git"}, baseNames(left))
+}
+
+func baseNames(paths []string) []string {
+	names := make([]string, len(paths))
+	for i, p := range paths {
+		names[i] = filepath.Base(p)
+	}
+	return names
+}
+
+// TestReportBackend: the table names a backend other than bbolt, and says
+// how many crashed calls were taken over, per row that has any.
+func TestReportBackend(t *testing.T) {
+	var b strings.Builder
+	WriteTable(&b, &Report{Tasks: 1, Seed: 2, Backend: Bolt, Rows: []Row{{Schedule: Crash, Mode: Idem, Tasks: 1, Matched: 1}}})
+	require.Contains(t, b.String(), "τ-bench retail, 1 tasks, seed 2\n")
+	require.NotContains(t, b.String(), "took each over")
+	b.Reset()
+	WriteTable(&b, &Report{Tasks: 1, Seed: 2, Backend: Postgres, Rows: []Row{{Schedule: Crash, Mode: Idem, Tasks: 1, Matched: 1, Takeovers: 1}}})
+	require.Contains(t, b.String(), "τ-bench retail on postgres, 1 tasks, seed 2\n")
+	require.Contains(t, b.String(), "crash/idem: 1 of the crashed calls were in the Do form: a second process took each over")
+}

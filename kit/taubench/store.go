@@ -24,8 +24,9 @@ const (
 	ProductOrderBucket = "tau_product_order"
 )
 
-// Buckets is what a tool needs from a write transaction: named top-level buckets,
-// created on first use. *idem.Tx satisfies it; BoltTx adapts a plain *bbolt.Tx.
+// Buckets is what BoltStore needs from a bbolt transaction: named top-level
+// buckets, created on first use. *idem.Tx satisfies it; BoltTx adapts a plain
+// *bbolt.Tx.
 type Buckets interface {
 	Bucket(name []byte) (*bbolt.Bucket, error)
 }
@@ -153,39 +154,131 @@ type snapshot map[string]map[string]json.RawMessage
 
 // Snapshot reads every record of the retail tables, for comparison with
 // DiffChanged.
-func Snapshot(b Buckets) (snapshot, error) {
-	s := snapshot{}
+func Snapshot(s Store) (snapshot, error) {
+	snap := snapshot{}
 	for _, t := range tables {
-		bkt, err := b.Bucket([]byte(t.bucket))
-		if err != nil {
-			return nil, err
-		}
 		recs := map[string]json.RawMessage{}
-		err = bkt.ForEach(func(k, v []byte) error {
-			recs[string(k)] = append(json.RawMessage(nil), v...)
-			return nil
+		err := s.Scan(t.name, func(id string, data []byte) (bool, error) {
+			recs[id] = append(json.RawMessage(nil), data...)
+			return true, nil
 		})
 		if err != nil {
 			return nil, err
 		}
-		s[t.name] = recs
+		snap[t.name] = recs
 	}
-	return s, nil
+	return snap, nil
 }
 
-// getRaw returns the stored JSON of record id of t, or nil if there is none.
-// The slice is only valid during the transaction.
-func getRaw(b Buckets, t table, id string) ([]byte, error) {
-	bkt, err := b.Bucket([]byte(t.bucket))
+// Store is the retail database as a tool reads and writes it, inside one
+// transaction of its backend: the bbolt buckets (BoltStore) or the Postgres
+// tables of one schema (PgStore). Tables are named as in Task.Changed:
+// "orders", "users", "products". A record is its JSON text in json.dumps
+// form, so that a read tool answers with the stored bytes.
+type Store interface {
+	// Record returns the JSON text of record id of table, or nil if there
+	// is none. The slice is only valid during the transaction.
+	Record(table, id string) ([]byte, error)
+	// Put stores data as record id of table, replacing what was there.
+	Put(table, id string, data []byte) error
+	// Scan calls fn on every record of table in data-file order (the order
+	// the reference's dicts keep: "the first user whose …") until fn
+	// returns false or an error, which Scan returns. data is only valid
+	// during fn.
+	Scan(table string, fn func(id string, data []byte) (bool, error)) error
+}
+
+// BoltStore is the Store of a bbolt transaction: each table a bucket, with
+// an index bucket of file positions where the order matters.
+type BoltStore struct {
+	// B is the transaction's buckets: *idem.Tx, or BoltTx{tx}.
+	B Buckets
+}
+
+// boltTable returns the table called name.
+func boltTable(name string) (table, error) {
+	for _, t := range tables {
+		if t.name == name {
+			return t, nil
+		}
+	}
+	return table{}, fmt.Errorf("taubench: no table %q", name)
+}
+
+// Record implements Store.
+func (s BoltStore) Record(name, id string) ([]byte, error) {
+	t, err := boltTable(name)
+	if err != nil {
+		return nil, err
+	}
+	bkt, err := s.B.Bucket([]byte(t.bucket))
 	if err != nil || id == "" {
 		return nil, err
 	}
 	return bkt.Get([]byte(id)), nil
 }
 
+// Put implements Store.
+func (s BoltStore) Put(name, id string, data []byte) error {
+	t, err := boltTable(name)
+	if err != nil {
+		return err
+	}
+	bkt, err := s.B.Bucket([]byte(t.bucket))
+	if err != nil {
+		return err
+	}
+	return bkt.Put([]byte(id), data)
+}
+
+// Scan implements Store. Without an order index it falls back to key order.
+func (s BoltStore) Scan(name string, fn func(id string, data []byte) (bool, error)) error {
+	t, err := boltTable(name)
+	if err != nil {
+		return err
+	}
+	bkt, err := s.B.Bucket([]byte(t.bucket))
+	if err != nil {
+		return err
+	}
+	c, viaIndex := bkt.Cursor(), false
+	if t.order != "" {
+		idx, err := s.B.Bucket([]byte(t.order))
+		if err != nil {
+			return err
+		}
+		if k, _ := idx.Cursor().First(); k != nil {
+			c, viaIndex = idx.Cursor(), true
+		}
+	}
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		id, data := k, v
+		if viaIndex {
+			id, data = v, bkt.Get(v)
+			if data == nil {
+				continue
+			}
+		}
+		more, err := fn(string(id), data)
+		if err != nil || !more {
+			return err
+		}
+	}
+	return nil
+}
+
+// getRaw returns the stored JSON of record id of t, or nil if there is none.
+// The slice is only valid during the transaction.
+func getRaw(s Store, t table, id string) ([]byte, error) {
+	if id == "" {
+		return nil, nil
+	}
+	return s.Record(t.name, id)
+}
+
 // getRecord decodes record id of t, or returns nil if there is none.
-func getRecord(b Buckets, t table, id string) (*object, error) {
-	data, err := getRaw(b, t, id)
+func getRecord(s Store, t table, id string) (*object, error) {
+	data, err := getRaw(s, t, id)
 	if err != nil || data == nil {
 		return nil, err
 	}
@@ -197,50 +290,22 @@ func getRecord(b Buckets, t table, id string) (*object, error) {
 }
 
 // putRecord stores record id of t and returns its JSON text.
-func putRecord(b Buckets, t table, id string, o *object) (string, error) {
-	bkt, err := b.Bucket([]byte(t.bucket))
-	if err != nil {
-		return "", err
-	}
+func putRecord(s Store, t table, id string, o *object) (string, error) {
 	data := dumps(o)
-	if err := bkt.Put([]byte(id), data); err != nil {
+	if err := s.Put(t.name, id, data); err != nil {
 		return "", err
 	}
 	return string(data), nil
 }
 
 // forEachInFileOrder calls fn on the records of t in data-file order until fn
-// returns false. Without an order index it falls back to key order.
-func forEachInFileOrder(b Buckets, t table, fn func(id string, rec *object) bool) error {
-	bkt, err := b.Bucket([]byte(t.bucket))
-	if err != nil {
-		return err
-	}
-	idx, err := b.Bucket([]byte(t.order))
-	if err != nil {
-		return err
-	}
-	c, viaIndex := idx.Cursor(), true
-	k, v := c.First()
-	if k == nil {
-		c, viaIndex = bkt.Cursor(), false
-		k, v = c.First()
-	}
-	for ; k != nil; k, v = c.Next() {
-		id, data := k, v
-		if viaIndex {
-			id, data = v, bkt.Get(v)
-			if data == nil {
-				continue
-			}
-		}
+// returns false.
+func forEachInFileOrder(s Store, t table, fn func(id string, rec *object) bool) error {
+	return s.Scan(t.name, func(id string, data []byte) (bool, error) {
 		rec, err := parseObject(data)
 		if err != nil {
-			return fmt.Errorf("taubench: %s record %q: %w", t.name, id, err)
+			return false, fmt.Errorf("taubench: %s record %q: %w", t.name, id, err)
 		}
-		if !fn(string(id), rec) {
-			return nil
-		}
-	}
-	return nil
+		return fn(id, rec), nil
+	})
 }

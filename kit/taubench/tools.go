@@ -22,7 +22,7 @@ type Tool struct {
 	// returns the reference's answer: a JSON record, a plain id or an
 	// "Error: …" text. A check that fails is such an answer and changes
 	// nothing; the error is for storage failures only.
-	Run func(b Buckets, args map[string]any) (string, error)
+	Run func(b Store, args map[string]any) (string, error)
 }
 
 // toolList is the table of tools, in the reference's order.
@@ -41,8 +41,8 @@ var toolList = []Tool{
 	newTool("modify_pending_order_payment", true, "order_id payment_method_id", modifyPendingOrderPayment),
 	newTool("modify_user_address", true, "user_id address1 address2 city state country zip", modifyUserAddress),
 	newTool("return_delivered_order_items", true, "order_id item_ids payment_method_id", returnDeliveredOrderItems),
-	newTool("think", false, "thought", func(Buckets, args) (string, error) { return "", nil }),
-	newTool("transfer_to_human_agents", false, "summary", func(Buckets, args) (string, error) { return "Transfer successful", nil }),
+	newTool("think", false, "thought", func(Store, args) (string, error) { return "", nil }),
+	newTool("transfer_to_human_agents", false, "summary", func(Store, args) (string, error) { return "Transfer successful", nil }),
 }
 
 // Tools returns every retail tool.
@@ -78,9 +78,9 @@ var (
 )
 
 // newTool builds a Tool whose Run binds the keyword arguments first.
-func newTool(name string, write bool, params string, run func(Buckets, args) (string, error)) Tool {
+func newTool(name string, write bool, params string, run func(Store, args) (string, error)) Tool {
 	ps := strings.Fields(params)
-	return Tool{Name: name, Write: write, Params: ps, Run: func(b Buckets, kwargs map[string]any) (string, error) {
+	return Tool{Name: name, Write: write, Params: ps, Run: func(b Store, kwargs map[string]any) (string, error) {
 		a, msg := bind(name, ps, kwargs)
 		if msg != "" {
 			return msg, nil
@@ -226,12 +226,12 @@ func keyError(key string) string { return "Error: " + pyStrRepr(key) }
 
 // --- read-only tools
 
-func runCalculate(_ Buckets, a args) (string, error) {
+func runCalculate(_ Store, a args) (string, error) {
 	return calculate(a.str("expression")), nil
 }
 
 // findUser returns the id of the first user in file order that match accepts.
-func findUser(b Buckets, match func(u *object) bool) (string, error) {
+func findUser(b Store, match func(u *object) bool) (string, error) {
 	found := ""
 	err := forEachInFileOrder(b, usersTable, func(id string, u *object) bool {
 		if match(u) {
@@ -248,14 +248,14 @@ func findUser(b Buckets, match func(u *object) bool) (string, error) {
 	return found, nil
 }
 
-func findUserIDByEmail(b Buckets, a args) (string, error) {
+func findUserIDByEmail(b Store, a args) (string, error) {
 	email := strings.ToLower(a.str("email"))
 	return findUser(b, func(u *object) bool {
 		return strings.ToLower(u.str("email")) == email
 	})
 }
 
-func findUserIDByNameZip(b Buckets, a args) (string, error) {
+func findUserIDByNameZip(b Store, a args) (string, error) {
 	first, last, zip := strings.ToLower(a.str("first_name")), strings.ToLower(a.str("last_name")), a.str("zip")
 	return findUser(b, func(u *object) bool {
 		name := u.obj("name")
@@ -267,8 +267,8 @@ func findUserIDByNameZip(b Buckets, a args) (string, error) {
 
 // details answers get_order_details, get_user_details and
 // get_product_details: the stored record as it is.
-func details(t table, param, notFound string) func(Buckets, args) (string, error) {
-	return func(b Buckets, a args) (string, error) {
+func details(t table, param, notFound string) func(Store, args) (string, error) {
+	return func(b Store, a args) (string, error) {
 		data, err := getRaw(b, t, a.str(param))
 		if err != nil {
 			return "", err
@@ -280,7 +280,7 @@ func details(t table, param, notFound string) func(Buckets, args) (string, error
 	}
 }
 
-func listAllProductTypes(b Buckets, _ args) (string, error) {
+func listAllProductTypes(b Store, _ args) (string, error) {
 	byName := map[string]any{} // a later product of the same name wins, as in a dict
 	err := forEachInFileOrder(b, productsTable, func(_ string, p *object) bool {
 		byName[p.str("name")] = p.get("product_id")
@@ -306,7 +306,7 @@ func listAllProductTypes(b Buckets, _ args) (string, error) {
 // orderInStatus loads order id and checks that its status is want. When a
 // check fails it returns the reference's answer: "Error: order not found",
 // or wrongStatus.
-func orderInStatus(b Buckets, id, want, wrongStatus string) (order *object, answer string, err error) {
+func orderInStatus(b Store, id, want, wrongStatus string) (order *object, answer string, err error) {
 	order, err = getRecord(b, ordersTable, id)
 	switch {
 	case err != nil:
@@ -321,7 +321,7 @@ func orderInStatus(b Buckets, id, want, wrongStatus string) (order *object, answ
 
 // orderUser loads the user who placed order; a missing user is the
 // reference's KeyError.
-func orderUser(b Buckets, order *object) (user *object, answer string, err error) {
+func orderUser(b Store, order *object) (user *object, answer string, err error) {
 	id := order.str("user_id")
 	user, err = getRecord(b, usersTable, id)
 	if err == nil && user == nil {
@@ -383,7 +383,7 @@ func firstItem(order *object, id string) *object {
 // product of the item it replaces and returns Σ(new price − old price), as
 // the reference sums it (unrounded), with the new variants. The items must
 // be present (missingItem).
-func priceDifference(b Buckets, order *object, ids, newIDs []string) (diff any, variants []*object, answer string, err error) {
+func priceDifference(b Store, order *object, ids, newIDs []string) (diff any, variants []*object, answer string, err error) {
 	if len(ids) != len(newIDs) {
 		return nil, nil, "Error: the number of items to be exchanged should match", nil
 	}
@@ -435,7 +435,7 @@ func transaction(kind string, amount any, paymentMethodID string) *object {
 
 // --- write tools
 
-func cancelPendingOrder(b Buckets, a args) (string, error) {
+func cancelPendingOrder(b Store, a args) (string, error) {
 	id := a.str("order_id")
 	order, answer, err := orderInStatus(b, id, "pending", "Error: non-pending order cannot be cancelled")
 	if order == nil {
@@ -476,7 +476,7 @@ func cancelPendingOrder(b Buckets, a args) (string, error) {
 	return putRecord(b, ordersTable, id, order)
 }
 
-func modifyPendingOrderAddress(b Buckets, a args) (string, error) {
+func modifyPendingOrderAddress(b Store, a args) (string, error) {
 	id := a.str("order_id")
 	order, answer, err := orderInStatus(b, id, "pending", "Error: non-pending order cannot be modified")
 	if order == nil {
@@ -486,7 +486,7 @@ func modifyPendingOrderAddress(b Buckets, a args) (string, error) {
 	return putRecord(b, ordersTable, id, order)
 }
 
-func modifyUserAddress(b Buckets, a args) (string, error) {
+func modifyUserAddress(b Store, a args) (string, error) {
 	id := a.str("user_id")
 	user, err := getRecord(b, usersTable, id)
 	if user == nil {
@@ -499,7 +499,7 @@ func modifyUserAddress(b Buckets, a args) (string, error) {
 	return putRecord(b, usersTable, id, user)
 }
 
-func modifyPendingOrderPayment(b Buckets, a args) (string, error) {
+func modifyPendingOrderPayment(b Store, a args) (string, error) {
 	id, pmID := a.str("order_id"), a.str("payment_method_id")
 	order, answer, err := orderInStatus(b, id, "pending", "Error: non-pending order cannot be modified")
 	if order == nil {
@@ -551,7 +551,7 @@ func modifyPendingOrderPayment(b Buckets, a args) (string, error) {
 	return putRecord(b, ordersTable, id, order)
 }
 
-func modifyPendingOrderItems(b Buckets, a args) (string, error) {
+func modifyPendingOrderItems(b Store, a args) (string, error) {
 	id, ids, newIDs, pmID := a.str("order_id"), a.list("item_ids"), a.list("new_item_ids"), a.str("payment_method_id")
 	order, answer, err := orderInStatus(b, id, "pending", "Error: non-pending order cannot be modified")
 	if order == nil {
@@ -596,7 +596,7 @@ func modifyPendingOrderItems(b Buckets, a args) (string, error) {
 	return putRecord(b, ordersTable, id, order)
 }
 
-func returnDeliveredOrderItems(b Buckets, a args) (string, error) {
+func returnDeliveredOrderItems(b Store, a args) (string, error) {
 	id, ids, pmID := a.str("order_id"), a.list("item_ids"), a.str("payment_method_id")
 	order, answer, err := orderInStatus(b, id, "delivered", "Error: non-delivered order cannot be returned")
 	if order == nil {
@@ -627,7 +627,7 @@ func returnDeliveredOrderItems(b Buckets, a args) (string, error) {
 	return putRecord(b, ordersTable, id, order)
 }
 
-func exchangeDeliveredOrderItems(b Buckets, a args) (string, error) {
+func exchangeDeliveredOrderItems(b Store, a args) (string, error) {
 	id, ids, newIDs, pmID := a.str("order_id"), a.list("item_ids"), a.list("new_item_ids"), a.str("payment_method_id")
 	order, answer, err := orderInStatus(b, id, "delivered", "Error: non-delivered order cannot be exchanged")
 	if order == nil {

@@ -65,7 +65,7 @@ func runTool(t *testing.T, db *bbolt.DB, name string, kwargs map[string]any) str
 	require.True(t, ok, "unknown tool %q", name)
 	var out string
 	run := func(tx *bbolt.Tx) (err error) {
-		out, err = tool.Run(BoltTx{tx}, kwargs)
+		out, err = tool.Run(BoltStore{BoltTx{tx}}, kwargs)
 		return err
 	}
 	if tool.Write {
@@ -80,7 +80,7 @@ func dbSnapshot(t *testing.T, db *bbolt.DB) snapshot {
 	t.Helper()
 	var s snapshot
 	require.NoError(t, db.View(func(tx *bbolt.Tx) (err error) {
-		s, err = Snapshot(BoltTx{tx})
+		s, err = Snapshot(BoltStore{BoltTx{tx}})
 		return err
 	}))
 	return s
