@@ -209,10 +209,6 @@ func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, erro
 // Owner implements core.Backend: a started record is owned while its lease
 // has not lapsed by the database's clock.
 func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
-	if rec.Attempt == 0 {
-		// Claim's placeholder for a row an uncommitted transaction holds.
-		return core.Ownership{Owned: true, Owner: txOwner}, nil
-	}
 	var (
 		owner  string
 		left   int64 // µs until the lease lapses; ≤ 0 once it has
@@ -291,15 +287,11 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 			Key: st.Key, Fingerprint: st.Fingerprint, Token: core.Fence(fence), Started: &started, Prev: req.Prev,
 			LeaseUntil: before.Add(time.Duration(left) * time.Microsecond),
 		}}, nil
-	case isLockTimeout(err) && req.Prev == nil:
-		// A DoTx transaction of another process holds the row, uncommitted
-		// (invisible to Lookup): the key is owned by a live owner. Say so
-		// with a placeholder started record (Attempt 0) that Owner answers
-		// as owned, so that the engine waits or fails fast and never takes
-		// the key for free.
-		return core.ClaimResult{Status: core.ClaimChanged, Current: &core.Record{Key: st.Key, State: core.StateStarted,
-			Fingerprint: st.Fingerprint, StartedAt: st.StartedAt, Retention: st.Retention}}, nil
 	case isLockTimeout(err):
+		// A DoTx transaction of another process holds the row (with Prev
+		// nil: uncommitted, invisible to Lookup): the key is owned by a
+		// live owner, so that the engine waits or fails fast and never
+		// takes the key for free.
 		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true, Owner: txOwner}}, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return core.ClaimResult{}, err
