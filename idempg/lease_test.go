@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
@@ -126,7 +127,7 @@ func TestTakeoverFencesStalledOwner(t *testing.T) {
 		t.Fatalf("takeover: %+v, call %+v; want B's answer, attempt 2, recovered", res, call)
 	}
 	close(release)
-	if err := <-aDone; !errors.Is(err, core.ErrFenced) {
+	if err := <-aDone; !errors.Is(err, idem.ErrFenced) || !errors.Is(err, idempg.ErrFenced) {
 		t.Fatalf("the stalled owner's completion: %v, want ErrFenced", err)
 	}
 	rec, err := a.Get("k")
@@ -158,7 +159,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 	if _, err := b.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("B"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	if c := <-cause; !errors.Is(c, core.ErrLeaseLost) {
+	if c := <-cause; !errors.Is(c, idem.ErrLeaseLost) || !errors.Is(c, idempg.ErrLeaseLost) {
 		t.Fatalf("fn's context ended with cause %v, want ErrLeaseLost", c)
 	}
 	if err := <-aDone; err == nil {
