@@ -45,6 +45,8 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	batches *txBatcher // DoTx calls sharing transactions (tx.go)
+
 	closeOnce sync.Once
 }
 
@@ -63,6 +65,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if b.owner == "" {
 		b.owner = defaultOwner()
 	}
+	b.batches = &txBatcher{b: b, max: max(2, int(pool.Config().MaxConns)/txBatchShare)}
 	if !s.PollOnly {
 		b.l = newListener(pool, s, b.notifiedOutbox)
 	}

@@ -57,6 +57,16 @@
 //     fn's statements sees what committed before it began. fn cannot raise
 //     the level (the backend's own statements come first in the
 //     transaction); it locks what it reads instead (SELECT … FOR UPDATE).
+//   - Concurrent DoTx calls of one engine share a transaction (up to 16),
+//     each fn under a savepoint of its own and one after the other: a fn
+//     sees the writes of the calls before it in the same transaction, which
+//     commit with it. A fn that fails is rolled back to its savepoint and the
+//     others commit without running again; a COMMIT that fails (a deferred
+//     constraint one fn broke) fails every call of its transaction, and
+//     their keys stay free. fn must not Commit or Rollback the pgx.Tx it is
+//     given (those fail); a nested Begin is a savepoint. A statement fn
+//     already sent is not cut off by fn's context (that would break the
+//     connection the other calls share); the next one is refused.
 //     Every transaction the
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
