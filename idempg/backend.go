@@ -266,7 +266,7 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
 			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
 			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
-			response = NULL, has_error = false, error_code = '', error_message = ''
+			response = NULL, has_error = false, error_code = '', error_message = '', waiters = false
 		WHERE ` + fmt.Sprintf(expiredSQL, "r", "$6::bigint", "$5::bigint", "$4::text") + `
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
 		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
@@ -413,12 +413,13 @@ func ambiguous(err error) bool {
 
 // notifying wraps a statement that changes a key's row ($1) so that it
 // also notifies the key's waiters in other processes (delivered at commit),
-// unless PollOnly.
+// if the row says some wait (its waiters mark, set by WaitChange), unless
+// PollOnly. The statement answers one row per row changed.
 func (b *backend) notifying(q string) string {
 	if b.s.PollOnly {
 		return q
 	}
-	return `WITH w AS (` + q + ` RETURNING key) SELECT pg_notify('` + b.s.channel() + `', key) FROM w`
+	return `WITH w AS (` + q + ` RETURNING key, waiters) SELECT CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
 }
 
 // exec runs the write q with args (see write) and returns the rows it
@@ -703,12 +704,26 @@ func (b *backend) notifiedOutbox() { b.committed() }
 
 // WaitChange implements core.Backend: a notification for key, or one poll
 // period, or the end of ctx.
+//
+// Unless PollOnly, it subscribes to key's notifications, then marks the
+// started row as waited on (waiters), so that the change that ends it
+// notifies. If the row is no longer started (the change came first) it
+// returns at once. The mark waits for a change in progress (its row lock)
+// at most LockTimeout; a mark that cannot be set leaves the wait to the
+// poll period.
 func (b *backend) WaitChange(ctx context.Context, key string) error {
 	var ch <-chan struct{}
-	if b.l != nil {
+	if b.l != nil && storable(key) {
 		var unsub func()
 		ch, unsub = b.l.subscribe(key)
 		defer unsub()
+		tag, err := b.exec(ctx, `UPDATE {schema}.idem_records SET waiters = true WHERE key = $1::text AND state = 1`, key)
+		switch {
+		case err == nil && tag.RowsAffected() == 0:
+			return nil // changed already: read it again
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
 	}
 	t := time.NewTimer(b.s.PollInterval)
 	defer t.Stop()

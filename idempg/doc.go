@@ -76,7 +76,10 @@
 //     is in progress for others: their claim waits up to LockTimeout, then
 //     waits on (InFlightWait) or fails with an *InProgressError.
 //   - Waiters in other processes wake on LISTEN/NOTIFY, with a poll every
-//     Options.PollInterval as the fallback. PgBouncer in transaction pooling
+//     Options.PollInterval as the fallback. A waiter marks the started
+//     record it waits on (one write), and only a change of a marked record
+//     notifies: Postgres serialises the commits of transactions that
+//     notify, so completions nobody waits for send none. PgBouncer in transaction pooling
 //     mode (tested in CI) and CockroachDB (documented, not tested here) need
 //     Options.PollOnly: no LISTEN, no prepared statements; the pool must use
 //     pgx.QueryExecModeExec or QueryExecModeSimpleProtocol.

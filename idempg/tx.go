@@ -203,7 +203,7 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 				started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
 			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, `+b.leaseSQL()+`, 0, 0, 0, false, 0)
 			ON CONFLICT (key) DO UPDATE SET state = 1, fence = EXCLUDED.fence, owner = EXCLUDED.owner,
-				lease_until = EXCLUDED.lease_until, response = NULL, has_error = false
+				lease_until = EXCLUDED.lease_until, response = NULL, has_error = false, waiters = false
 			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "$5::bigint", "$3::text")+`
 			RETURNING fence`), r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention), toNs(b.s.engineNow()))
 	}
