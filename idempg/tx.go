@@ -39,54 +39,6 @@ type txReq struct {
 	done  chan struct{}
 }
 
-// txBatcher gathers RunTx calls into shared transactions, as the bbolt
-// engine's commit pipeline does (internal/commit): a call that finds fewer
-// than max transactions running runs its own at once, with no delay; calls
-// that arrive while max run queue, and the next transaction to end hands
-// them, up to maxTxBatch at a time, to a new one.
-type txBatcher struct {
-	b   *backend
-	max int
-
-	mu      sync.Mutex
-	queue   []*txReq
-	running int
-}
-
-// do runs r in a batch and returns when its outcome is known.
-func (q *txBatcher) do(r *txReq) {
-	q.mu.Lock()
-	if q.running >= q.max {
-		q.queue = append(q.queue, r)
-		q.mu.Unlock()
-		<-r.done
-		return
-	}
-	q.running++
-	q.mu.Unlock()
-	q.b.runBatch([]*txReq{r})
-	q.next()
-}
-
-// next starts a transaction for the queued calls, if any, on a goroutine
-// of its own (the caller that ran the last one returns at once); else one
-// transaction fewer runs.
-func (q *txBatcher) next() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if len(q.queue) == 0 {
-		q.running--
-		return
-	}
-	n := min(len(q.queue), maxTxBatch)
-	batch := append([]*txReq(nil), q.queue[:n]...)
-	q.queue = append(q.queue[:0], q.queue[n:]...)
-	go func() {
-		q.b.runBatch(batch)
-		q.next()
-	}()
-}
-
 // RunTx implements core.Backend for DoTx.
 //
 // Concurrent calls share one transaction (at most maxTxBatch each; a lone
@@ -118,7 +70,7 @@ func (q *txBatcher) next() {
 // share).
 func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (*core.Record, error)) error {
 	r := &txReq{c: c, fn: fn, token: c.Token, done: make(chan struct{})}
-	b.batches.do(r)
+	b.dotx.do(r, r.done)
 	return r.err
 }
 

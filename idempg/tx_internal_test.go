@@ -37,7 +37,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = e.Close() })
-			q := e.b.batches
+			q := &e.b.dotx
 
 			// Every fn waits at the gate, so that the calls beyond the
 			// transactions allowed at once queue for a shared one.
