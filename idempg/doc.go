@@ -66,7 +66,12 @@
 //     their keys stay free. fn must not Commit or Rollback the pgx.Tx it is
 //     given (those fail); a nested Begin is a savepoint. A statement fn
 //     already sent is not cut off by fn's context (that would break the
-//     connection the other calls share); the next one is refused.
+//     connection the other calls share); the next one is refused. A fn must
+//     not wait for another DoTx call of the same engine: it may be queued
+//     behind fn, as on the bbolt engine, whose commits are shared too.
+//   - Do's concurrent claims of free keys share one INSERT, and their
+//     completions one UPDATE (one commit each per batch); a lone call's
+//     statements go at once, unbatched.
 //     Every transaction the
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
