@@ -200,7 +200,8 @@ func BenchmarkReplay(b *testing.B) {
 // BenchmarkReplaySecondProcess: cold replays from a second OS process (this
 // test binary again, through TestMain), of the Postgres contenders: the bare
 // SELECT for postgres, idempg's Do for idempg (its bare SELECT in the
-// select-ops/s metric).
+// select-ops/s metric). ns/op counts the second process's start too; ops/s
+// and the latencies are the second process's own.
 func BenchmarkReplaySecondProcess(b *testing.B) {
 	s := sizes()
 	for _, w := range bench.Workloads(s) {
