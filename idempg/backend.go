@@ -349,8 +349,9 @@ func (b *backend) claimInsertSQL(src string) string {
 // claimBatch claims the free keys of reqs: one statement for all (one
 // round trip, one commit). A lone claim, and every claim of a batch whose
 // statement waited out its lock_timeout (a DoTx transaction of another
-// process holds one of the keys), is made alone, so that each learns whether
-// its own key is held.
+// process holds one of the keys) or was chosen by the deadlock detector (that
+// transaction waits for a key of the batch), is made alone, so that each
+// learns whether its own key is held.
 func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
 	if len(reqs) > 1 {
@@ -388,7 +389,7 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 				}
 				return rows.Err()
 			})
-		if !isLockTimeout(err) {
+		if !isLockWait(err) {
 			for _, r := range reqs {
 				switch {
 				case err != nil:
@@ -691,6 +692,15 @@ func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool,
 func isLockTimeout(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
+// isLockWait reports whether err ended a wait for another transaction's
+// row lock: lock_timeout's (55P03), or the deadlock detector's (40P01),
+// which picks a statement that locks several keys (a batch of claims, a
+// DoTx transaction) when two such wait for each other's keys.
+func isLockWait(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "40P01")
 }
 
 // Holding implements core.Backend: true on a goroutine running a RunTx fn.
