@@ -1,9 +1,12 @@
 package idem
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -29,6 +32,7 @@ type boltBackend struct {
 	e        *Engine // for the Tx a DoTx fn gets (Enqueue's clock)
 	readOnly bool
 	onCommit atomic.Pointer[func()]
+	ix       *outboxIndex // pending messages, for ClaimDue (outboxindex.go)
 }
 
 var _ core.Backend[*Tx] = (*boltBackend)(nil)
@@ -40,7 +44,7 @@ func (b *boltBackend) Info() core.Info { return core.Info{Name: "bbolt", ReadOnl
 // Lookup reads the key's newest version in one read transaction; a live
 // done record of another fingerprint is refused from its header alone.
 func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err error) {
-	err = b.db.View(func(tx *bbolt.Tx) error {
+	err = view(b.db, func(tx *bbolt.Tx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
 		v := b.st.rawLookup(tx, unsafe.Slice(unsafe.StringData(q.Key), len(q.Key)), time.Time{})
@@ -64,7 +68,9 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err
 // Complete commits done in place of the claim's started record.
 func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
-		fault.Point("do-done-commit")
+		if err := fault.Err("do-done-commit"); err != nil {
+			return err // as a failed write: the transaction rolls back
+		}
 		return b.st.put(tx, done, c.Started)
 	})
 }
@@ -139,26 +145,29 @@ func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record
 	})
 }
 
-// Prune is the slot pruner (prune.go), with the engine's options: the
-// request's Retention and KeepStarted are the engine's Retention and
-// RecoverRefuse, which the pruner reads itself (the core and this backend
-// are built from one Options).
-func (b *boltBackend) Prune(ctx context.Context, _ core.PruneRequest) (core.PruneResult, error) {
-	n, err := b.e.prune(ctx)
-	return core.PruneResult{Deleted: n}, err
+// Prune is the slot pruner (prune.go).
+func (b *boltBackend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+	return b.prune(ctx, req)
 }
 
 // Scan walks every stored record in one read transaction, slot by slot from
 // the oldest, by key within a slot.
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
-	return b.db.View(func(tx *bbolt.Tx) error { return b.st.forEach(tx, fn) })
+	return view(b.db, func(tx *bbolt.Tx) error {
+		return b.st.forEach(tx, func(r *Record, err error) error {
+			return userCall(func() error { return fn(r, err) })
+		})
+	})
 }
 
 // Enqueue puts m in the outbox bucket inside the DoTx transaction.
 func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
 	if tx.tx == nil {
 		return ErrTxClosed
+	}
+	if err := fault.Err("outbox-enqueue"); err != nil {
+		return err // as a failed write: fn gets the error
 	}
 	ob := outboxBucket(tx.tx)
 	seq, err := ob.NextSequence()
@@ -172,75 +181,161 @@ func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
 // OnCommit registers the dispatcher's wake-up, called after every commit.
 func (b *boltBackend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
 
-// committed runs after every commit of the pipeline.
+// committed runs after every commit of the pipeline: the outbox index
+// reads what it may have enqueued at the next ClaimDue.
 func (b *boltBackend) committed() {
+	b.ix.dirty.Store(true)
 	if fn := b.onCommit.Load(); fn != nil {
 		(*fn)()
 	}
 }
 
-// ClaimDue reads the outbox in one read transaction and returns the due
-// heads of its ordering keys, by Seq. One dispatcher drains a file, so the
-// claim is the caller's alone.
-func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) ([]*core.Message, error) {
-	var due []*core.Message
-	seen := make(map[string]bool)
-	err := b.db.View(func(tx *bbolt.Tx) error {
-		c := outboxBucket(tx).Cursor()
-		for k, v := c.First(); k != nil && len(due) < limit; k, v = c.Next() {
-			seq, ok := layout.ParseU64(k)
-			if !ok {
+// ClaimDue claims the due heads from the outbox index (outboxindex.go),
+// brought up to date first, and reads them in one read transaction. The
+// claims are in memory: one dispatcher drains a file. A message that fails
+// to decode, found by the index's load or when claimed, is moved to the
+// dead letters as it is (quarantine). After a failed commit
+// (ErrStorageFailed) nothing is claimed: a message may come from a commit
+// that never reached the disk, and nothing is delivered until a reopen reads
+// what did.
+func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (core.Due, error) {
+	if err := b.pipe.Failed(); err != nil {
+		return core.Due{}, storageErr(err, b.e.opts.Bolt.MaxSize)
+	}
+	ix := b.ix
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	corrupt, err := ix.load(b.db)
+	if err != nil {
+		return core.Due{}, err
+	}
+	seqs, next := ix.due(now, limit)
+	var due core.Due
+	err = view(b.db, func(tx *bbolt.Tx) error {
+		ob := outboxBucket(tx)
+		for _, seq := range seqs {
+			v := ob.Get(layout.U64(seq))
+			if v == nil {
+				ix.remove(seq) // gone since the load read it
 				continue
 			}
 			m, err := decodeMessage(seq, v)
 			if err != nil {
-				continue // reported by Messages, quarantined by the dispatcher
-			}
-			if seen[m.OrderingKey] {
+				ix.remove(seq)
+				corrupt = append(corrupt, seq)
 				continue
 			}
-			seen[m.OrderingKey] = true
-			if m.NextAttemptAt.IsZero() || !m.NextAttemptAt.After(now) {
-				due = append(due, m)
-			}
+			due.Messages = append(due.Messages, m)
 		}
 		return nil
 	})
-	return due, err
+	if err != nil {
+		for _, m := range due.Messages {
+			ix.release(m.Seq, m.NextAttemptAt)
+		}
+		return core.Due{}, err
+	}
+	slices.SortFunc(due.Messages, func(a, b *core.Message) int { return cmp.Compare(a.Seq, b.Seq) })
+	if next.After(now) {
+		due.Next = next
+	}
+	if len(corrupt) > 0 {
+		due.Quarantined, err = b.quarantine(corrupt)
+		if err != nil {
+			ix.rescan.Store(true)
+			b.e.log.Warn("idem: outbox: moving corrupt messages to the dead letters failed", "err", err)
+		}
+	}
+	return due, nil
 }
 
-// Delivered deletes pending message m.
+// quarantine moves the pending messages seqs that still fail to decode to
+// the dead letters as they are, so they hold nothing back (`idem outbox ls`
+// shows them, DropDead deletes them), and returns the seqs moved.
+func (b *boltBackend) quarantine(seqs []uint64) (moved []uint64, err error) {
+	err = b.write(func(tx *bbolt.Tx) error {
+		moved = moved[:0]
+		for _, seq := range seqs {
+			k := layout.U64(seq)
+			v := outboxBucket(tx).Get(k)
+			if v == nil {
+				continue
+			}
+			if _, err := decodeMessage(seq, v); err == nil {
+				continue
+			}
+			if err := moveRaw(tx, k); err != nil {
+				return err
+			}
+			moved = append(moved, seq)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return moved, nil
+}
+
+// Delivered deletes pending message m and drops it from the index.
 func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
-	return b.write(func(tx *bbolt.Tx) error {
+	err := b.write(func(tx *bbolt.Tx) error {
 		ob, k := outboxBucket(tx), layout.U64(m.Seq)
 		if ob.Get(k) == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 		}
 		return ob.Delete(k)
 	})
+	if err == nil || errors.Is(err, ErrMessageNotFound) {
+		b.ix.mu.Lock()
+		b.ix.remove(m.Seq)
+		b.ix.mu.Unlock()
+	}
+	return err
 }
 
-// Failed stores m back, or moves it to the dead letters if m.Dead.
+// Failed stores m back, or moves it to the dead letters if m.Dead, and ends
+// its claim in the index, whatever the write's outcome (due again at
+// m.NextAttemptAt). A message given back unchanged is not written again.
 func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
-	return b.write(func(tx *bbolt.Tx) error {
-		ob, k := outboxBucket(tx), layout.U64(m.Seq)
-		if ob.Get(k) == nil {
-			return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
-		}
-		if m.Dead {
-			if err := deadBucket(tx).Put(k, encodeMessage(nil, m)); err != nil {
-				return err
+	enc := encodeMessage(nil, m)
+	same := false
+	if !m.Dead {
+		_ = view(b.db, func(tx *bbolt.Tx) error {
+			same = bytes.Equal(outboxBucket(tx).Get(layout.U64(m.Seq)), enc)
+			return nil
+		})
+	}
+	var err error
+	if !same {
+		err = b.write(func(tx *bbolt.Tx) error {
+			ob, k := outboxBucket(tx), layout.U64(m.Seq)
+			if ob.Get(k) == nil {
+				return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 			}
-			return ob.Delete(k)
-		}
-		return ob.Put(k, encodeMessage(nil, m))
-	})
+			if m.Dead {
+				if err := deadBucket(tx).Put(k, enc); err != nil {
+					return err
+				}
+				return ob.Delete(k)
+			}
+			return ob.Put(k, enc)
+		})
+	}
+	b.ix.mu.Lock()
+	if (err == nil && m.Dead) || errors.Is(err, ErrMessageNotFound) {
+		b.ix.remove(m.Seq)
+	} else {
+		b.ix.release(m.Seq, m.NextAttemptAt)
+	}
+	b.ix.mu.Unlock()
+	return err
 }
 
 // Messages walks the pending messages, then the dead letters, by Seq.
 func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
-	return b.db.View(func(tx *bbolt.Tx) error {
+	return view(b.db, func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
 			bk := outboxBucket(tx)
 			if dead {
@@ -253,7 +348,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 				if err != nil {
 					m = &core.Message{Seq: seq, Dead: dead}
 				}
-				if err := fn(m, err); err != nil {
+				if err := userCall(func() error { return fn(m, err) }); err != nil {
 					return err
 				}
 			}
@@ -264,7 +359,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 
 // RetryDead moves dead letter seq back to the outbox, as revive leaves it.
 func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *core.Message) error) error {
-	return b.write(func(tx *bbolt.Tx) error {
+	err := b.write(func(tx *bbolt.Tx) error {
 		k := layout.U64(seq)
 		v := deadBucket(tx).Get(k)
 		if v == nil {
@@ -282,6 +377,10 @@ func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *co
 		}
 		return deadBucket(tx).Delete(k)
 	})
+	if err == nil {
+		b.ix.rescan.Store(true) // an old seq is back: the index reads it all again
+	}
+	return err
 }
 
 // DropDead deletes dead letter seq.
@@ -298,7 +397,7 @@ func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 // PruneDead deletes the dead letters expired says so, limit per commit.
 func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
 	var keys [][]byte
-	err := b.db.View(func(tx *bbolt.Tx) error {
+	err := view(b.db, func(tx *bbolt.Tx) error {
 		return deadBucket(tx).ForEach(func(k, v []byte) error {
 			seq, ok := layout.ParseU64(k)
 			if !ok {
@@ -340,12 +439,13 @@ func (b *boltBackend) Close() error {
 
 // write runs fn in the commit pipeline; its errors are mapped by storageErr.
 func (b *boltBackend) write(fn commit.Func) error {
-	return storageErr(b.pipe.Do(fn), b.e.opts.MaxSize)
+	return storageErr(b.pipe.Do(fn), b.e.opts.Bolt.MaxSize)
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,
 // keeping the cause in the chain: a stopped pipeline is ErrClosed, a failed
-// commit ErrStorageFailed, bbolt's ErrMaxSizeReached ErrFileFull.
+// commit ErrStorageFailed, bbolt's ErrMaxSizeReached ErrFileFull, a panic of
+// bbolt's in a write (a damaged page) ErrCorrupt.
 func storageErr(err error, maxSize int) error {
 	switch {
 	case err == nil:
@@ -356,6 +456,12 @@ func storageErr(err error, maxSize int) error {
 		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
 	case errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
+	}
+	// A write's panic is bbolt's on a damaged page (a DoTx fn's own panic
+	// is the core's *PanicError, re-raised in its caller): the transaction
+	// rolled back, the file is as it was.
+	if pe, ok := errors.AsType[*commit.PanicError](err); ok {
+		return damaged(pe.Value)
 	}
 	return err
 }

@@ -30,7 +30,7 @@ func TestClockJumps(t *testing.T) {
 	const ret = time.Hour
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	clock := &jumpClock{now: t0}
-	e, err := Open(t.TempDir()+"/idem.db", &Options{Now: clock.Now, Retention: ret, PruneInterval: -1, NoSync: true, ReplayCacheBytes: -1})
+	e, err := Open(t.TempDir()+"/idem.db", &Options{Bolt: BoltOptions{NoSync: true}, Now: clock.Now, Retention: ret, PruneInterval: -1, ReplayCacheBytes: -1})
 	require.NoError(t, err)
 	defer e.Close()
 	ok := func(context.Context) ([]byte, error) { return []byte("v"), nil }
@@ -102,9 +102,8 @@ func TestDispatcherClockJumps(t *testing.T) {
 		}
 		return nil
 	}
-	e, err := Open(t.TempDir()+"/idem.db", &Options{Now: clock.Now, PruneInterval: -1, NoSync: true,
-		Outbox: OutboxOptions{Dispatch: true, BaseBackoff: time.Hour, MaxBackoff: time.Hour, PollInterval: poll,
-			Handlers: map[string]Handler{"t": handler}}})
+	e, err := Open(t.TempDir()+"/idem.db", &Options{Bolt: BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1, Outbox: OutboxOptions{Dispatch: true, BaseBackoff: time.Hour, MaxBackoff: time.Hour, PollInterval: poll,
+		Handlers: map[string]Handler{"t": handler}}})
 	require.NoError(t, err)
 	defer e.Close()
 	_, err = e.DoTx(ctx, "k", nil, func(_ context.Context, tx *Tx) ([]byte, error) { return nil, tx.Enqueue("t", nil) })
@@ -112,9 +111,9 @@ func TestDispatcherClockJumps(t *testing.T) {
 	require.Equal(t, 1, <-attempts)
 
 	clock.Set(t0.Add(-5 * time.Hour)) // the retry is now 6 hours away
-	before := e.ob.loops.Load()
+	before := e.core.Outbox().Loops()
 	time.Sleep(200 * time.Millisecond)
-	passes := e.ob.loops.Load() - before
+	passes := e.core.Outbox().Loops() - before
 	t.Logf("dispatcher passes in 200ms with the clock 5h back: %d", passes)
 	require.LessOrEqual(t, passes, uint64(200*time.Millisecond/poll)+10, "no busy loop: at most one pass per PollInterval, plus wakeups")
 	select {

@@ -27,19 +27,10 @@ type Engine struct {
 	db   *bbolt.DB
 	opts Options
 	st   store
-	ob   *outbox
 	pipe *commit.Pipeline
 	log  *slog.Logger
 
-	// ctx is cancelled by Close: the dispatcher and the pruner end with it
-	// (fn's contexts end with the core's Stop).
-	ctx    context.Context
-	cancel context.CancelFunc
-
-	bg       sync.WaitGroup // pruner, dispatcher
-	stopBg   chan struct{}
 	closing  sync.Once
-	pruneMu  sync.Mutex // one prune at a time
 	shutDone chan struct{}
 	closeErr error
 
@@ -48,8 +39,8 @@ type Engine struct {
 
 // Open opens or creates the idem file at path. One Engine holds a file at a
 // time: another Open of the same file, in this process or another, fails after
-// opts.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
-// of format version 1 (the first) is read as it is and, unless opts.ReadOnly,
+// opts.Bolt.LockTimeout with an error that matches bbolt's errors.ErrTimeout. A file
+// of format version 1 (the first) is read as it is and, unless opts.Bolt.ReadOnly,
 // migrated to version 2 in Open's first transaction (its records keep their
 // windows; its interrupted executions are kept until resolved, since version 1
 // did not record the policy); a file of a newer version fails with ErrFormat
@@ -67,14 +58,17 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	if opts != nil {
 		o = *opts
 	}
+	if err := validateOptions(&o); err != nil {
+		return nil, &OpError{Op: "open", Path: path, Err: err}
+	}
 	if o.Retention <= 0 {
 		o.Retention = DefaultRetention
 	}
 	if o.PruneInterval == 0 {
 		o.PruneInterval = DefaultPruneInterval
 	}
-	if o.LockTimeout <= 0 {
-		o.LockTimeout = DefaultLockTimeout
+	if o.Bolt.LockTimeout <= 0 {
+		o.Bolt.LockTimeout = DefaultLockTimeout
 	}
 	if o.RetryAfter <= 0 {
 		o.RetryAfter = DefaultRetryAfter
@@ -88,7 +82,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	if o.ReadOnly {
+	if o.Bolt.ReadOnly {
 		fi, err := os.Stat(path)
 		if err == nil && fi.Size() == 0 {
 			err = fmt.Errorf("%w: the file is empty", ErrFormat)
@@ -101,25 +95,25 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		}
 	}
 	db, err := openBolt(path, &bbolt.Options{
-		Timeout:      o.LockTimeout,
-		NoSync:       o.NoSync,
-		ReadOnly:     o.ReadOnly,
+		Timeout:      o.Bolt.LockTimeout,
+		NoSync:       o.Bolt.NoSync,
+		ReadOnly:     o.Bolt.ReadOnly,
 		FreelistType: bbolt.FreelistMapType,
 		// NoFreelistSync would save a page per commit, but bbolt then walks
 		// every page at Open in a goroutine of its own, where a damaged page
 		// panics beyond recovery and kills the program: not worth it.
 		NoStatistics: true,
-		MaxSize:      max(o.MaxSize, 0),
+		MaxSize:      max(o.Bolt.MaxSize, 0),
 		// A negative size would make bbolt's map smaller than the file.
-		InitialMmapSize: max(o.InitialMmapSize, 0),
+		InitialMmapSize: max(o.Bolt.InitialMmapSize, 0),
 	})
 	if err != nil {
 		if errors.Is(err, bolterrors.ErrTimeout) {
-			err = fmt.Errorf("file is in use by another program or engine (no lock after %v): %w", o.LockTimeout, err)
+			err = fmt.Errorf("file is in use by another program or engine (no lock after %v): %w", o.Bolt.LockTimeout, err)
 		}
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
-	if err := firstRead(db, func() error { return initFile(db, o.ReadOnly) }); err != nil {
+	if err := firstRead(db, func() error { return initFile(db, o.Bolt.ReadOnly) }); err != nil {
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e := &Engine{
@@ -127,49 +121,33 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		opts:     o,
 		st:       store{width: o.Retention, refuse: o.Recovery == RecoverRefuse},
 		log:      o.Logger,
-		stopBg:   make(chan struct{}),
 		shutDone: make(chan struct{}),
 	}
 	if err := firstRead(db, func() error { return db.View(e.st.loadSlots) }); err != nil {
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
-	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.ReadOnly}
+	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.Bolt.ReadOnly, ix: newOutboxIndex()}
 	e.pipe = commit.New(db, e.b.committed)
 	e.b.pipe = e.pipe
-	e.b.OnCommit(e.committed)
 	var b core.Backend[*Tx] = e.b
 	if wrap != nil {
 		b = wrap(b)
 	}
-	e.core = core.New(b, core.Options{
-		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
-		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes,
-		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
-		Guard: func() error {
-			if e.reads.holding() {
-				return errInsideRead
-			}
-			// Fail closed after a failed commit (ErrStorageFailed): every
-			// call, replays from the cache too, is refused until a reopen.
-			if err := e.pipe.Failed(); err != nil {
-				return storageErr(err, e.opts.MaxSize)
-			}
-			return nil
-		},
-	})
+	co := engineOptions(&o)
+	co.Guard = func() error {
+		if e.reads.holding() {
+			return errInsideRead
+		}
+		// Fail closed after a failed commit (ErrStorageFailed): every
+		// call, replays from the cache too, is refused until a reopen.
+		if err := e.pipe.Failed(); err != nil {
+			return storageErr(err, e.opts.Bolt.MaxSize)
+		}
+		return nil
+	}
+	e.core = core.New(b, co)
 	e.watchCommits()
-	if o.ReadOnly {
-		e.opts.Outbox.Dispatch = false
-	}
-	if err := e.startOutbox(); err != nil {
-		_ = e.Close()
-		return nil, &OpError{Op: "open", Path: path, Err: err}
-	}
-	if o.PruneInterval > 0 && !o.ReadOnly {
-		e.bg.Add(1)
-		go e.pruneLoop(o.PruneInterval)
-	}
+	e.core.Start()
 	return e, nil
 }
 
@@ -196,7 +174,7 @@ func openBolt(path string, o *bbolt.Options) (*bbolt.DB, error) {
 func firstRead(db *bbolt.DB, read func() error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+			err = damaged(v)
 		}
 		if err != nil {
 			_ = db.Close()
@@ -274,11 +252,8 @@ func (e *Engine) Close() error { return e.Shutdown(context.Background()) }
 func (e *Engine) Shutdown(ctx context.Context) error {
 	e.closing.Do(func() {
 		e.core.Stop()
-		e.cancel()
 		go func() {
-			e.core.Wait()
-			close(e.stopBg)
-			e.bg.Wait()
+			e.core.Wait() // the calls, the pruner and the dispatcher
 			e.closeErr = e.b.Close()
 			close(e.shutDone)
 		}()
@@ -317,7 +292,7 @@ func (e *Engine) enterOp() error { return e.core.Enter() }
 func (e *Engine) exitOp() { e.core.Exit() }
 
 func (e *Engine) writeErr(op, key string, err error) error {
-	return opError(op, key, storageErr(err, e.opts.MaxSize))
+	return opError(op, key, storageErr(err, e.opts.Bolt.MaxSize))
 }
 
 func cloneBytes(b []byte) []byte { return core.CloneBytes(b) }

@@ -166,7 +166,7 @@ func TestThousandCallersOneKeyRunFnOnce(t *testing.T) {
 }
 
 func TestThousandKeysAreNotSerialised(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{NoSync: true})
+	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
 	const n = 1000
 	var inside atomic.Int32
 	all := make(chan struct{})
@@ -282,9 +282,9 @@ func TestNilAndEmptyResponsesDiffer(t *testing.T) {
 }
 
 func TestSecondOpenTimesOut(t *testing.T) {
-	e, path := testkit.Open(t, &idem.Options{LockTimeout: 50 * time.Millisecond})
+	e, path := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: 50 * time.Millisecond}})
 	_ = e
-	_, err := idem.Open(path, &idem.Options{LockTimeout: 50 * time.Millisecond})
+	_, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: 50 * time.Millisecond}})
 	require.ErrorIs(t, err, bolterrors.ErrTimeout)
 	require.Contains(t, err.Error(), "in use")
 }
@@ -461,9 +461,9 @@ func TestReadOnlyOpen(t *testing.T) {
 	before, err := os.ReadFile(path)
 	require.NoError(t, err)
 
-	ro, err := idem.Open(path, &idem.Options{ReadOnly: true})
+	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
 	require.NoError(t, err)
-	ro2, err := idem.Open(path, &idem.Options{ReadOnly: true})
+	ro2, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
 	require.NoError(t, err, "read-only opens share the file")
 	require.NoError(t, ro2.Close())
 	res, err := ro.Do(bg, "k", []byte("fp"), mustNotRun(t))
@@ -479,7 +479,7 @@ func TestReadOnlyOpen(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a read-only open changes nothing")
 
-	_, err = idem.Open(filepath.Join(t.TempDir(), "missing.db"), &idem.Options{ReadOnly: true})
+	_, err = idem.Open(filepath.Join(t.TempDir(), "missing.db"), &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
 	require.ErrorIs(t, err, os.ErrNotExist, "a read-only open creates nothing")
 }
 

@@ -252,7 +252,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		{"Open/format", ErrFormat, func(t *testing.T) error {
 			path := filepath.Join(dir, "empty.db")
 			require.NoError(t, os.WriteFile(path, nil, 0o600))
-			_, err := Open(path, &Options{ReadOnly: true})
+			_, err := Open(path, &Options{Bolt: BoltOptions{ReadOnly: true}})
 			return err
 		}},
 		{"Open/in use", bolterrors.ErrTimeout, func(t *testing.T) error {
@@ -260,7 +260,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 			e, err := Open(path, nil)
 			require.NoError(t, err)
 			defer e.Close()
-			_, err = Open(path, &Options{LockTimeout: 10 * time.Millisecond})
+			_, err = Open(path, &Options{Bolt: BoltOptions{LockTimeout: 10 * time.Millisecond}})
 			return err
 		}},
 		{"RetryDead/not found", ErrMessageNotFound, func(t *testing.T) error {

@@ -46,7 +46,7 @@ func FuzzAPI(f *testing.F) {
 		const ret = time.Hour
 		clock := testkit.NewClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 		path := filepath.Join(t.TempDir(), "idem.db")
-		opts := &idem.Options{Now: clock.Now, Retention: ret, PruneInterval: -1, NoSync: true}
+		opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, Retention: ret, PruneInterval: -1}
 		e, err := idem.Open(path, opts)
 		if err != nil {
 			t.Fatal(err)

@@ -41,7 +41,7 @@ func historyOps(def int) int {
 func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 	total := historyOps(10000)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{NoSync: true, PruneInterval: -1}
+	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1}
 	var cur atomic.Pointer[idem.Engine]
 	e, err := idem.Open(path, opts)
 	require.NoError(t, err)

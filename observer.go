@@ -66,46 +66,10 @@ const (
 // not use are zero.
 type Event = core.Event
 
-// observe hands ev to the observer; unset, it costs a nil check.
-func (e *Engine) observe(ev Event) {
-	if e.opts.Observer != nil {
-		e.opts.Observer.Observe(ev)
-	}
-}
-
-// observeStart is the real time an observed span starts: zero without an
-// observer, so that nothing reads the clock for it.
-func (e *Engine) observeStart() time.Time {
-	if e.opts.Observer == nil {
-		return time.Time{}
-	}
-	return time.Now()
-}
-
-// observePrune reports a prune run that removed *n records since start
-// (deferred by prune, which counts n as it goes).
-func (e *Engine) observePrune(n *int, start time.Time) {
-	if e.opts.Observer != nil {
-		e.opts.Observer.Observe(Event{Kind: EventPrune, N: *n, Duration: time.Since(start)})
-	}
-}
-
 // watchCommits reports every commit of the pipeline to the observer. It runs
 // in Open, before the first commit.
 func (e *Engine) watchCommits() {
 	if o := e.opts.Observer; o != nil {
 		e.pipe.Observe = func(n int, d time.Duration) { o.Observe(Event{Kind: EventCommit, N: n, Duration: d}) }
-	}
-}
-
-// observeFailure reports a failed delivery attempt of m and, if it made m a
-// dead letter, that too.
-func (e *Engine) observeFailure(m Message, dead bool) {
-	if e.opts.Observer == nil {
-		return
-	}
-	e.opts.Observer.Observe(Event{Kind: EventDeliveryFailed, Topic: m.Topic, N: m.Attempt})
-	if dead {
-		e.opts.Observer.Observe(Event{Kind: EventDeadLetter, Topic: m.Topic})
 	}
 }

@@ -21,7 +21,8 @@ func (e *Engine) Get(key string) (*Record, error) { return e.core.Get(key) }
 
 // Forget deletes key's record in any state, so the next call runs fn as new.
 // It fails with ErrInProgress while a call with the key runs, and with
-// ErrNotFound if nothing is stored.
+// ErrNotFound if key has no live record: an expired record the pruner has
+// not reached yet is deleted too, but absent, as for Get.
 func (e *Engine) Forget(key string) error { return e.core.Forget(key) }
 
 // Resolve completes an interrupted execution by hand: key's started record
@@ -84,7 +85,7 @@ func (e *Engine) ScanFile() (FileStats, error) {
 	defer e.exitOp()
 	var s FileStats
 	now := e.now()
-	err := e.db.View(func(tx *bbolt.Tx) error {
+	err := view(e.db, func(tx *bbolt.Tx) error {
 		s.FileSize = tx.Size()
 		if err := e.outboxStats(tx, &s.Outbox); err != nil {
 			return err
@@ -123,7 +124,7 @@ func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 	}
 	defer e.exitOp()
 	defer e.reads.unmark(e.reads.mark())
-	return e.db.View(fn)
+	return view(e.db, func(tx *bbolt.Tx) error { return userCall(func() error { return fn(tx) }) })
 }
 
 // Backup writes a consistent copy of the live file to w (bbolt's Tx.WriteTo,
@@ -134,7 +135,7 @@ func (e *Engine) Backup(w io.Writer) (int64, error) {
 	}
 	defer e.exitOp()
 	var n int64
-	err := e.db.View(func(tx *bbolt.Tx) error {
+	err := view(e.db, func(tx *bbolt.Tx) error {
 		var err error
 		n, err = tx.WriteTo(w)
 		return err

@@ -1,12 +1,14 @@
 package idem
 
-// Options and the policies: the engine's settings, every backend's, beside
-// the bbolt file's.
+// Options and the policies: the engine's settings, every backend's, and the
+// bbolt file's (BoltOptions).
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/idemkit/idem/internal/bridge"
 	"github.com/idemkit/idem/internal/core"
 )
 
@@ -60,8 +62,10 @@ const (
 	RecoverRefuse = core.RecoverRefuse
 )
 
-// Options configure Open. The zero value of every field means its default; a
-// nil *Options means all defaults.
+// Options configure an engine: the engine's settings, the same for every
+// backend (idempg.Open takes them too), and, in Bolt, the bbolt file's, which
+// only Open reads. The zero value of every field means its default; a nil
+// *Options means all defaults.
 type Options struct {
 	// Retention is the retention window, wall-clock: a record expires this long
 	// after it completed (an orphaned started record, after it started). Zero
@@ -74,11 +78,6 @@ type Options struct {
 	// PruneInterval is the period of the background pruner. Zero means
 	// DefaultPruneInterval; a negative value disables the pruner (call Prune).
 	PruneInterval time.Duration
-
-	// LockTimeout bounds the wait for the file lock, held by any other Open of
-	// the file, in this process or another. Zero means DefaultLockTimeout. The
-	// error then matches bbolt's errors.ErrTimeout.
-	LockTimeout time.Duration
 
 	// InFlight is the policy for concurrent duplicates. Zero is InFlightWait.
 	InFlight InFlightPolicy
@@ -104,6 +103,40 @@ type Options struct {
 	// record, its index and its queue slots, and 64 for a stored error). Zero
 	// means DefaultReplayCacheBytes; negative disables the cache.
 	ReplayCacheBytes int
+
+	// Now is the clock, for expiry and record times. Nil means time.Now. The
+	// engine strips the monotonic reading of every time it reads
+	// (t.Round(0)): records in the file carry wall-clock times only, so
+	// records in memory do too, and both compare alike across a step of the
+	// wall clock.
+	Now func() time.Time
+
+	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
+	Outbox OutboxOptions
+
+	// Logger receives the engine's own events (pruning, recovery) at debug
+	// and warn level; keys and responses are never logged. Nil discards.
+	Logger *slog.Logger
+
+	// Observer receives the engine's events (executions, replays, commits,
+	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
+	// the cost of a nil check per event.
+	Observer Observer
+
+	// Bolt holds the settings of the bbolt file, read only by Open; the
+	// fields above are the engine's, the same for every backend (a backend
+	// with a store of its own, such as idempg, takes *Options for them and
+	// refuses a non-zero Bolt).
+	Bolt BoltOptions
+}
+
+// BoltOptions are the settings of the bbolt file that Open opens, beside the
+// engine's in Options. The zero value of every field means its default.
+type BoltOptions struct {
+	// LockTimeout bounds the wait for the file lock, held by any other Open of
+	// the file, in this process or another. Zero means DefaultLockTimeout. The
+	// error then matches bbolt's errors.ErrTimeout.
+	LockTimeout time.Duration
 
 	// ReadOnly opens the file for inspection: a shared lock (other read-only
 	// opens may share the file, a writer may not), no change to the file, no
@@ -134,25 +167,6 @@ type Options struct {
 	// (it costs address space, not memory) lets commits go on beside any
 	// reader. Zero means bbolt's default (the file's size, rounded up).
 	InitialMmapSize int
-
-	// Now is the clock, for expiry and record times. Nil means time.Now. The
-	// engine strips the monotonic reading of every time it reads
-	// (t.Round(0)): records in the file carry wall-clock times only, so
-	// records in memory do too, and both compare alike across a step of the
-	// wall clock.
-	Now func() time.Time
-
-	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).
-	Outbox OutboxOptions
-
-	// Logger receives the engine's own events (pruning, recovery) at debug
-	// and warn level; keys and responses are never logged. Nil discards.
-	Logger *slog.Logger
-
-	// Observer receives the engine's events (executions, replays, commits,
-	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
-	// the cost of a nil check per event.
-	Observer Observer
 }
 
 // Result describes the answer of Do or DoTx. It is returned beside a non-nil
@@ -165,3 +179,37 @@ type Options struct {
 // clock). The type is the state machine's (internal/core), shared by every
 // backend.
 type Result = core.Result
+
+func init() { bridge.EngineOptions = engineOptions }
+
+// engineOptions returns the engine settings of o (nil for defaults) as the
+// state machine takes them: the one conversion, for every backend (idempg
+// reaches it through internal/bridge). The zero values stay zero; core.New
+// fills in the defaults, which are the Default* constants here.
+func engineOptions(o *Options) core.Options {
+	if o == nil {
+		return core.Options{}
+	}
+	return core.Options{
+		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
+		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes,
+		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
+		PruneInterval: o.PruneInterval, Outbox: core.OutboxOptions(o.Outbox),
+	}
+}
+
+// validateOptions refuses o's settings that have no meaning (see
+// core.Options.Validate), and the bbolt file's: a negative Bolt.LockTimeout
+// or Bolt.InitialMmapSize. The error wraps ErrOptions.
+func validateOptions(o *Options) error {
+	if err := engineOptions(o).Validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.Bolt.LockTimeout < 0:
+		return fmt.Errorf("%w: Bolt.LockTimeout is %v; zero means the default, a wait cannot be negative", ErrOptions, o.Bolt.LockTimeout)
+	case o.Bolt.InitialMmapSize < 0:
+		return fmt.Errorf("%w: Bolt.InitialMmapSize is %d; zero means bbolt's default", ErrOptions, o.Bolt.InitialMmapSize)
+	}
+	return nil
+}

@@ -23,7 +23,7 @@ import (
 func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	clock := testkit.NewClock(obStart)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{Now: clock.Now, NoSync: true, PruneInterval: -1}
+	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1}
 	e, err := idem.Open(path, opts)
 	require.NoError(t, err)
 	for _, key := range []string{"order-1", "order-2", "order-3"} {

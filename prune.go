@@ -3,11 +3,12 @@ package idem
 import (
 	"context"
 	"errors"
-	"time"
 
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -30,12 +31,7 @@ const pruneBatch = 1000
 // Readers treat expired records as absent whether or not Prune has run. Prune
 // stops early with ctx.Err().
 func (e *Engine) Prune(ctx context.Context) (int, error) {
-	if err := e.enterOp(); err != nil {
-		return 0, &OpError{Op: "prune", Err: err}
-	}
-	defer e.exitOp()
-	n, err := e.prune(ctx)
-	return n, opError("prune", "", err)
+	return e.core.Prune(ctx)
 }
 
 // expiredSlot is a slot the pruner found past its window.
@@ -47,83 +43,105 @@ type expiredSlot struct {
 	// or of a longer window) or undecodable (kept for `idem check`); only
 	// its expired records, dead, are deleted, one by one.
 	kept bool
-	dead [][]byte
+	dead []deadKey
 }
 
-func (e *Engine) prune(ctx context.Context) (int, error) {
-	e.pruneMu.Lock() // Prune and the background pruner take turns
-	defer e.pruneMu.Unlock()
-	total := 0
-	defer func() { e.core.Counters().Pruned.Add(uint64(total)) }()
-	defer e.observePrune(&total, e.observeStart())
-	now := e.now()
-	e.pruneDeadLetters(ctx, now) // outbox.go: dead letters past their retention
+// deadKey is an expired record's key in a kept slot.
+type deadKey struct {
+	key     []byte
+	started bool // an interrupted execution
+}
 
+// prune is the slot pruner, the bbolt backend's Prune: it honours req (its
+// clock reading, retention window, KeepStarted and batch Limit), never the
+// engine's options.
+func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+	var res core.PruneResult
+	limit := req.Limit
+	if limit <= 0 {
+		limit = pruneBatch
+	}
 	// Find the expired slots and judge their records in a read transaction:
 	// a slot that ended a window ago takes no more writes.
 	var expired []expiredSlot
-	err := e.db.View(func(tx *bbolt.Tx) error {
-		return e.st.forEachSlot(tx, func(sl layout.Slot, b *bbolt.Bucket) error {
-			if sl.EndTime().Add(max(sl.Width(), e.opts.Retention)).After(now) {
+	err := view(b.db, func(tx *bbolt.Tx) error {
+		return b.st.forEachSlot(tx, func(sl layout.Slot, bk *bbolt.Bucket) error {
+			if sl.EndTime().Add(max(sl.Width(), req.Retention)).After(req.Now) {
 				return nil // some record in it may be live
 			}
-			expired = append(expired, e.judgeSlot(sl, b, now))
+			expired = append(expired, judgeSlot(sl, bk, req))
 			return nil
 		})
 	})
 	if err != nil {
-		return total, err
+		return res, err
 	}
 	for _, s := range expired {
 		if err := ctx.Err(); err != nil {
-			return total, err
+			return res, err
 		}
 		if !s.kept {
-			err := e.pipe.Do(func(tx *bbolt.Tx) error {
+			if err := fault.Err("prune-before-drop"); err != nil {
+				return res, err // as a failed drop
+			}
+			err := b.write(func(tx *bbolt.Tx) error {
 				if err := rootBucket(tx).DeleteBucket(s.sl.Name()); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 					return err
 				}
 				return nil
 			})
-			if err != nil {
-				return total, e.writeErr("prune", "", err)
+			if err == nil {
+				err = fault.Err("prune-after-drop") // as a drop whose answer was lost
 			}
-			e.st.removeSlot(s.sl)
-			total += s.n
-			e.warnInterrupted(s)
+			if err != nil {
+				return res, err
+			}
+			b.st.removeSlot(s.sl)
+			res.Deleted += s.n
+			res.Interrupted += s.interrupted
 			continue
 		}
 		for len(s.dead) > 0 {
 			if err := ctx.Err(); err != nil {
-				return total, err
+				return res, err
 			}
-			batch := s.dead[:min(pruneBatch, len(s.dead))]
+			batch := s.dead[:min(limit, len(s.dead))]
 			s.dead = s.dead[len(batch):]
-			err := e.pipe.Do(func(tx *bbolt.Tx) error {
-				b := rootBucket(tx).Bucket(s.sl.Name())
-				if b == nil {
+			if err := fault.Err("prune-before-drop"); err != nil {
+				return res, err // as a failed drop
+			}
+			err := b.write(func(tx *bbolt.Tx) error {
+				bk := rootBucket(tx).Bucket(s.sl.Name())
+				if bk == nil {
 					return nil // dropped meanwhile
 				}
 				for _, k := range batch {
-					if err := b.Delete(k); err != nil {
+					if err := bk.Delete(k.key); err != nil {
 						return err
 					}
 				}
 				return nil
 			})
-			if err != nil {
-				return total, e.writeErr("prune", "", err)
+			if err == nil {
+				err = fault.Err("prune-after-drop") // as a drop whose answer was lost
 			}
-			total += len(batch)
+			if err != nil {
+				return res, err
+			}
+			res.Deleted += len(batch)
+			for _, k := range batch {
+				if k.started {
+					res.Interrupted++
+				}
+			}
 		}
-		e.warnInterrupted(s)
 	}
-	return total, nil
+	return res, nil
 }
 
-// judgeSlot reads the records of slot bucket b, past its window at now:
+// judgeSlot reads the records of slot bucket b, past its window at req.Now:
 // whether one is still live, and which ones are expired.
-func (e *Engine) judgeSlot(sl layout.Slot, b *bbolt.Bucket, now time.Time) expiredSlot {
+func judgeSlot(sl layout.Slot, b *bbolt.Bucket, req core.PruneRequest) expiredSlot {
 	s := expiredSlot{sl: sl}
 	c := b.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {
@@ -133,7 +151,7 @@ func (e *Engine) judgeSlot(sl layout.Slot, b *bbolt.Bucket, now time.Time) expir
 		s.n++
 		l, ok := peekLife(v, sl.Width())
 		switch {
-		case !ok || e.live(&l, now):
+		case !ok || !req.Expired(&l):
 			s.kept = true
 		case l.State == StateStarted:
 			s.interrupted++
@@ -142,49 +160,14 @@ func (e *Engine) judgeSlot(sl layout.Slot, b *bbolt.Bucket, now time.Time) expir
 	if !s.kept {
 		return s
 	}
-	s.interrupted = 0 // counted again below, of what is deleted
+	s.interrupted = 0 // counted as they are deleted
 	for k, v := c.First(); k != nil; k, v = c.Next() {
 		if v == nil {
 			continue
 		}
-		if l, ok := peekLife(v, sl.Width()); ok && !e.live(&l, now) {
-			s.dead = append(s.dead, append([]byte(nil), k...))
-			if l.State == StateStarted {
-				s.interrupted++
-			}
+		if l, ok := peekLife(v, sl.Width()); ok && req.Expired(&l) {
+			s.dead = append(s.dead, deadKey{key: append([]byte(nil), k...), started: l.State == StateStarted})
 		}
 	}
 	return s
-}
-
-// warnInterrupted logs, at warn level, the interrupted executions that s's
-// pruning dropped: the evidence that fn may have had its effect is gone, and
-// the next call with one of those keys runs as attempt 1, not recovered.
-// Only the count is logged, never a key.
-func (e *Engine) warnInterrupted(s expiredSlot) {
-	if s.interrupted == 0 {
-		return
-	}
-	e.log.Warn("idem: pruned interrupted executions past the retention window; their keys run as new, not recovered",
-		"interrupted", s.interrupted, "slot_end", s.sl.EndTime().UTC(), "retention", max(s.sl.Width(), e.opts.Retention))
-}
-
-// pruneLoop is the background pruner; it stops on Close.
-func (e *Engine) pruneLoop(every time.Duration) {
-	defer e.bg.Done()
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.stopBg:
-			return
-		case <-t.C:
-			n, err := e.prune(e.ctx)
-			if err != nil && e.ctx.Err() == nil {
-				e.log.Warn("idem: prune failed", "err", err)
-			} else if n > 0 {
-				e.log.Debug("idem: pruned expired records", "records", n)
-			}
-		}
-	}
 }

@@ -5,6 +5,9 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
 )
 
@@ -56,4 +59,43 @@ func (g *readGuard) holding() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.ids[id] > 0
+}
+
+// damaged is the error of a panic of bbolt's on a damaged page (it asserts
+// that a page is what its parent says, and panics when it is not): the file
+// is damaged where the call read, not the call's input.
+func damaged(v any) error {
+	return fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
+}
+
+// userPanic carries a panic of a user callback (Records, Messages, View)
+// through view, which raises it again: only bbolt's own panics are damage.
+type userPanic struct{ v any }
+
+// view runs fn in a read transaction of db. A panic of bbolt's on a damaged
+// page becomes an error wrapping ErrCorrupt (bbolt's View has rolled the
+// transaction back by then), so a damaged file gives every reader an error,
+// never a panic in its goroutine. A callback of the user's that fn calls
+// through userCall panics as it would have.
+func view(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			if up, ok := v.(userPanic); ok {
+				panic(up.v)
+			}
+			err = damaged(v)
+		}
+	}()
+	return db.View(fn)
+}
+
+// userCall calls a user callback inside view, marking its panic as the
+// user's.
+func userCall(fn func() error) error {
+	defer func() {
+		if v := recover(); v != nil {
+			panic(userPanic{v})
+		}
+	}()
+	return fn()
 }

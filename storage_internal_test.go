@@ -53,6 +53,17 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 	require.NoError(t, syscall.Dup2(saved, fd), "the file comes back under the engine")
 	require.NoError(t, syscall.Close(saved))
 	require.NoError(t, e.Close())
+	// Closed is closed, whatever failed before: every call says so.
+	_, err = e.Do(ctx, "acked", nil, fn)
+	require.ErrorIs(t, err, ErrClosed)
+	require.NotErrorIs(t, err, ErrStorageFailed)
+	_, err = e.DoTx(ctx, "acked", nil, func(context.Context, *Tx) ([]byte, error) { return nil, nil })
+	require.ErrorIs(t, err, ErrClosed)
+	_, err = e.Get("acked")
+	require.ErrorIs(t, err, ErrClosed)
+	require.ErrorIs(t, e.Forget("acked"), ErrClosed)
+	_, err = e.Prune(ctx)
+	require.ErrorIs(t, err, ErrClosed)
 
 	e, err = Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)

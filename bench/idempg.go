@@ -43,7 +43,7 @@ func OpenIdemPG(ctx context.Context, dsn string) (benchkit.Deduper, error) {
 		_ = p.drop()
 		return nil, err
 	}
-	p.e, err = idempg.Open(ctx, pool, opts, &idempg.EngineOptions{PruneInterval: -1})
+	p.e, err = idempg.Open(ctx, pool, opts, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		_ = p.drop()
 		return nil, err

@@ -28,7 +28,7 @@ func openEngine(t *testing.T, opts *idem.Options) *idem.Engine {
 	if opts != nil {
 		o = *opts
 	}
-	o.NoSync = true // no crash in these tests: fsync only costs time
+	o.Bolt.NoSync = true // no crash in these tests: fsync only costs time
 	e, _ := testkit.Open(t, &o)
 	return e
 }

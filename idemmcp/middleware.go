@@ -78,8 +78,9 @@ type Options struct {
 	MaxWait time.Duration
 	// RetryAfter is the wait refusals suggest. Zero means DefaultRetryAfter.
 	RetryAfter time.Duration
-	// Logger receives a tool's panic (value and stack, at error level);
-	// keys and arguments are never logged. Nil discards.
+	// Logger receives a tool's panic (value and stack, at error level) and,
+	// at warn level, a Do tool that ran but whose outcome the store failed
+	// to record; keys and arguments are never logged. Nil discards.
 	Logger *slog.Logger
 }
 
@@ -439,7 +440,8 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		ownRes mcp.Result
 		ownErr error
 		// ran, ranRes, ranErr: the answer of this call's own handling, for
-		// an outcome too large to record (the engine's MaxResponseSize).
+		// an outcome too large to record (the engine's MaxResponseSize) or
+		// one the store failed to record after a Do tool ran.
 		ran    bool
 		ranRes mcp.Result
 		ranErr error
@@ -520,6 +522,18 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 	case errors.As(err, &ie):
 		// A stored outcome of the engine's own (a response too large).
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: ie.Error()}
+	}
+	if ran && !t.tx {
+		// A Do tool ran and did its effect, but the store failed to record
+		// its outcome: its caller gets its answer (as idemhttp answers with
+		// the handler's response); the key stays started, for the recovery
+		// policy. A DoTx tool's writes rolled back with the failed commit.
+		cause := err
+		if oe, ok := errors.AsType[*idem.OpError](err); ok && oe.Err != nil {
+			cause = oe.Err // no key in logs
+		}
+		m.opts.Logger.Warn("idemmcp: the tool ran but its outcome was not recorded", "tool", r.Params.Name, "err", cause)
+		return ranRes, ranErr
 	}
 	return nil, refuse(CodeUnavailable, TypeUnavailable, m.opts.RetryAfter, "the idempotency store failed; the tool did not run")
 }

@@ -800,3 +800,42 @@ func TestResultOverTheEngineLimit(t *testing.T) {
 	require.False(t, isRefusal, "a retry cannot help: %v", err)
 	require.EqualValues(t, 1, runs.Load())
 }
+
+// A Do tool whose outcome the store fails to record after the tool ran (here
+// the done commit does not fit in the file's MaxSize: ErrFileFull) did its
+// effect: its caller gets the tool's own result, as idemhttp answers with the
+// handler's response, never a refusal saying the tool did not run. The key
+// stays started, so a retry is an interrupted execution (the recovery
+// policy decides). A DoTx tool's writes roll back with the failed commit, so
+// there the refusal is true.
+func TestStoreFailureAfterTheToolRanAnswersItsResult(t *testing.T) {
+	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{
+		PruneInterval: -1, MaxResponseSize: 8 << 20, Bolt: idem.BoltOptions{MaxSize: 1 << 20}})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	var runs atomic.Int32
+	server := mcp.NewServer(&mcp.Implementation{Name: "shop", Version: "v1"}, nil)
+	m := idemmcp.New(e, nil)
+	idemmcp.AddTool(server, m, &mcp.Tool{Name: "export"},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			runs.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("z", 2<<20)}}}, nil, nil
+		}, nil)
+	server.AddReceivingMiddleware(m.Wrap)
+	st, ct := mcp.NewInMemoryTransports()
+	_, err = server.Connect(t.Context(), st, nil)
+	require.NoError(t, err)
+	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
+	client.AddSendingMiddleware(idemmcp.ClientMiddleware(nil))
+	cs, err := client.Connect(t.Context(), ct, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { cs.Close() })
+
+	first, err := cs.CallTool(idemmcp.WithKey(t.Context(), "full-1"), &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
+	require.NoError(t, err, "the tool ran: its caller gets its result")
+	require.Len(t, text(t, first), 2<<20)
+	require.EqualValues(t, 1, runs.Load())
+	rec, err := e.Get("full-1")
+	require.NoError(t, err)
+	require.Equal(t, idem.StateStarted, rec.State, "the outcome was not recorded: an interrupted execution")
+}

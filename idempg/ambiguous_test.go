@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
@@ -54,7 +55,7 @@ func TestAmbiguousCommitReadBack(t *testing.T) {
 			}
 			t.Cleanup(pool.Close)
 			o := st.opts
-			e, err := idempg.Open(context.Background(), pool, &o, &idempg.EngineOptions{PruneInterval: -1})
+			e, err := idempg.Open(context.Background(), pool, &o, &idem.Options{PruneInterval: -1})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
 	"github.com/idemkit/idem/internal/layout"
 )
@@ -120,7 +121,8 @@ func (b *backend) leaseSQL() string {
 
 // Info implements core.Backend.
 func (b *backend) Info() core.Info {
-	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval}
+	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
+		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout}
 }
 
 // scanned is one record row as read.
@@ -825,6 +827,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
+		if err := fault.Err("prune-before-drop"); err != nil {
+			return res, err // as a failed DELETE
+		}
 		rows, err := b.pool.Query(ctx, b.sql(`DELETE FROM {schema}.idem_records WHERE key IN (
 				SELECT key FROM {schema}.idem_records AS r
 				WHERE expires_ns > 0 AND expires_ns <= $1::bigint AND (NOT $3::boolean OR state = 2)
@@ -835,6 +840,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 			return res, err
 		}
 		states, err := pgx.CollectRows(rows, pgx.RowTo[int16])
+		if err == nil {
+			err = fault.Err("prune-after-drop") // as a DELETE whose answer was lost
+		}
 		if err != nil {
 			return res, err
 		}

@@ -46,8 +46,8 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				total <- struct{}{}
 				return nil
 			}
-			eo := func() *idempg.EngineOptions {
-				return &idempg.EngineOptions{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
+			eo := func() *idem.Options {
+				return &idem.Options{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
 					BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 3, PollInterval: 20 * time.Millisecond}}
 			}
 			a, b := st.open(t, eo()), st.open(t, eo())
@@ -120,5 +120,68 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				t.Fatalf("second DropDead: %v", err)
 			}
 		})
+	}
+}
+
+// TestDispatchParksATopicWithoutAHandler: a claimed message whose topic has
+// no handler is parked, holding back its ordering key, while other keys'
+// messages are delivered; Handle gives it back and it is delivered, then the
+// message behind it. A second Dispatch fails with ErrDispatcherRunning; the
+// first returns ctx.Err() when its ctx ends, and Dispatch after Close returns
+// ErrClosed.
+func TestDispatchParksATopicWithoutAHandler(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	e := st.open(t, &idem.Options{Outbox: idem.OutboxOptions{PollInterval: 20 * time.Millisecond}})
+	ctx := context.Background()
+	for key, topics := range map[string][]string{"a": {"late", "now"}, "b": {"now"}} {
+		if _, err := e.DoTx(ctx, key, nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			for i, topic := range topics {
+				if err := idempg.Enqueue(tx, topic, fmt.Appendf(nil, "%s%d", key, i)); err != nil {
+					return nil, err
+				}
+			}
+			return nil, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(chan string, 10)
+	h := func(ctx context.Context, m idem.Message) error {
+		got <- string(m.Payload)
+		return nil
+	}
+	next := func() string {
+		t.Helper()
+		select {
+		case p := <-got:
+			return p
+		case <-time.After(30 * time.Second): // a bound on a hang
+			t.Fatal("no delivery")
+			return ""
+		}
+	}
+	e.Handle("now", h)
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Dispatch(dctx) }()
+	if p := next(); p != "b0" {
+		t.Fatalf("delivered %q first, want b0: a0 has no handler and holds a1 back", p)
+	}
+	if err := e.Dispatch(ctx); !errors.Is(err, idempg.ErrDispatcherRunning) {
+		t.Fatalf("a second Dispatch: %v, want ErrDispatcherRunning", err)
+	}
+	e.Handle("late", h)
+	if a, b := next(), next(); a != "a0" || b != "a1" {
+		t.Fatalf("delivered %q, %q; want a0 then a1", a, b)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Dispatch after its ctx ended: %v", err)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Dispatch(ctx); !errors.Is(err, idem.ErrClosed) {
+		t.Fatalf("Dispatch after Close: %v, want ErrClosed", err)
 	}
 }

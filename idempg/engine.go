@@ -3,7 +3,6 @@ package idempg
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 
@@ -11,81 +10,53 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/internal/bridge"
 	"github.com/idemkit/idem/internal/core"
 )
-
-// EngineOptions are the engine's settings, each meaning what the
-// idem.Options field of the same name means, zero values included.
-type EngineOptions struct {
-	// Retention is the retention window, wall-clock; zero means 24 h.
-	Retention time.Duration
-	// Recovery is the policy for interrupted executions: re-execute
-	// (default; at least once) or refuse (idem.RecoverRefuse).
-	Recovery idem.RecoveryPolicy
-	// InFlight is the policy for a call whose key another call holds, in
-	// this process or another: wait (default) or fail with an
-	// *idem.InProgressError (idem.InFlightFail).
-	InFlight idem.InFlightPolicy
-	// RetryAfter is the wait an InProgressError suggests; zero means 1 s.
-	RetryAfter time.Duration
-	// MaxResponseSize is the most bytes stored for an outcome; zero means
-	// 1 MiB.
-	MaxResponseSize int
-	// ReplayCacheBytes bounds the replay cache; negative disables it.
-	ReplayCacheBytes int
-	// Now is the engine's clock (retention, the outbox's backoff); nil
-	// means time.Now. Leases never use it: they use the database's.
-	Now func() time.Time
-	// Logger receives the engine's events; nil discards them.
-	Logger *slog.Logger
-	// Outbox configures the dispatcher, as for the bbolt engine. Its
-	// PollInterval is also how often a dispatcher looks for messages that
-	// other processes enqueued when no NOTIFY comes (PollOnly mode).
-	Outbox idem.OutboxOptions
-	// PruneInterval is how often the background pruner deletes expired
-	// records (in batches of Options.PruneBatch); zero means
-	// idem.DefaultPruneInterval, negative disables it (call Prune).
-	PruneInterval time.Duration
-}
 
 // Engine is idem's engine on Postgres: the same state machine as the bbolt
 // engine, over records that several processes share. It is safe for
 // concurrent use.
 type Engine struct {
-	c   *core.Engine[pgx.Tx]
-	b   *backend
-	ob  *outbox
-	lg  *slog.Logger
-	dwg sync.WaitGroup // the dispatcher started by OutboxOptions.Dispatch
-
-	closing   context.Context
-	cancel    context.CancelFunc
-	stopPrune chan struct{}
-	pruneDone chan struct{}
+	c         *core.Engine[pgx.Tx]
+	b         *backend
 	closeOnce sync.Once
 }
 
 // Open returns an engine on the schema opts.Schema of the database pool
-// reaches, with the engine settings eo. The schema must be at SchemaVersion
-// (run Migrate first), else the error wraps ErrSchemaVersion. The engine
-// does not close pool. nil opts mean defaults. The pool's own settings
-// decide its size; in PollOnly mode (PgBouncer in transaction pooling mode)
-// set its DefaultQueryExecMode to pgx.QueryExecModeExec or
+// reaches, with the engine settings eo (nil for defaults): the fields of
+// idem.Options that are the engine's, meaning there what they mean for the
+// bbolt engine (Now is the engine's clock, for retention and the outbox's
+// backoff, never for leases, which use the database's; Outbox.PollInterval is
+// also how often a dispatcher looks for messages other processes enqueued
+// when no NOTIFY comes). eo.Bolt, the bbolt file's settings, must be zero,
+// else the error wraps ErrOptions. The schema must be at SchemaVersion (run
+// Migrate first), else the error wraps ErrSchemaVersion. The engine does not
+// close pool. nil opts mean defaults. The pool's own settings decide its
+// size; in PollOnly mode (PgBouncer in transaction pooling mode) set its
+// DefaultQueryExecMode to pgx.QueryExecModeExec or
 // QueryExecModeSimpleProtocol, for fn's statements in DoTx too.
-func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOptions) (*Engine, error) {
+func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options) (*Engine, error) {
 	return open(ctx, pool, opts, eo, nil)
 }
 
+// engineOptions is the root package's one conversion of idem.Options into
+// the state machine's options (internal/bridge).
+var engineOptions = bridge.EngineOptions.(func(*idem.Options) core.Options)
+
 // open is Open with the state machine over wrap(backend) if wrap is set
 // (the conformance suite's test backends); the outbox uses the backend.
-func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOptions, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
+func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
+	if eo != nil && eo.Bolt != (idem.BoltOptions{}) {
+		return nil, fmt.Errorf("idempg: open: %w: idem.Options.Bolt holds the bbolt file's settings, and must be zero for Postgres", ErrOptions)
+	}
 	s, err := resolve(opts)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", err)
 	}
-	var o EngineOptions
-	if eo != nil {
-		o = *eo
+	o := engineOptions(eo)
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("idempg: open: %w", err)
 	}
 	if o.Now != nil {
 		s.engineNow = o.Now
@@ -102,55 +73,9 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *EngineOpti
 	if wrap != nil {
 		cb = wrap(b)
 	}
-	e := &Engine{b: b, c: core.New[pgx.Tx](cb, core.Options{
-		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
-		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes, Now: o.Now, Logger: o.Logger,
-	})}
-	e.closing, e.cancel = context.WithCancel(context.Background())
-	e.lg = o.Logger
-	if e.lg == nil {
-		e.lg = slog.New(slog.DiscardHandler)
-	}
-	e.ob = newOutbox(o.Outbox)
-	b.OnCommit(e.ob.poke)
-	if o.Outbox.Dispatch {
-		e.dwg.Go(func() { _ = e.Dispatch(e.closing) })
-	}
-	if o.PruneInterval >= 0 {
-		e.stopPrune, e.pruneDone = make(chan struct{}), make(chan struct{})
-		go e.pruner(max(o.PruneInterval, 0))
-	}
+	e := &Engine{b: b, c: core.New[pgx.Tx](cb, o)}
+	e.c.Start()
 	return e, nil
-}
-
-func (e *Engine) log() *slog.Logger { return e.lg }
-
-// pruneCtx ends when Close begins, so that a running prune stops between
-// batches.
-func (e *Engine) pruneCtx() context.Context { return e.closing }
-
-// pruner prunes every interval until Close.
-func (e *Engine) pruner(every time.Duration) {
-	defer close(e.pruneDone)
-	if every == 0 {
-		every = idem.DefaultPruneInterval
-	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-e.stopPrune:
-			return
-		case <-t.C:
-			ctx, cancel := context.WithCancel(context.Background())
-			stop := context.AfterFunc(e.pruneCtx(), cancel)
-			_, _ = e.c.Prune(ctx)
-			now := e.c.Now()
-			_, _ = e.b.PruneDead(ctx, func(m *core.Message) bool { return !now.Before(m.DeadAt.Add(m.DeadLetterRetention)) }, e.b.s.PruneBatch)
-			stop()
-			cancel()
-		}
-	}
 }
 
 // Do runs fn once per idempotency key across every process that shares the
@@ -209,14 +134,8 @@ func (e *Engine) Prune(ctx context.Context) (int, error) { return e.c.Prune(ctx)
 // idempotent.
 func (e *Engine) Close() error {
 	e.closeOnce.Do(func() {
-		e.cancel()
 		e.c.Stop()
-		e.c.Wait()
-		e.dwg.Wait()
-		if e.stopPrune != nil {
-			close(e.stopPrune)
-			<-e.pruneDone
-		}
+		e.c.Wait() // the calls, the pruner and the dispatchers
 		_ = e.b.Close()
 	})
 	return nil

@@ -3,6 +3,7 @@ package idempg_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,9 +11,12 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // store is one migrated schema and a database clock the tests move.
@@ -37,10 +41,10 @@ func newStore(t *testing.T, env string) *store {
 // expireLeases moves the database's clock past every lease taken so far.
 func (st *store) expireLeases() { st.offset.Add(int64(st.opts.Lease + time.Second)) }
 
-func (st *store) open(t *testing.T, eo *idempg.EngineOptions) *idempg.Engine {
+func (st *store) open(t *testing.T, eo *idem.Options) *idempg.Engine {
 	t.Helper()
 	if eo == nil {
-		eo = &idempg.EngineOptions{}
+		eo = &idem.Options{}
 	}
 	eo.PruneInterval = -1
 	e, err := idempg.Open(context.Background(), st.pool, &st.opts, eo)
@@ -148,5 +152,67 @@ func TestDoTxCommitsWithRecord(t *testing.T) {
 				t.Fatalf("b's record: %+v, %v", rec, err)
 			}
 		})
+	}
+}
+
+// TestOpenRefusesBoltOptions: the bbolt file's settings (idem.Options.Bolt)
+// mean nothing on Postgres; Open refuses them with ErrOptions instead of
+// ignoring them, and opens no engine. The engine settings beside them are
+// taken: Retention reaches the state machine.
+func TestOpenRefusesBoltOptions(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	ctx := context.Background()
+	for _, bolt := range []idem.BoltOptions{{NoSync: true}, {ReadOnly: true}, {LockTimeout: time.Second}, {MaxSize: 1 << 20}, {InitialMmapSize: 1 << 20}} {
+		e, err := idempg.Open(ctx, st.pool, &st.opts, &idem.Options{Retention: time.Hour, Bolt: bolt})
+		if !errors.Is(err, idempg.ErrOptions) || e != nil {
+			t.Errorf("Bolt %+v: %v, %v; want ErrOptions and no engine", bolt, e, err)
+		}
+	}
+	e := st.open(t, &idem.Options{Retention: time.Hour})
+	if got := e.Retention(); got != time.Hour {
+		t.Errorf("Retention %v, want 1h", got)
+	}
+}
+
+// TestPruneHonoursPruneBatch: Prune deletes expired records in statements of
+// at most Options.PruneBatch rows, each committing on its own: stopped right
+// after its first statement (a panic at prune-after-drop), it has deleted
+// exactly PruneBatch records, and the next Prune deletes the rest.
+func TestPruneHonoursPruneBatch(t *testing.T) {
+	pgtest.DSN(t, pgtest.Env)
+	if !testkit.Failpoints(t) {
+		return
+	}
+	st := newStore(t, pgtest.Env)
+	st.opts.PruneBatch = 2
+	clock := testkit.NewClock(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	e := st.open(t, &idem.Options{Now: clock.Now, Retention: time.Minute})
+	ctx := context.Background()
+	for i := range 5 {
+		if _, err := e.Do(ctx, fmt.Sprintf("k%d", i), nil, func(context.Context) ([]byte, error) { return nil, nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock.Advance(time.Hour)
+	stop := errors.New("stop after the first batch")
+	unset := fault.Set("prune-after-drop", func() error { panic(stop) })
+	func() {
+		defer func() {
+			if v := recover(); v != stop {
+				t.Errorf("Prune did not stop at prune-after-drop: %v", v)
+			}
+		}()
+		_, _ = e.Prune(ctx)
+	}()
+	unset()
+	var left int
+	if err := st.pool.QueryRow(ctx, "SELECT count(*) FROM "+st.opts.Schema+".idem_records").Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 3 {
+		t.Fatalf("%d records left after the first batch, want 3 (5 less a PruneBatch of 2)", left)
+	}
+	if n, err := e.Prune(ctx); err != nil || n != 3 {
+		t.Fatalf("the next Prune: %d, %v; want the 3 left", n, err)
 	}
 }

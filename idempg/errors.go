@@ -18,4 +18,9 @@ var (
 	// claim could not be renewed: another process may take the key over, so
 	// fn should stop.
 	ErrLeaseLost = core.ErrLeaseLost
+
+	// ErrDispatcherRunning is wrapped by the error of Dispatch while this
+	// engine's dispatcher already runs (one per engine; run one engine per
+	// process to drain the outbox from several).
+	ErrDispatcherRunning = core.ErrDispatcherRunning
 )

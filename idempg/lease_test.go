@@ -17,13 +17,13 @@ import (
 
 // openWith opens an engine on st's schema with o's backend settings, and its
 // database clock offset by offset.
-func (st *store) openWith(t *testing.T, o idempg.Options, offset time.Duration, eo *idempg.EngineOptions) *idempg.Engine {
+func (st *store) openWith(t *testing.T, o idempg.Options, offset time.Duration, eo *idem.Options) *idempg.Engine {
 	t.Helper()
 	o.Schema = st.opts.Schema
 	o.PollOnly = st.opts.PollOnly
 	idempg.SetClockOffset(&o, func() time.Duration { return time.Duration(st.offset.Load()) + offset })
 	if eo == nil {
-		eo = &idempg.EngineOptions{}
+		eo = &idem.Options{}
 	}
 	eo.PruneInterval = -1
 	e, err := idempg.Open(context.Background(), st.pool, &o, eo)
@@ -52,7 +52,7 @@ func TestOwnedElsewhere(t *testing.T) {
 		t.Run(env, func(t *testing.T) {
 			st := newStore(t, env)
 			a := st.open(t, nil)
-			bFail := st.open(t, &idempg.EngineOptions{InFlight: core.InFlightFail, RetryAfter: 3 * time.Second})
+			bFail := st.open(t, &idem.Options{InFlight: core.InFlightFail, RetryAfter: 3 * time.Second})
 			bWait := st.open(t, nil)
 			ctx := context.Background()
 			started, release := make(chan context.Context, 1), make(chan struct{})
@@ -178,7 +178,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	a := st.open(t, nil)
-	b := st.openWith(t, idempg.Options{LockTimeout: 50 * time.Millisecond}, 0, &idempg.EngineOptions{InFlight: core.InFlightFail})
+	b := st.openWith(t, idempg.Options{LockTimeout: 50 * time.Millisecond}, 0, &idem.Options{InFlight: core.InFlightFail})
 	ctx := context.Background()
 	started, release := make(chan struct{}), make(chan struct{})
 	aDone := make(chan error, 1)

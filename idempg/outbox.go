@@ -76,10 +76,11 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 // (database clock). A claim whose dispatcher died lapses with its lease and
 // the message is claimed again: delivery is at least once. A handler that
 // runs longer than Options.Lease may see its message delivered again
-// meanwhile by another process.
-func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) ([]*core.Message, error) {
+// meanwhile by another process. Rows always decode: nothing is quarantined,
+// and Due.Next is left zero (the dispatcher polls).
+func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (core.Due, error) {
 	if limit <= 0 {
-		return nil, nil
+		return core.Due{}, nil
 	}
 	rows, err := b.pool.Query(ctx, b.sql(`WITH heads AS (
 			SELECT o.seq FROM {schema}.idem_outbox AS o
@@ -94,15 +95,15 @@ func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) ([]*co
 		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
 		b.s.args(toNs(now), limit, b.owner)...)
 	if err != nil {
-		return nil, err
+		return core.Due{}, err
 	}
 	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) { return scanMessage(row) })
 	if err != nil {
-		return nil, err
+		return core.Due{}, err
 	}
 	// RETURNING follows no order: deliver in seq order.
 	sortBySeq(ms)
-	return ms, nil
+	return core.Due{Messages: ms}, nil
 }
 
 func sortBySeq(ms []*core.Message) {

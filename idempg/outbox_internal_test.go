@@ -105,7 +105,7 @@ func TestOutboxHeads(t *testing.T) {
 	var wg sync.WaitGroup
 	for i, d := range bs {
 		wg.Go(func() {
-			ms, err := d.ClaimDue(ctx, time.Now(), 10)
+			ms, err := claimDue(d, ctx, time.Now(), 10)
 			if err != nil {
 				t.Error(err)
 			}
@@ -118,20 +118,20 @@ func TestOutboxHeads(t *testing.T) {
 	if !slices.Equal(claimed, []uint64{m0, n0}) {
 		t.Fatalf("two dispatchers at once claimed %v, want the heads %v once each", claimed, []uint64{m0, n0})
 	}
-	if ms, _ := b.ClaimDue(ctx, time.Now(), 10); len(ms) != 0 {
+	if ms, _ := claimDue(b, ctx, time.Now(), 10); len(ms) != 0 {
 		t.Fatalf("claimed %v while the heads are held", seqsOf(ms))
 	}
 	// m0 delivered: m1 is the head of o1; n0 is still held.
 	if err := a.Delivered(ctx, &core.Message{Seq: m0}); err != nil {
 		t.Fatal(err)
 	}
-	ms, err := b.ClaimDue(ctx, time.Now(), 10)
+	ms, err := claimDue(b, ctx, time.Now(), 10)
 	if err != nil || !slices.Equal(seqsOf(ms), []uint64{m1}) {
 		t.Fatalf("after m0's delivery: %v, %v; want m1", seqsOf(ms), err)
 	}
 	// The dispatcher holding n0 dies: past its lease, n0 is claimed again.
 	offset.Add(int64(3 * time.Second))
-	ms, err = b.ClaimDue(ctx, time.Now(), 10)
+	ms, err = claimDue(b, ctx, time.Now(), 10)
 	if err != nil || !slices.Equal(seqsOf(ms), sorted(m1, n0)) {
 		t.Fatalf("after the claims lapsed: %v, %v; want m1 and n0 again", seqsOf(ms), err)
 	}
@@ -139,7 +139,7 @@ func TestOutboxHeads(t *testing.T) {
 	if err := b.Failed(ctx, &core.Message{Seq: n0, Failures: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
-	ms, err = a.ClaimDue(ctx, time.Now(), 10)
+	ms, err = claimDue(a, ctx, time.Now(), 10)
 	if err != nil || !slices.Equal(seqsOf(ms), []uint64{n1}) {
 		t.Fatalf("after n0 died: %v, %v; want n1", seqsOf(ms), err)
 	}
@@ -148,7 +148,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatal(err)
 	}
 	offset.Add(int64(3 * time.Second))
-	ms, err = a.ClaimDue(ctx, time.Now(), 10)
+	ms, err = claimDue(a, ctx, time.Now(), 10)
 	if err != nil || !slices.Equal(seqsOf(ms), sorted(m1, n0)) {
 		t.Fatalf("after n0's retry: %v, %v; want m1 and n0 (before n1)", seqsOf(ms), err)
 	}
@@ -157,10 +157,10 @@ func TestOutboxHeads(t *testing.T) {
 	if err := a.Failed(ctx, &core.Message{Seq: m1, Failures: 1, LastError: "later", NextAttemptAt: later}); err != nil {
 		t.Fatal(err)
 	}
-	if ms, _ := b.ClaimDue(ctx, time.Now(), 10); len(ms) != 0 {
+	if ms, _ := claimDue(b, ctx, time.Now(), 10); len(ms) != 0 {
 		t.Fatalf("claimed %v before m1's next attempt", seqsOf(ms))
 	}
-	if ms, _ := b.ClaimDue(ctx, later, 10); !slices.Equal(seqsOf(ms), []uint64{m1}) {
+	if ms, _ := claimDue(b, ctx, later, 10); !slices.Equal(seqsOf(ms), []uint64{m1}) {
 		t.Fatalf("at m1's next attempt: %v", seqsOf(ms))
 	}
 }
@@ -187,7 +187,7 @@ func TestOutboxDrainedByProcesses(t *testing.T) {
 		for range 2 {
 			wg.Go(func() {
 				for count.Load() < int32(len(want)) {
-					ms, err := d.ClaimDue(ctx, time.Now(), 4)
+					ms, err := claimDue(d, ctx, time.Now(), 4)
 					if err != nil {
 						t.Error(err)
 						return
@@ -263,4 +263,10 @@ func TestPruneBounded(t *testing.T) {
 	if err != nil || res.Deleted != 0 {
 		t.Fatalf("prune with a longer window: %+v, %v; want nothing", res, err)
 	}
+}
+
+// claimDue is b.ClaimDue's messages.
+func claimDue(b *backend, ctx context.Context, now time.Time, limit int) ([]*core.Message, error) {
+	due, err := b.ClaimDue(ctx, now, limit)
+	return due.Messages, err
 }

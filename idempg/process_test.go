@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
@@ -55,7 +56,7 @@ func childMain(role string) int {
 	}
 	defer pool.Close()
 	opts := &idempg.Options{Schema: os.Getenv(envSchema), Lease: 10 * time.Second, Heartbeat: 9 * time.Second}
-	e, err := idempg.Open(ctx, pool, opts, &idempg.EngineOptions{PruneInterval: -1})
+	e, err := idempg.Open(ctx, pool, opts, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -178,7 +179,7 @@ func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
 	c := startChild(t, st, "do", "k")
 	c.kill(t)
 
-	e := st.open(t, &idempg.EngineOptions{InFlight: core.InFlightFail})
+	e := st.open(t, &idem.Options{InFlight: core.InFlightFail})
 	var runs atomic.Int32
 	var call core.Call
 	fn := func(ctx context.Context) ([]byte, error) {

@@ -77,7 +77,8 @@ func TestCollectorCountsAnEngine(t *testing.T) {
 	logs := &syncBuffer{}
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
 	e, _ := testkit.Open(t, &idem.Options{
-		NoSync: true, Now: clock.Now, PruneInterval: -1, Observer: c, InFlight: idem.InFlightFail,
+		Bolt: idem.BoltOptions{NoSync: true},
+		Now:  clock.Now, PruneInterval: -1, Observer: c, InFlight: idem.InFlightFail,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Outbox: idem.OutboxOptions{
 			Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
@@ -218,7 +219,7 @@ func TestCollectorWaits(t *testing.T) {
 	c := idemprom.New(nil)
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
-	e, _ := testkit.Open(t, &idem.Options{NoSync: true, Observer: c})
+	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Observer: c})
 	running, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 2)
 	go func() {

@@ -36,6 +36,12 @@
 //	             restarts
 //	process      SIGKILL of a child process in fn or in a handler, and a store
 //	             held by a live process (see ChildMain)
+//	crash matrix every failpoint in the code (internal/core, this package,
+//	             the backend's module) × SIGKILL, panic and error, in a child
+//	             running concurrent Do, DoTx, outbox and prune traffic; the
+//	             parent reopens, retries every call and checks the promises
+//	             (crash.go; EnvMatrixRuns sets the runs per cell). It needs
+//	             the idemfail build (testkit.Failpoints) and the source tree
 //	logs         keys, responses and payloads never logged
 //
 // Subtests of behaviour that the contract promises but a known defect still
@@ -83,6 +89,18 @@ type Options struct {
 	// Logger receives the engine's own events; nil discards them. The suite
 	// sets it to check that keys and responses are never logged.
 	Logger *slog.Logger
+}
+
+// Engine returns o as the engine's settings, every field of o in the
+// idem.Options field of its name, with the background pruner disabled (the
+// suite prunes when it means to, with Engine.Prune): one conversion for every
+// harness, which adds its backend's settings (Options.Bolt on bbolt).
+func (o Options) Engine() *idem.Options {
+	return &idem.Options{
+		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
+		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Outbox: o.Outbox, Logger: o.Logger,
+		PruneInterval: -1,
+	}
 }
 
 // Engine is what the suite calls on an engine under test: the adapters'
@@ -209,6 +227,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("process", s.process)
+	t.Run("crash matrix", s.matrix)
 	t.Run("logs", s.logs)
 }
 

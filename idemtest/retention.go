@@ -37,6 +37,7 @@ func (s *suite[T]) retention(t *testing.T) {
 				_, err = e.Get("k")
 				require.ErrorIs(t, err, idem.ErrNotFound, "expired at the window's end, before any prune")
 				require.Empty(t, records(t, e))
+				require.ErrorIs(t, e.Forget("k"), idem.ErrNotFound, "an expired record is absent to Forget too, before any prune")
 				res, err = e.Do(bg, "k", other, func(ctx context.Context) ([]byte, error) {
 					wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1})
 					return []byte("second"), nil

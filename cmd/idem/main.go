@@ -94,7 +94,7 @@ var subcommands = []func(*app) *cobra.Command{
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
-// it for them with idem.Options.ReadOnly, a shared lock that changes nothing.
+// it for them with idem.Options.Bolt.ReadOnly, a shared lock that changes nothing.
 var readOnlyCommands = map[string]bool{
 	"idem stats": true, "idem ls": true, "idem get": true, "idem check": true,
 	"idem outbox ls": true, "idem outbox get": true,
@@ -343,13 +343,12 @@ func (a *app) openEngine() (*idem.Engine, error) {
 	}
 	recovery, _ := a.recoveryPolicy()
 	e, err := idem.Open(a.db, &idem.Options{
+		Bolt: idem.BoltOptions{ReadOnly: a.readOnly, LockTimeout: lockTimeout},
 		// The engine keeps a record the longer of its own window and
 		// Retention: the shortest window leaves each record's own.
 		Retention:     max(a.retention, time.Nanosecond),
 		Recovery:      recovery,
-		LockTimeout:   lockTimeout,
 		PruneInterval: -1,
-		ReadOnly:      a.readOnly,
 		// The same for dead letters: each one's own retention, or longer.
 		Outbox: idem.OutboxOptions{DeadLetterRetention: max(a.deadLetterRetention, time.Nanosecond)},
 	})

@@ -84,10 +84,10 @@ func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFl
 	}
 	recovery, _ := a.recoveryPolicy()
 	e, err := idem.Open(a.db, &idem.Options{
-		Retention:   a.retention,
-		Recovery:    recovery,
-		InFlight:    inFlight,
-		LockTimeout: lockTimeout,
+		Bolt:      idem.BoltOptions{LockTimeout: lockTimeout},
+		Retention: a.retention,
+		Recovery:  recovery,
+		InFlight:  inFlight,
 	})
 	if err != nil {
 		return openError(a.db, err)

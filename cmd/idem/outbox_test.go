@@ -66,7 +66,7 @@ func outboxFixture(t *testing.T) string {
 func outboxSession(t *testing.T, path string, ob idem.OutboxOptions, calls func(*idem.Engine), done func(idem.OutboxStats) bool) {
 	t.Helper()
 	ob.Dispatch = true
-	e, err := idem.Open(path, &idem.Options{NoSync: true, PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
+	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	calls(e)
@@ -518,7 +518,7 @@ func TestReadOnlyCommands(t *testing.T) {
 	path := outboxFixture(t)
 	before, err := os.ReadFile(path)
 	require.NoError(t, err)
-	ro, err := idem.Open(path, &idem.Options{ReadOnly: true, LockTimeout: time.Second})
+	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: time.Second, ReadOnly: true}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, ro.Close()) }()
 

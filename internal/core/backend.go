@@ -192,24 +192,38 @@ type Backend[T any] interface {
 	// backend; a later call replaces it.
 	OnCommit(fn func())
 
-	// ClaimDue returns up to limit due heads: for each ordering key, its
-	// pending message of lowest Seq, if NextAttemptAt is zero or not after
-	// now, and if no other dispatcher holds it. Only a head is claimable,
-	// so the messages of one ordering key are delivered one at a time, in
-	// enqueue order. Postgres claims them with FOR UPDATE SKIP LOCKED and a
-	// lease (several processes drain one outbox at least once); bbolt has
-	// one dispatcher per file and claims in memory. A message that fails to
-	// decode is not returned; it is reported by Messages.
-	ClaimDue(ctx context.Context, now time.Time, limit int) ([]*Message, error)
+	// ClaimDue claims up to limit due heads for the engine's dispatcher: for
+	// each ordering key, its pending message of lowest Seq, if
+	// NextAttemptAt is zero or not after now, and if no dispatcher holds it.
+	// Only a head is claimable, so the messages of one ordering key are
+	// delivered one at a time, in enqueue order. A claim holds until
+	// Delivered or Failed for the message (Failed with the message as
+	// claimed gives the claim back unchanged); Postgres claims with FOR
+	// UPDATE SKIP LOCKED and a lease (several processes drain one outbox at
+	// least once; a lapsed claim is claimed again), bbolt has one dispatcher
+	// per file and claims in memory (its index of pending messages).
+	//
+	// A pending message that fails to decode is never returned: the backend
+	// moves it, as it is, to the dead letters (where Messages reports it with
+	// ErrCorrupt and DropDead deletes it), so it holds nothing back, and
+	// lists its Seq in Due.Quarantined for the engine to log. Due.Next, if
+	// the backend knows it, is the earliest NextAttemptAt after now among
+	// heads not claimed: the dispatcher wakes then.
+	ClaimDue(ctx context.Context, now time.Time, limit int) (Due, error)
 
-	// Delivered deletes pending message m after its handler succeeded, or
-	// returns an error wrapping ErrNotFound if it is gone.
+	// Delivered deletes pending message m, claimed by ClaimDue, after its
+	// handler succeeded, or returns an error wrapping ErrMessageNotFound if
+	// it is gone. On another error the message stays claimed; the engine
+	// then gives it back with Failed.
 	Delivered(ctx context.Context, m *Message) error
 
 	// Failed stores m back after a failed delivery, with the fields the
-	// engine updated (Attempt, LastError, NextAttemptAt); if m.Dead is set
-	// (DeadAt and DeadLetterRetention with it) it moves m to the dead
-	// letters instead. An error wraps ErrNotFound if m is gone.
+	// engine updated (Failures, LastError, NextAttemptAt), and ends its
+	// claim; if m.Dead is set (DeadAt and DeadLetterRetention with it) it
+	// moves m to the dead letters instead. An error wraps ErrMessageNotFound
+	// if m is gone. Even when it fails otherwise, a backend whose claims are
+	// in memory (bbolt) ends the claim, with m.NextAttemptAt, so that the
+	// message is claimed again after it.
 	Failed(ctx context.Context, m *Message) error
 
 	// Messages calls fn for every pending message by Seq, then every dead
@@ -254,6 +268,28 @@ type Info struct {
 	// ReadOnly is set when every write fails (bbolt's read-only open): the
 	// engine starts no pruner and no dispatcher.
 	ReadOnly bool
+	// PruneBatch is the Limit the engine passes to Prune and PruneDead: the
+	// most records, or dead letters, deleted per write transaction. Zero
+	// means PruneBatch (the package's constant).
+	PruneBatch int
+	// ClaimTimeout bounds each ClaimDue, which the dispatcher runs without
+	// its own context's cancellation (a claim that committed but whose
+	// answer was dropped would hold its messages for a lease); zero means
+	// no bound (bbolt claims in memory).
+	ClaimTimeout time.Duration
+}
+
+// Due is the answer of a Backend.ClaimDue.
+type Due struct {
+	// Messages are the claimed heads, by Seq.
+	Messages []*Message
+	// Quarantined are the Seqs of pending messages that failed to decode
+	// and were moved to the dead letters as they were.
+	Quarantined []uint64
+	// Next is the earliest NextAttemptAt after now among the heads not
+	// claimed, zero if none or unknown (Postgres): the dispatcher sleeps
+	// until then at most (and at most its PollInterval).
+	Next time.Time
 }
 
 // Lookup is a Backend.Lookup request.

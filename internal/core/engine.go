@@ -16,6 +16,7 @@ const (
 	DefaultRetention       = 24 * time.Hour
 	DefaultRetryAfter      = time.Second
 	DefaultMaxResponseSize = 1 << 20
+	DefaultPruneInterval   = time.Minute
 )
 
 // InFlightPolicy says what a call does while another call with the same key
@@ -53,11 +54,51 @@ type Options struct {
 	Logger           *slog.Logger
 	Observer         Observer
 
+	// PruneInterval is the period of the background pruner (Start); zero
+	// means DefaultPruneInterval, negative disables it.
+	PruneInterval time.Duration
+	// Outbox configures the dispatcher (Start runs it if Outbox.Dispatch).
+	Outbox OutboxOptions
+
 	// Guard, if set, is checked by every call before it enters (Do, DoTx
 	// and Enter, after the re-entrance checks): a non-nil error refuses the
 	// call, wrapped in an *OpError. bbolt's refuses a call from inside a
 	// Records, View or Messages callback, which holds a read transaction.
 	Guard func() error
+}
+
+// Validate refuses settings that have no meaning, instead of reading them as
+// a default: a negative Retention or RetryAfter, a policy value that is not
+// one of the constants, and negative outbox counts and periods. Zero values
+// and the negatives the fields document (PruneInterval, MaxResponseSize,
+// ReplayCacheBytes, Outbox.MaxAttempts) are valid. The error wraps
+// ErrOptions and names the field.
+func (o Options) Validate() error {
+	bad := func(field string, v any, rule string) error {
+		return fmt.Errorf("%w: %s is %v; %s", ErrOptions, field, v, rule)
+	}
+	ob := o.Outbox
+	switch {
+	case o.Retention < 0:
+		return bad("Retention", o.Retention, "zero means the default, a window cannot be negative")
+	case o.RetryAfter < 0:
+		return bad("RetryAfter", o.RetryAfter, "zero means the default, a wait cannot be negative")
+	case o.InFlight > InFlightFail:
+		return bad("InFlight", uint8(o.InFlight), "it must be InFlightWait or InFlightFail")
+	case o.Recovery > RecoverRefuse:
+		return bad("Recovery", uint8(o.Recovery), "it must be RecoverReexecute or RecoverRefuse")
+	case ob.Workers < 0:
+		return bad("Outbox.Workers", ob.Workers, "zero means the default")
+	case ob.BaseBackoff < 0:
+		return bad("Outbox.BaseBackoff", ob.BaseBackoff, "zero means the default")
+	case ob.MaxBackoff < 0:
+		return bad("Outbox.MaxBackoff", ob.MaxBackoff, "zero means the default")
+	case ob.DeadLetterRetention < 0:
+		return bad("Outbox.DeadLetterRetention", ob.DeadLetterRetention, "zero means the default")
+	case ob.PollInterval < 0:
+		return bad("Outbox.PollInterval", ob.PollInterval, "zero means the default")
+	}
+	return nil
 }
 
 // Result describes the answer of Do or DoTx (idem.Result). It is returned
@@ -83,6 +124,7 @@ type Engine[T any] struct {
 	opts  Options
 	cache *replayCache
 	locks *keyLocks
+	ob    *Outbox[T]
 	now   func() time.Time
 	log   *slog.Logger
 
@@ -92,7 +134,9 @@ type Engine[T any] struct {
 
 	mu     sync.RWMutex // guards closed against calls entering
 	closed bool
-	calls  sync.WaitGroup // calls in Do, DoTx and operator methods
+	calls  sync.WaitGroup // calls in Do, DoTx and operator methods; the pruner and dispatchers
+
+	pruneMu sync.Mutex // one prune at a time
 
 	n Counters
 }
@@ -128,7 +172,27 @@ func New[T any](b Backend[T], o Options) *Engine[T] {
 		log: o.Logger,
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
+	e.ob = newOutbox(e, o.Outbox)
 	return e
+}
+
+// Start starts the engine's background work, unless the backend is read
+// only: the pruner every PruneInterval (unless negative) and, if
+// Outbox.Dispatch, the dispatcher. Both end with Stop; Wait waits for them.
+// Call it once, after New.
+func (e *Engine[T]) Start() {
+	if e.info.ReadOnly {
+		return
+	}
+	if every := cmp.Or(e.opts.PruneInterval, DefaultPruneInterval); every > 0 && e.enter() == nil {
+		go func() {
+			defer e.calls.Done()
+			e.pruneLoop(every)
+		}()
+	}
+	if e.opts.Outbox.Dispatch {
+		go func() { _ = e.ob.Run(e.ctx) }() // Run registers itself, as a call
+	}
 }
 
 // Options returns the engine's options, defaults filled in.
@@ -143,8 +207,9 @@ func (e *Engine[T]) Counters() *Counters { return &e.n }
 // Backend returns the engine's backend.
 func (e *Engine[T]) Backend() Backend[T] { return e.b }
 
-// Stop refuses new calls (ErrClosed) and cancels the contexts of running
-// fns. Wait then waits for the running calls. Stop is idempotent.
+// Stop refuses new calls (ErrClosed), cancels the contexts of running fns
+// and ends the pruner and the dispatchers (their handlers' contexts too).
+// Wait then waits for all of them. Stop is idempotent.
 func (e *Engine[T]) Stop() {
 	e.mu.Lock()
 	e.closed = true
@@ -152,7 +217,8 @@ func (e *Engine[T]) Stop() {
 	e.cancel()
 }
 
-// Wait waits for the calls that entered before Stop.
+// Wait waits for the calls that entered before Stop, and for the background
+// work Start started.
 func (e *Engine[T]) Wait() { e.calls.Wait() }
 
 // Done is closed by Stop.
@@ -165,10 +231,14 @@ func (e *Engine[T]) Enter() error {
 	if e.b.Holding() {
 		return errInsideDoTx
 	}
+	if err := e.enter(); err != nil {
+		return err // closed first, as for Do
+	}
 	if err := e.guard(); err != nil {
+		e.calls.Done()
 		return err
 	}
-	return e.enter()
+	return nil
 }
 
 // guard runs Options.Guard.

@@ -2,8 +2,8 @@ package core
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"time"
 )
 
 // Get returns key's live record without side effects: no execution, no
@@ -27,12 +27,19 @@ func (e *Engine[T]) Get(key string) (*Record, error) {
 	return rec, nil
 }
 
-// Forget deletes key's record in any state (idem.Engine.Forget).
+// Forget deletes key's record in any state (idem.Engine.Forget). An expired
+// record that the pruner has not reached yet is deleted too, but reported as
+// ErrNotFound: it is absent to every reader, as for Get and Resolve.
 func (e *Engine[T]) Forget(key string) error {
 	return e.operate("forget", key, func(ctx context.Context) error {
 		e.cache.forget(key) // under the key: no call can cache it again meanwhile
+		now := e.now()
+		rec, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention})
+		if err != nil && !errors.Is(err, ErrCorrupt) {
+			return err // an undecodable record is still deleted below
+		}
 		found, err := e.b.Forget(ctx, key)
-		if err == nil && !found {
+		if err == nil && (!found || (rec != nil && !e.live(rec, now))) {
 			err = ErrNotFound
 		}
 		return err
@@ -117,37 +124,6 @@ func (e *Engine[T]) Records(fn func(r *Record, err error) error) error {
 		return err
 	}
 	return OpErr("records", "", err)
-}
-
-// PruneBatch bounds the records a backend deletes per write transaction
-// when the engine prunes.
-const PruneBatch = 1000
-
-// Prune reclaims the space of expired records now through Backend.Prune and
-// returns how many it removed (idem.Engine.Prune). When interrupted
-// executions were among them, their count (never their keys) is logged at
-// warn level: their keys are new again.
-func (e *Engine[T]) Prune(ctx context.Context) (n int, err error) {
-	var r PruneResult
-	if err := e.Enter(); err != nil {
-		return 0, &OpError{Op: "prune", Err: err}
-	}
-	defer e.calls.Done()
-	if o := e.opts.Observer; o != nil {
-		defer func(start time.Time, r *PruneResult) {
-			o.Observe(Event{Kind: EventPrune, N: r.Deleted, Duration: time.Since(start)})
-		}(time.Now(), &r)
-	}
-	r, err = e.b.Prune(ctx, PruneRequest{Now: e.now(), Retention: e.opts.Retention,
-		KeepStarted: e.opts.Recovery == RecoverRefuse, Limit: PruneBatch})
-	e.n.Pruned.Add(uint64(r.Deleted))
-	if r.Interrupted > 0 {
-		e.log.Warn("idem: pruned interrupted executions: their keys are new again", "count", r.Interrupted)
-	}
-	if err != nil {
-		return r.Deleted, &OpError{Op: "prune", Err: err}
-	}
-	return r.Deleted, nil
 }
 
 // Uncache drops key's entry from the replay cache, so the next replay reads

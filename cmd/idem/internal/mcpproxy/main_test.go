@@ -42,7 +42,8 @@ func TestMain(m *testing.M) {
 // proxyMain is the proxy: IDEM_TEST_DB is its file, IDEM_TEST_CONFIG the
 // configuration's text, IDEM_TEST_COMMAND the server's argv as a JSON array;
 // IDEM_TEST_INFLIGHT=fail and IDEM_TEST_RECOVERY=refuse set the engine's
-// policies, IDEM_TEST_MAXRESPONSE its MaxResponseSize, IDEM_TEST_MAXWAIT the
+// policies, IDEM_TEST_MAXRESPONSE its MaxResponseSize, IDEM_TEST_MAXSIZE the
+// file's MaxSize, IDEM_TEST_MAXWAIT the
 // proxy's MaxWait.
 func proxyMain() int {
 	signal.Ignore(syscall.SIGPIPE) // as the idem command does
@@ -58,7 +59,7 @@ func proxyMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := &idem.Options{NoSync: true}
+	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}}
 	if os.Getenv("IDEM_TEST_INFLIGHT") == "fail" {
 		opts.InFlight = idem.InFlightFail
 	}
@@ -67,6 +68,9 @@ func proxyMain() int {
 	}
 	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_MAXRESPONSE")); err == nil {
 		opts.MaxResponseSize = n
+	}
+	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_MAXSIZE")); err == nil {
+		opts.Bolt.MaxSize = n
 	}
 	e, err := idem.Open(os.Getenv("IDEM_TEST_DB"), opts)
 	if err != nil {

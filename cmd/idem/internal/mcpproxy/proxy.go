@@ -645,12 +645,22 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 			answer = refusal(id, idemmcp.TypeIncomplete, 0,
 				"an earlier call with this idempotency key was interrupted and its outcome is unknown: an operator must resolve the key")
 		case errors.Is(err, idem.ErrInvalidKey):
-			answer = refusal(id, idemmcp.TypeKeyInvalid, 0, err.Error())
+			answer = refusal(id, idemmcp.TypeKeyInvalid, 0, reason(err))
 		default:
-			answer = refusal(id, idemmcp.TypeUnavailable, idem.DefaultRetryAfter, "the idempotency store failed: "+err.Error())
+			// The client learns what idemmcp's middleware says; the
+			// details (the key, the file) go to the operator's log.
+			s.warn("the idempotency store failed: %v", err)
+			if ran != nil {
+				// The server ran the call, but its outcome was not
+				// recorded: its caller gets the answer (the effect is
+				// done); the key stays started, for the recovery policy.
+				answer, err = reply(ran, id, false)
+				break
+			}
+			answer = refusal(id, idemmcp.TypeUnavailable, idem.DefaultRetryAfter, "the idempotency store failed; the tool did not run")
 		}
 		if err != nil && answer == nil {
-			answer = refusal(id, idemmcp.TypeUnavailable, 0, "the recorded answer does not decode: "+err.Error())
+			answer = refusal(id, idemmcp.TypeUnavailable, 0, "the recorded answer does not decode: "+reason(err))
 		}
 		break
 	}
@@ -816,6 +826,16 @@ func errorResponse(id json.RawMessage, code int64, typ, message string, extra ma
 }
 
 // refusal is idemmcp's refusal of type typ as the answer to id.
+// reason is err's text without the engine's "idem: op "key": " prefix of an
+// *idem.OpError: a refusal's message already names what refused it
+// ("idempotency: ").
+func reason(err error) string {
+	if oe, ok := errors.AsType[*idem.OpError](err); ok && oe.Err != nil {
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
+
 func refusal(id json.RawMessage, typ string, retryAfter time.Duration, message string) []byte {
 	we := idemmcp.RefusalError(typ, retryAfter, message)
 	e := map[string]any{"code": we.Code, "message": we.Message, "data": we.Data}

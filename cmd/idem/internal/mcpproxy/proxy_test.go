@@ -401,7 +401,7 @@ func TestCancelledProtectedCallIsNotForwarded(t *testing.T) {
 // TestServerDyingBeforeInitializationEndsTheProxy: a server that cannot
 // start is not restarted in a loop.
 func TestServerDyingBeforeInitializationEndsTheProxy(t *testing.T) {
-	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{NoSync: true})
+	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
 	require.NoError(t, err)
 	defer e.Close()
 	inR, inW := io.Pipe()
@@ -736,6 +736,10 @@ func TestKeyRulesHoldForContinuations(t *testing.T) {
 			m := s.await(strconv.Itoa(id))
 			require.Contains(t, m, "error", "key %q %s: %v", key, state, m)
 			require.Contains(t, string(m["error"]), idemmcp.TypeKeyInvalid, "key %q %s", key, state)
+			var we struct{ Message string }
+			require.NoError(t, json.Unmarshal(m["error"], &we))
+			require.Regexp(t, `^idempotency: invalid idempotency key: `, we.Message, "one prefix, no error chain of the engine's")
+			require.NotContains(t, we.Message, "idem: ")
 		}
 	}
 	require.Empty(t, f.effects())
@@ -831,4 +835,25 @@ func TestAnswerOverTheEngineLimit(t *testing.T) {
 	require.Contains(t, string(m["error"]), fmt.Sprint(jsonrpc.CodeInternalError), "%s", m["error"])
 	require.NotContains(t, string(m["error"]), "retryAfter")
 	require.Len(t, f.effects(), 1)
+}
+
+// TestStoreFailureAfterTheServerRanAnswersItsResult: when the server ran a
+// call but the store fails to record its outcome (the done commit does not
+// fit in the file's MaxSize: ErrFileFull), the effect is done, so the caller
+// gets the server's answer, not a refusal saying the tool did not run; the
+// store's error goes to stderr.
+func TestStoreFailureAfterTheServerRanAnswersItsResult(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_MAXRESPONSE=8388608", "IDEM_TEST_MAXSIZE=1048576"}
+	s := f.startRaw(t, ordersConfig, ordersServer(t))
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	sku := strings.Repeat("s", 2<<20)
+	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"full-k"}}}`
+	s.send(fmt.Sprintf(call, 10, sku))
+	m := s.await("10")
+	require.Contains(t, m, "result", "the caller whose call ran gets the answer: %.300s", m["error"])
+	require.Contains(t, string(m["result"]), sku)
+	require.Len(t, f.executionsOf("create_order"), 1)
 }

@@ -1,0 +1,478 @@
+package core
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/idemkit/idem/internal/fault"
+)
+
+// Defaults for the zero values of OutboxOptions (idem.DefaultOutbox*).
+const (
+	DefaultOutboxWorkers             = 16
+	DefaultOutboxBaseBackoff         = time.Second
+	DefaultOutboxMaxBackoff          = 10 * time.Minute
+	DefaultOutboxMaxAttempts         = 20
+	DefaultOutboxDeadLetterRetention = 7 * 24 * time.Hour
+	DefaultOutboxPollInterval        = time.Second
+)
+
+// MaxLastErrLen is the most bytes of a handler's error kept with a message
+// (Message.LastError).
+const MaxLastErrLen = 4096
+
+// Handler delivers one outbox message (idem.Handler is this type).
+type Handler func(ctx context.Context, m Message) error
+
+// OutboxOptions configure the dispatcher; each field means what the
+// idem.OutboxOptions field of the same name means, zero values included.
+type OutboxOptions struct {
+	Dispatch                bool
+	Handlers                map[string]Handler
+	Workers                 int
+	BaseBackoff, MaxBackoff time.Duration
+	MaxAttempts             int
+	DeadLetterRetention     time.Duration
+	PollInterval            time.Duration
+}
+
+// withDefaults returns o with its zero values replaced by the defaults and
+// MaxBackoff raised to BaseBackoff; Handlers is left out (the Outbox copies
+// it).
+func (o OutboxOptions) withDefaults() OutboxOptions {
+	if o.Workers <= 0 {
+		o.Workers = DefaultOutboxWorkers
+	}
+	if o.BaseBackoff <= 0 {
+		o.BaseBackoff = DefaultOutboxBaseBackoff
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = DefaultOutboxMaxBackoff
+	}
+	o.MaxBackoff = max(o.MaxBackoff, o.BaseBackoff)
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = DefaultOutboxMaxAttempts
+	}
+	if o.DeadLetterRetention <= 0 {
+		o.DeadLetterRetention = DefaultOutboxDeadLetterRetention
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = DefaultOutboxPollInterval
+	}
+	o.Handlers = nil
+	return o
+}
+
+// DownstreamKey is the key a message passes on to the downstream system
+// (idem.DownstreamKey gives the rule): key + "/" + index, or, past
+// MaxKeyLen bytes, "sha256:" + the hex SHA-256 of key + "/" + index.
+func DownstreamKey(key string, index int) string {
+	s := key + "/" + strconv.Itoa(index)
+	if len(s) <= MaxKeyLen {
+		return s
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:]) + "/" + strconv.Itoa(index)
+}
+
+// Outbox is an engine's outbox: the dispatcher, written once for every
+// backend and driven only through the Backend's outbox methods (ClaimDue,
+// Delivered, Failed, OnCommit), and the operator's calls on it (Messages,
+// RetryDead, DropDead, over the Backend's methods of the same names).
+//
+// The dispatcher (Run) claims due heads of ordering keys with ClaimDue, up
+// to Workers at a time, and hands each to its topic's handler on a goroutine
+// of its own. A handler's nil marks the message Delivered; its error (or
+// panic) counts a failed attempt: Failed with the next attempt after an
+// exponential backoff with jitter, or, after MaxAttempts, with Dead set
+// (the backend moves it to the dead letters). A message whose topic has no
+// handler is parked: its claim is kept, so it holds back its ordering key,
+// until Handle registers one or Run ends, and is then given back (Failed,
+// unchanged). The dispatcher wakes on every commit (Backend.OnCommit), when
+// a worker ends, at the earliest next attempt the backend reports
+// (Due.Next), and at least every PollInterval.
+type Outbox[T any] struct {
+	e    *Engine[T]
+	opts OutboxOptions // defaults filled in, Handlers nil
+
+	mu       sync.Mutex
+	handlers map[string]Handler
+	parked   map[uint64]*Message // claimed, their topic without a handler
+
+	wake      chan struct{} // capacity 1: commits, RetryDead, Handle
+	running   atomic.Bool
+	delivered atomic.Uint64
+	loops     atomic.Uint64
+}
+
+func newOutbox[T any](e *Engine[T], o OutboxOptions) *Outbox[T] {
+	ob := &Outbox[T]{e: e, opts: o.withDefaults(), handlers: make(map[string]Handler, len(o.Handlers)),
+		parked: make(map[uint64]*Message), wake: make(chan struct{}, 1)}
+	for topic, h := range o.Handlers {
+		if h != nil {
+			ob.handlers[topic] = h
+		}
+	}
+	e.b.OnCommit(ob.Wake)
+	return ob
+}
+
+// Outbox returns the engine's outbox.
+func (e *Engine[T]) Outbox() *Outbox[T] { return e.ob }
+
+// Options returns the outbox's options, defaults filled in, Handlers nil.
+func (ob *Outbox[T]) Options() OutboxOptions { return ob.opts }
+
+// Wake makes the dispatcher look for due messages now; it never blocks.
+func (ob *Outbox[T]) Wake() {
+	select {
+	case ob.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Delivered counts the messages delivered and removed since the engine
+// started.
+func (ob *Outbox[T]) Delivered() uint64 { return ob.delivered.Load() }
+
+// Loops counts the passes of the dispatcher's loop (tests check it does not
+// spin).
+func (ob *Outbox[T]) Loops() uint64 { return ob.loops.Load() }
+
+// Handler returns topic's handler, nil if it has none.
+func (ob *Outbox[T]) Handler(topic string) Handler {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	return ob.handlers[topic]
+}
+
+// Handle registers h for topic's messages, replacing the previous handler;
+// a nil h removes it. Parked messages of topic are given back, to be
+// claimed again.
+func (ob *Outbox[T]) Handle(topic string, h Handler) {
+	ob.mu.Lock()
+	if h == nil {
+		delete(ob.handlers, topic)
+	} else {
+		ob.handlers[topic] = h
+	}
+	var back []*Message
+	for seq, m := range ob.parked {
+		if h != nil && m.Topic == topic {
+			back = append(back, m)
+			delete(ob.parked, seq)
+		}
+	}
+	ob.mu.Unlock()
+	ob.giveBack(back)
+	ob.Wake()
+}
+
+// giveBack returns the claims of ms, unchanged, so that a dispatcher claims
+// them again.
+func (ob *Outbox[T]) giveBack(ms []*Message) {
+	for _, m := range ms {
+		if err := ob.e.b.Failed(context.Background(), m); err != nil && !errors.Is(err, ErrMessageNotFound) {
+			ob.e.log.Warn("idem: outbox: giving a claimed message back failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+		}
+	}
+}
+
+// DeadExpired reports whether dead letter m is past its retention at now:
+// the longer of the one it died under (DefaultOutboxDeadLetterRetention if
+// the store did not record it) and this engine's DeadLetterRetention.
+func (ob *Outbox[T]) DeadExpired(m *Message, now time.Time) bool {
+	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultOutboxDeadLetterRetention), ob.opts.DeadLetterRetention)))
+}
+
+// Backoff is the wait after the failed attempt number n (from 1):
+// BaseBackoff doubled n-1 times, capped at MaxBackoff, jittered into
+// [w/2, w) by jitter in [0, 1).
+func (ob *Outbox[T]) Backoff(n int, jitter float64) time.Duration {
+	return backoff(ob.opts, n, jitter)
+}
+
+func backoff(o OutboxOptions, n int, jitter float64) time.Duration {
+	w := o.MaxBackoff
+	if n-1 < 62 && o.BaseBackoff <= o.MaxBackoff>>(n-1) {
+		w = o.BaseBackoff << (n - 1)
+	}
+	return w/2 + time.Duration(jitter*float64(w/2))
+}
+
+// Run is the dispatcher: it delivers due messages until ctx ends (it then
+// returns ctx.Err()) or the engine stops (ErrClosed). A second Run at once
+// fails with ErrDispatcherRunning. Handlers get a context that ends with
+// Run; an attempt cut short that way does not count, and its claim is given
+// back. On return every handler it started has returned, and every parked
+// claim is given back.
+func (ob *Outbox[T]) Run(ctx context.Context) error {
+	if err := ob.e.enter(); err != nil {
+		return err
+	}
+	defer ob.e.calls.Done()
+	if !ob.running.CompareAndSwap(false, true) {
+		return ErrDispatcherRunning
+	}
+	defer ob.running.Store(false)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(ob.e.ctx, cancel)()
+
+	var wg sync.WaitGroup
+	defer func() {
+		wg.Wait()
+		ob.mu.Lock()
+		var back []*Message
+		for seq, m := range ob.parked {
+			back = append(back, m)
+			delete(ob.parked, seq)
+		}
+		ob.mu.Unlock()
+		ob.giveBack(back)
+	}()
+	workers := ob.opts.Workers
+	done := make(chan struct{}, workers)
+	busy := 0
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var lastErr string // the last claim error logged, not to log it every poll
+	for {
+		ob.loops.Add(1)
+		wait := ob.opts.PollInterval
+		if free := workers - busy; free > 0 {
+			due, err := ob.claim(ctx, free)
+			switch {
+			case err != nil && ctx.Err() == nil:
+				if s := err.Error(); s != lastErr {
+					lastErr = s
+					ob.e.log.Warn("idem: outbox: claiming messages failed", "err", err)
+				}
+			case err == nil:
+				lastErr = ""
+			}
+			if n := len(due.Quarantined); n > 0 {
+				ob.e.log.Warn("idem: outbox: corrupt messages moved to the dead letters", "messages", n)
+				for range n {
+					ob.e.observe(Event{Kind: EventDeadLetter})
+				}
+			}
+			if ctx.Err() != nil {
+				ob.giveBack(due.Messages) // stopping: give the claims back
+				due.Messages = nil
+			}
+			for _, m := range due.Messages {
+				h := ob.handlerOrPark(m)
+				if h == nil {
+					continue
+				}
+				busy++
+				wg.Go(func() {
+					defer func() { done <- struct{}{} }()
+					ob.deliver(ctx, h, m)
+				})
+			}
+			if d := due.Next.Sub(ob.e.now()); !due.Next.IsZero() && d > 0 {
+				wait = min(wait, d)
+			}
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			if ob.e.ctx.Err() != nil {
+				return ErrClosed
+			}
+			return ctx.Err()
+		case <-ob.wake:
+		case <-done:
+			busy--
+		case <-timer.C:
+		}
+		timer.Stop()
+	drain:
+		for {
+			select {
+			case <-done:
+				busy--
+			default:
+				break drain
+			}
+		}
+	}
+}
+
+// claim is one ClaimDue, bounded by Info().ClaimTimeout and not cut short by
+// ctx: a claim that committed but whose answer was dropped would hold its
+// messages for a lease.
+func (ob *Outbox[T]) claim(ctx context.Context, limit int) (Due, error) {
+	cctx := context.WithoutCancel(ctx)
+	if d := ob.e.info.ClaimTimeout; d > 0 {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(cctx, d)
+		defer cancel()
+	}
+	return ob.e.b.ClaimDue(cctx, ob.e.now(), limit)
+}
+
+// handlerOrPark returns m's handler, or parks m if its topic has none.
+func (ob *Outbox[T]) handlerOrPark(m *Message) Handler {
+	ob.mu.Lock()
+	defer ob.mu.Unlock()
+	h := ob.handlers[m.Topic]
+	if h == nil {
+		ob.parked[m.Seq] = m
+	}
+	return h
+}
+
+// deliver runs on a worker goroutine: the handler, then Delivered or
+// Failed.
+func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
+	b, wctx := ob.e.b, context.WithoutCancel(ctx)
+	hm := *m
+	hm.Attempt = m.Failures + 1 // the one in progress
+	hm.DownstreamKey = DownstreamKey(m.Key, m.Index)
+	// An error at a point before or after the handler counts as a failed
+	// attempt (the handler not called, or its success lost).
+	herr := fault.Err("outbox-before-handler")
+	if herr == nil {
+		herr = ob.call(ctx, h, hm)
+		if herr == nil {
+			herr = fault.Err("outbox-after-handler")
+		}
+	}
+	switch {
+	case herr == nil:
+		err := b.Delivered(wctx, m)
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
+		switch {
+		case err == nil:
+			ob.delivered.Add(1)
+			ob.e.observe(Event{Kind: EventDelivery, Topic: m.Topic})
+		case errors.Is(err, ErrMessageNotFound):
+		default:
+			// Still stored: delivered again after a backoff, not counted
+			// as a failure.
+			ob.e.log.Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
+			m.NextAttemptAt = ob.e.now().Add(ob.Backoff(1, rand.Float64()))
+			_ = b.Failed(wctx, m)
+		}
+	case ctx.Err() != nil:
+		// Stopping: the attempt does not count; the claim is given back.
+		if err := b.Failed(wctx, m); err != nil && !errors.Is(err, ErrMessageNotFound) {
+			ob.e.log.Warn("idem: outbox: giving a claimed message back failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+		}
+	default:
+		msg := herr.Error()
+		if len(msg) > MaxLastErrLen {
+			msg = msg[:MaxLastErrLen]
+		}
+		now := ob.e.now()
+		m.Failures++
+		m.LastError = msg
+		if o := ob.opts; o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
+			m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = time.Time{}, true, now, o.DeadLetterRetention
+		} else {
+			m.NextAttemptAt = now.Add(ob.Backoff(m.Failures, rand.Float64()))
+		}
+		err := b.Failed(wctx, m)
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
+		ob.e.observe(Event{Kind: EventDeliveryFailed, Topic: m.Topic, N: hm.Attempt})
+		if m.Dead && err == nil {
+			ob.e.observe(Event{Kind: EventDeadLetter, Topic: m.Topic})
+		}
+		if err != nil && !errors.Is(err, ErrMessageNotFound) {
+			ob.e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+		}
+	}
+}
+
+// call runs the handler, turning a panic into an error with its value and
+// stack.
+func (ob *Outbox[T]) call(ctx context.Context, h Handler, m Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			ob.e.log.Warn("idem: outbox handler panicked", "topic", m.Topic, "seq", m.Seq)
+			err = fmt.Errorf("handler panicked: %v\n\n%s", v, debug.Stack())
+		}
+	}()
+	return h(ctx, m)
+}
+
+// Messages calls fn for every pending message by Seq, then every dead letter
+// inside its retention by Seq, in the backend's one snapshot
+// (idem.Engine.Messages). A message that fails to decode comes with only Seq
+// and Dead set, beside an error wrapping ErrCorrupt. An error from fn stops
+// the walk and is returned as it is.
+func (ob *Outbox[T]) Messages(fn func(m *Message, err error) error) error {
+	e := ob.e
+	if err := e.Enter(); err != nil {
+		return &OpError{Op: "messages", Err: err}
+	}
+	defer e.Exit()
+	now := e.now()
+	var fnErr error // fn's own error, returned as it is
+	err := e.b.Messages(context.Background(), func(m *Message, err error) error {
+		if err != nil {
+			err = OpErr("messages", "", err)
+		} else {
+			if m.Dead && ob.DeadExpired(m, now) {
+				return nil
+			}
+			m.DownstreamKey = DownstreamKey(m.Key, m.Index)
+		}
+		fnErr = fn(m, err)
+		return fnErr
+	})
+	if err != nil && err == fnErr {
+		return err
+	}
+	return OpErr("messages", "", err)
+}
+
+// RetryDead puts dead letter seq back among the pending messages under its
+// old Seq, its failures reset and its LastError kept (idem.Engine.RetryDead); an expired or missing
+// one gives ErrMessageNotFound.
+func (ob *Outbox[T]) RetryDead(seq uint64) error {
+	err := ob.operate("retry dead", func(ctx context.Context) error {
+		return ob.e.b.RetryDead(ctx, seq, func(m *Message) error {
+			if ob.DeadExpired(m, ob.e.now()) {
+				return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
+			}
+			m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
+			return nil
+		})
+	})
+	if err == nil {
+		ob.Wake()
+	}
+	return err
+}
+
+// DropDead deletes dead letter seq, also one that fails to decode, or fails
+// with ErrMessageNotFound (idem.Engine.DropDead).
+func (ob *Outbox[T]) DropDead(seq uint64) error {
+	return ob.operate("drop dead", func(ctx context.Context) error { return ob.e.b.DropDead(ctx, seq) })
+}
+
+func (ob *Outbox[T]) operate(op string, fn func(ctx context.Context) error) error {
+	if err := ob.e.Enter(); err != nil {
+		return &OpError{Op: op, Err: err}
+	}
+	defer ob.e.Exit()
+	return OpErr(op, "", fn(context.Background()))
+}

@@ -1,0 +1,211 @@
+package idem
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"time"
+
+	"github.com/idemkit/idem/internal/core"
+)
+
+// Message is an outbox message: as given to a Handler, and as listed by
+// Engine.Messages. The type is the state machine's (internal/core), shared by
+// every backend; its fields:
+//
+//   - Seq names the message in the file (RetryDead, DropDead, the CLI): it is
+//     unique and increases in enqueue order.
+//   - Topic selects the handler.
+//   - Key is the idempotency key of the DoTx call that enqueued the message,
+//     Index its position among the messages of that call, from 0.
+//   - DownstreamKey is DownstreamKey(Key, Index): the key to pass on to the
+//     downstream system. Retries of the message reuse it; other messages
+//     never share it.
+//   - OrderingKey groups the messages delivered in enqueue order, one at a
+//     time: by default Key, else the one given to Tx.EnqueueOrdered.
+//   - Payload is the bytes given to Enqueue (nil and empty differ). The
+//     handler owns its copy.
+//   - Attempt is, in a handler, the delivery attempt in progress: 1 on the
+//     first delivery, Failures+1. Zero in Messages.
+//   - Failures counts the failed delivery attempts recorded so far (a
+//     handler's error or panic); an attempt cut short by a crash or by the
+//     end of Dispatch is not counted. RetryDead resets it to 0.
+//   - EnqueuedAt is when the call enqueued it (engine clock); NextAttemptAt
+//     when a message that failed may be tried again (zero for at once).
+//   - LastError is the text of the last failed attempt's error (its first 4
+//     KiB), empty if none.
+//   - Dead is true for a dead letter, DeadAt when it died (engine clock).
+//   - DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
+//     when the message died, recorded with it: a dead letter lives at least
+//     this long after DeadAt (or a later Open's longer retention), whatever a
+//     later Open passes. Zero for a message that is not dead, and for a dead
+//     letter that died before the file recorded it (format version 1), which
+//     lives at least DefaultOutboxDeadLetterRetention.
+type Message = core.Message
+
+// DownstreamKey is the key a message passes on to the downstream system
+// (Message.DownstreamKey): key + "/" + index, for example "order-42/0". If
+// that would exceed MaxKeyLen bytes (Stripe's limit, so it stays usable as an
+// Idempotency-Key header), it is "sha256:" + the hex SHA-256 of key + "/" +
+// index instead: 72 bytes and the digits of index. Either way it is a
+// function of key and index only, so every attempt of a message, in any
+// process, passes the same key, and two messages of one call never share one.
+func DownstreamKey(key string, index int) string { return core.DownstreamKey(key, index) }
+
+// Message encoding, version 1 (little endian), stored under the message's
+// sequence number (u64 big endian) in idem/outbox or idem/dead:
+//
+//	version   u8 = 1
+//	flags     u8   (1: ordering key differs from key, 2: payload non-nil,
+//	                4: last error stored, 8: dead-letter retention stored)
+//	index     uvarint
+//	attempts  uvarint  failed attempts so far
+//	enqueued  i64  unix nanoseconds
+//	next      i64  unix nanoseconds, 0 for at once
+//	dead      i64  unix nanoseconds, 0 while pending
+//	key       uvarint length, bytes
+//	ordering  uvarint length, bytes   (if flag 1)
+//	topic     uvarint length, bytes
+//	payload   uvarint length, bytes   (if flag 2)
+//	lasterr   uvarint length, bytes   (if flag 4)
+//	deadret   uvarint nanoseconds     (if flag 8: the dead-letter retention
+//	                                   in force when it died; format version 2)
+//	crc       u32  CRC-32C of every byte before it
+const (
+	messageVersion = 1
+	messageFixed   = 2 + 8*3
+
+	msgFlagOrdering = 1 << 0
+	msgFlagPayload  = 1 << 1
+	msgFlagLastErr  = 1 << 2
+	msgFlagDeadRet  = 1 << 3
+)
+
+// encodeMessage appends m's encoding to dst. Seq and DownstreamKey are not
+// part of it: the first is the bbolt key, the second derived.
+func encodeMessage(dst []byte, m *Message) []byte {
+	start := len(dst)
+	var flags byte
+	if m.OrderingKey != m.Key {
+		flags |= msgFlagOrdering
+	}
+	if m.Payload != nil {
+		flags |= msgFlagPayload
+	}
+	if m.LastError != "" {
+		flags |= msgFlagLastErr
+	}
+	if m.Dead && m.DeadLetterRetention > 0 {
+		flags |= msgFlagDeadRet
+	}
+	dst = append(dst, messageVersion, flags)
+	dst = binary.AppendUvarint(dst, uint64(m.Index))
+	dst = binary.AppendUvarint(dst, uint64(m.Failures))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.EnqueuedAt)))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(unixNano(m.NextAttemptAt)))
+	dead := int64(0)
+	if m.Dead {
+		dead = unixNano(m.DeadAt)
+		if dead == 0 {
+			dead = 1
+		}
+	}
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(dead))
+	dst = appendBytes(dst, []byte(m.Key))
+	if flags&msgFlagOrdering != 0 {
+		dst = appendBytes(dst, []byte(m.OrderingKey))
+	}
+	dst = appendBytes(dst, []byte(m.Topic))
+	if flags&msgFlagPayload != 0 {
+		dst = appendBytes(dst, m.Payload)
+	}
+	if flags&msgFlagLastErr != 0 {
+		dst = appendBytes(dst, []byte(m.LastError))
+	}
+	if flags&msgFlagDeadRet != 0 {
+		dst = binary.AppendUvarint(dst, uint64(m.DeadLetterRetention))
+	}
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
+}
+
+// decodeMessage decodes b, which may point into bbolt's mmap: everything kept
+// is copied. It never panics; every failure wraps ErrCorrupt.
+func decodeMessage(seq uint64, b []byte) (*Message, error) {
+	corrupt := func(why string) error {
+		return &OpError{Op: "decode message", Err: fmt.Errorf("%w: message %d: %s", ErrCorrupt, seq, why)}
+	}
+	body, why := unframe(b, "message", messageVersion, messageFixed+2+1+1)
+	if why != "" {
+		return nil, corrupt(why)
+	}
+	flags := body[1]
+	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr|msgFlagDeadRet) != 0 {
+		return nil, corrupt(fmt.Sprintf("unknown flags %#x", flags))
+	}
+	rest := body[2:]
+	var vals [2]uint64
+	for i := range vals {
+		v, n := binary.Uvarint(rest)
+		if n <= 0 || v > 1<<31 {
+			return nil, corrupt("bad index or attempt count")
+		}
+		vals[i], rest = v, rest[n:]
+	}
+	if len(rest) < 24 {
+		return nil, corrupt("truncated times")
+	}
+	m := &Message{Seq: seq, Index: int(vals[0]), Failures: int(vals[1])}
+	m.EnqueuedAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest)))
+	m.NextAttemptAt = fromUnixNano(int64(binary.LittleEndian.Uint64(rest[8:])))
+	if dead := int64(binary.LittleEndian.Uint64(rest[16:])); dead != 0 {
+		m.Dead, m.DeadAt = true, fromUnixNano(dead)
+	}
+	rest = rest[24:]
+	field := func(name string) (string, error) {
+		var f []byte
+		var err error
+		if f, rest, err = readBytes(rest); err != nil {
+			return "", corrupt(name + ": " + err.Error())
+		}
+		return string(f), nil
+	}
+	var err error
+	if m.Key, err = field("key"); err != nil {
+		return nil, err
+	}
+	m.OrderingKey = m.Key
+	if flags&msgFlagOrdering != 0 {
+		if m.OrderingKey, err = field("ordering key"); err != nil {
+			return nil, err
+		}
+	}
+	if m.Topic, err = field("topic"); err != nil {
+		return nil, err
+	}
+	if flags&msgFlagPayload != 0 {
+		if m.Payload, rest, err = readBytes(rest); err != nil {
+			return nil, corrupt("payload: " + err.Error())
+		}
+	}
+	if flags&msgFlagLastErr != 0 {
+		if m.LastError, err = field("last error"); err != nil {
+			return nil, err
+		}
+	}
+	if flags&msgFlagDeadRet != 0 {
+		v, n := binary.Uvarint(rest)
+		if n <= 0 || v == 0 || v > math.MaxInt64 || !m.Dead {
+			return nil, corrupt("bad dead-letter retention")
+		}
+		m.DeadLetterRetention, rest = time.Duration(v), rest[n:]
+	}
+	if len(rest) != 0 {
+		return nil, corrupt(fmt.Sprintf("%d trailing bytes", len(rest)))
+	}
+	if m.Key == "" || m.Topic == "" {
+		return nil, corrupt("empty key or topic")
+	}
+	m.DownstreamKey = DownstreamKey(m.Key, m.Index)
+	return m, nil
+}
