@@ -28,7 +28,7 @@ const (
 )
 
 // MaxLastErrLen is the most bytes of a handler's error kept with a message
-// (Message.LastError).
+// (Message.LastError), cut at a rune boundary (TruncateError).
 const MaxLastErrLen = 4096
 
 // Handler delivers one outbox message (idem.Handler is this type).
@@ -367,10 +367,7 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			ob.e.log.Warn("idem: outbox: giving a claimed message back failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	default:
-		msg := herr.Error()
-		if len(msg) > MaxLastErrLen {
-			msg = msg[:MaxLastErrLen]
-		}
+		msg := TruncateError(herr.Error(), MaxLastErrLen)
 		now := ob.e.now()
 		m.Failures++
 		m.LastError = msg
