@@ -797,7 +797,7 @@ func (b *backend) inTx(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.T
 // the engine's schema: current_setting('idem.schema').
 func (b *backend) limit(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
-		set_config('idem.schema', $3::text, true)`,
+		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)`,
 		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...)
 	return err
 }
