@@ -122,7 +122,24 @@ func (b *backend) leaseSQL() string {
 // Info implements core.Backend.
 func (b *backend) Info() core.Info {
 	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
-		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout}
+		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, Transient: transient}
+}
+
+// transient reports whether err carries a SQLSTATE that means "try again"
+// rather than an outcome of fn: 55P03 lock_not_available (the engine's own
+// lock_timeout), 40001 serialization_failure, 40P01 deadlock_detected. A
+// DoTx fn returning such an error gets it back as idem.Retryable (see
+// Engine.DoTx).
+func transient(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "55P03", "40001", "40P01":
+		return true
+	}
+	return false
 }
 
 // scanned is one record row as read.

@@ -82,7 +82,8 @@ type Options struct {
 
 	// LockTimeout is set as lock_timeout (SET LOCAL) in every transaction
 	// the backend runs, DoTx's included: a statement that waits longer for
-	// a lock fails. Zero means DefaultLockTimeout; it must be between 1ms
+	// a lock fails (SQLSTATE 55P03; a DoTx fn returning that error gets
+	// it back as idem.Retryable, nothing stored). Zero means DefaultLockTimeout; it must be between 1ms
 	// and INT_MAX milliseconds (about 24.8 days), else ErrOptions.
 	LockTimeout time.Duration
 

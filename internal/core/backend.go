@@ -277,6 +277,12 @@ type Info struct {
 	// answer was dropped would hold its messages for a lease); zero means
 	// no bound (bbolt claims in memory).
 	ClaimTimeout time.Duration
+	// Transient, if set, reports whether an error a DoTx fn returned came
+	// from its database meaning "try again" (Postgres: lock_timeout,
+	// serialization failure, deadlock). The engine then treats it as
+	// Retryable: the transaction rolls back and no outcome is stored. nil:
+	// none is (bbolt).
+	Transient func(err error) bool
 }
 
 // Due is the answer of a Backend.ClaimDue.
