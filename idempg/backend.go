@@ -122,7 +122,7 @@ func (b *backend) leaseSQL() string {
 // Info implements core.Backend.
 func (b *backend) Info() core.Info {
 	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
-		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, Transient: transient}
+		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
 }
 
 // transient reports whether err carries a SQLSTATE that means "try again"

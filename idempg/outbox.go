@@ -81,9 +81,11 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 // with FOR UPDATE SKIP LOCKED so that dispatchers of several processes
 // never claim one message at once, then marked as claimed for one lease
 // (database clock). A claim whose dispatcher died lapses with its lease and
-// the message is claimed again: delivery is at least once. A handler that
-// runs longer than Options.Lease may see its message delivered again
-// meanwhile by another process. Rows always decode: nothing is quarantined,
+// the message is claimed again: delivery is at least once. While a handler
+// runs, the dispatcher renews its claim every Options.Heartbeat
+// (RenewClaims), so a handler slower than Options.Lease keeps its message;
+// only a dispatcher cut off from the database longer than a lease loses it
+// to another. Rows always decode: nothing is quarantined,
 // and Due.Next is left zero (the dispatcher polls).
 func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (core.Due, error) {
 	if limit <= 0 {
@@ -119,6 +121,19 @@ func sortBySeq(ms []*core.Message) {
 			ms[j], ms[j-1] = ms[j-1], ms[j]
 		}
 	}
+}
+
+// RenewClaims implements core.Backend: one UPDATE moves the claims of ms
+// that are still this engine's (claimed_by, and a claim not lapsed) to a
+// new lease from the database's clock.
+func (b *backend) RenewClaims(ctx context.Context, ms []*core.Message) error {
+	seqs := make([]int64, len(ms))
+	for i, m := range ms {
+		seqs[i] = int64(m.Seq)
+	}
+	_, err := b.exec(ctx, `UPDATE {schema}.idem_outbox SET claim_until = `+b.leaseSQL()+`
+		WHERE seq = ANY($1::bigint[]) AND claimed_by = $2::text AND claim_until > {now}`, seqs, b.owner)
+	return err
 }
 
 // Delivered implements core.Backend.

@@ -343,7 +343,9 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 	hm.Attempt = m.Failures + 1 // the one in progress
 	hm.DownstreamKey = DownstreamKey(m.Key, m.Index)
 	fault.Point("outbox-before-handler")
+	stopRenew := ob.renewWhileRunning(wctx, m)
 	herr := ob.call(ctx, h, hm)
+	stopRenew()
 	switch {
 	case herr == nil:
 		fault.Point("outbox-after-handler")
@@ -398,6 +400,39 @@ func (ob *Outbox[T]) call(ctx context.Context, h Handler, m Message) (err error)
 		}
 	}()
 	return h(ctx, m)
+}
+
+// renewWhileRunning renews m's claim every Info().ClaimRenew until the
+// returned stop is called (which waits for a renewal in flight), so that a
+// handler slower than the claim's lease keeps its message. A failed renewal
+// is logged; the next one tries again.
+func (ob *Outbox[T]) renewWhileRunning(ctx context.Context, m *Message) (stop func()) {
+	every := ob.e.info.ClaimRenew
+	if every <= 0 {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(ctx, every)
+				if err := ob.e.b.RenewClaims(rctx, []*Message{m}); err != nil {
+					ob.e.log.Warn("idem: outbox: renewing a running handler's claim failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+				}
+				cancel()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
 }
 
 // Messages calls fn for every pending message by Seq, then every dead letter
