@@ -2,9 +2,11 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -228,6 +230,7 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (cor
 		}
 		return core.Due{}, err
 	}
+	slices.SortFunc(due.Messages, func(a, b *core.Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	if next.After(now) {
 		due.Next = next
 	}
