@@ -68,7 +68,9 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err
 // Complete commits done in place of the claim's started record.
 func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
-		fault.Point("do-done-commit")
+		if err := fault.Err("do-done-commit"); err != nil {
+			return err // as a failed write: the transaction rolls back
+		}
 		return b.st.put(tx, done, c.Started)
 	})
 }
@@ -163,6 +165,9 @@ func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) erro
 func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
 	if tx.tx == nil {
 		return ErrTxClosed
+	}
+	if err := fault.Err("outbox-enqueue"); err != nil {
+		return err // as a failed write: fn gets the error
 	}
 	ob := outboxBucket(tx.tx)
 	seq, err := ob.NextSequence()

@@ -1,7 +1,6 @@
 package idempg
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -10,6 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
 )
 
 // Defaults for the zero values of Options.
@@ -121,8 +122,9 @@ const maxTimeout = math.MaxInt32 * time.Millisecond
 // quoting, so that it reads the same in every tool.
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
-// ErrOptions is wrapped by the error of a call given invalid Options.
-var ErrOptions = errors.New("invalid options")
+// ErrOptions is wrapped by the error of a call given invalid Options, or
+// invalid engine settings (idem.Options); it is idem.ErrOptions.
+var ErrOptions = idem.ErrOptions
 
 // settings are Options with every default filled in and checked.
 type settings struct {
