@@ -294,6 +294,10 @@ func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
 	return err
 }
 
+// RenewClaims implements core.Backend: bbolt's claims are in memory and
+// last until Delivered or Failed, so there is nothing to renew.
+func (b *boltBackend) RenewClaims(context.Context, []*core.Message) error { return nil }
+
 // Failed stores m back, or moves it to the dead letters if m.Dead, and ends
 // its claim in the index, whatever the write's outcome (due again at
 // m.NextAttemptAt). A message given back unchanged is not written again.

@@ -29,11 +29,12 @@ var (
 	// draft answers this case with HTTP 422). The stored record is untouched.
 	ErrFingerprintMismatch = core.ErrFingerprintMismatch
 
-	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered for a
-	// topic that is empty, longer than 255 bytes or not valid UTF-8, or for an
-	// ordering key longer than MaxKeyLen bytes or not valid UTF-8. Nothing is
-	// enqueued.
-	ErrInvalidMessage = errors.New("invalid outbox message")
+	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered (and
+	// idempg's Enqueue) for a topic that is empty, longer than 255 bytes, not
+	// valid UTF-8 or holding a NUL byte, or for an ordering key longer than
+	// MaxKeyLen bytes, not valid UTF-8 or holding a NUL byte (Postgres text
+	// cannot hold NUL; both backends refuse it alike). Nothing is enqueued.
+	ErrInvalidMessage = core.ErrInvalidMessage
 
 	// ErrReservedBucket is returned by Tx.Bucket for the engine's own bucket name.
 	ErrReservedBucket = errors.New("bucket name is reserved")

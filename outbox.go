@@ -2,9 +2,7 @@ package idem
 
 import (
 	"bytes"
-	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"go.etcd.io/bbolt"
 
@@ -33,7 +31,7 @@ const (
 	DefaultOutboxPollInterval = core.DefaultOutboxPollInterval
 )
 
-const maxTopicLen = 255 // bytes, as for keys
+const maxTopicLen = core.MaxTopicLen // bytes, as for keys
 
 // OutboxOptions configure the outbox dispatcher (see Tx.Enqueue). The zero
 // value of every field means its default.
@@ -137,7 +135,7 @@ type Handler = core.Handler
 // all. Its ordering key is the call's idempotency key. payload is stored as
 // given (copied). The message is delivered after the commit, at least once,
 // after the messages enqueued before it with the same ordering key. topic is
-// 1 to 255 bytes of UTF-8, else ErrInvalidMessage.
+// 1 to 255 bytes of UTF-8 without NUL, else ErrInvalidMessage.
 func (t *Tx) Enqueue(topic string, payload []byte) error {
 	return t.EnqueueOrdered(topic, "", payload)
 }
@@ -146,16 +144,13 @@ func (t *Tx) Enqueue(topic string, payload []byte) error {
 // id, so that messages of different calls about one thing are delivered in
 // the order they were enqueued (a refund never overtakes its charge). An empty
 // orderingKey means the call's idempotency key. orderingKey is at most
-// MaxKeyLen bytes of UTF-8, else ErrInvalidMessage.
+// MaxKeyLen bytes of UTF-8 without NUL, else ErrInvalidMessage.
 func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if t.tx == nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
-	switch {
-	case topic == "" || len(topic) > maxTopicLen || !utf8.ValidString(topic):
-		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", ErrInvalidMessage, maxTopicLen)}
-	case len(orderingKey) > MaxKeyLen || !utf8.ValidString(orderingKey):
-		return &OpError{Op: "enqueue", Key: t.key, Err: fmt.Errorf("%w: ordering key must be at most %d bytes of UTF-8", ErrInvalidMessage, MaxKeyLen)}
+	if err := core.ValidateMessage(topic, orderingKey); err != nil {
+		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	if orderingKey == "" {
 		orderingKey = t.key

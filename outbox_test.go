@@ -485,6 +485,8 @@ func TestEnqueueRefusesInvalidMessages(t *testing.T) {
 		{"topic not UTF-8", "\xff", ""},
 		{"long ordering key", "t", strings.Repeat("o", idem.MaxKeyLen+1)},
 		{"ordering key not UTF-8", "t", "\xff"},
+		{"topic with NUL", "t\x00", ""},
+		{"ordering key with NUL", "t", "o\x00"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := e.DoTx(context.Background(), "k-"+tc.name, nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {

@@ -122,7 +122,24 @@ func (b *backend) leaseSQL() string {
 // Info implements core.Backend.
 func (b *backend) Info() core.Info {
 	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
-		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout}
+		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
+}
+
+// transient reports whether err carries a SQLSTATE that means "try again"
+// rather than an outcome of fn: 55P03 lock_not_available (the engine's own
+// lock_timeout), 40001 serialization_failure, 40P01 deadlock_detected. A
+// DoTx fn returning such an error gets it back as idem.Retryable (see
+// Engine.DoTx).
+func transient(err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		return false
+	}
+	switch pe.Code {
+	case "55P03", "40001", "40P01":
+		return true
+	}
+	return false
 }
 
 // scanned is one record row as read.
@@ -132,7 +149,7 @@ type scanned struct {
 	owner       *string
 	leaseUntil  *time.Time
 	hasError    bool
-	code, msg   string
+	code, msg   []byte // bytea: any bytes (migration 3)
 	fp          int64
 	startedNs   int64
 	completedNs int64
@@ -153,7 +170,7 @@ func (r *scanned) record() (*core.Record, error) {
 	rec.CompletedAt = fromNs(r.completedNs)
 	rec.Retention = time.Duration(r.retentionNs)
 	if r.hasError {
-		rec.Err = &core.Error{Code: r.code, Message: r.msg, Replayed: true} // a stored error is a replay's
+		rec.Err = &core.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
 	}
 	if rec.State != core.StateStarted && rec.State != core.StateDone {
 		return &core.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", core.ErrCorrupt, rec.Key, rec.State)
@@ -189,12 +206,13 @@ func expiresNs(r *core.Record) int64 {
 	return toNs(layout.Expiry(false, at, r.Retention, 0))
 }
 
-// errFields are the stored error columns of r.
-func errFields(r *core.Record) (has bool, code, msg string) {
+// errFields are the stored error columns of r: bytea, never NULL, so that
+// a code or message of any bytes (NUL, invalid UTF-8) is stored exactly.
+func errFields(r *core.Record) (has bool, code, msg []byte) {
 	if r.Err == nil {
-		return false, "", ""
+		return false, []byte{}, []byte{}
 	}
-	return true, r.Err.Code, r.Err.Message
+	return true, append([]byte{}, r.Err.Code...), append([]byte{}, r.Err.Message...)
 }
 
 // storable reports whether key can be stored in a text column: valid UTF-8
@@ -449,7 +467,7 @@ func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
 const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, lease_until = NULL,
 	attempt = $3::integer, started_ns = $4::bigint, completed_ns = $5::bigint, retention_ns = $6::bigint,
 	kept_until_resolved = false, expires_ns = $7::bigint, response = $8::bytea, has_error = $9::boolean,
-	error_code = $10::text, error_message = $11::text
+	error_code = $10::bytea, error_message = $11::bytea
 WHERE key = $1::text AND fence = $2::bigint AND state = 1`
 
 // doneArgs are completeSQL's arguments $3 on.
@@ -504,7 +522,7 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 	n := len(reqs)
 	keys, fences, attempts, started, completed := make([]string, n), make([]int64, n), make([]int32, n), make([]int64, n), make([]int64, n)
 	rets, exps, resps := make([]int64, n), make([]int64, n), make([][]byte, n)
-	has, codes, msgs := make([]bool, n), make([]string, n), make([]string, n)
+	has, codes, msgs := make([]bool, n), make([][]byte, n), make([][]byte, n)
 	byKey := make(map[string]*completeReq, n)
 	for i, r := range reqs {
 		d := r.rec
@@ -518,7 +536,7 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 			kept_until_resolved = false, expires_ns = u.exp, response = u.resp, has_error = u.has,
 			error_code = u.code, error_message = u.msg
 		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-			$8::bytea[], $9::boolean[], $10::text[], $11::text[])
+			$8::bytea[], $9::boolean[], $10::bytea[], $11::bytea[])
 			AS u(key, fence, attempt, started, completed, ret, exp, resp, has, code, msg)
 		WHERE r.key = u.key AND r.fence = u.fence AND r.state = 1
 		RETURNING r.key, r.waiters`
@@ -777,7 +795,7 @@ func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *core.Record) error {
 	_, err := tx.Exec(ctx, b.sql(b.notifying(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns, response, has_error, error_code, error_message)
 		VALUES ($1::text, $2::bigint, $3::smallint, $4::integer, nextval('{schema}.idem_fence'), $5::text, $6::timestamptz,
-			$7::bigint, $8::bigint, $9::bigint, $10::boolean, $11::bigint, $12::bytea, $13::boolean, $14::text, $15::text)
+			$7::bigint, $8::bigint, $9::bigint, $10::boolean, $11::bigint, $12::bytea, $13::boolean, $14::bytea, $15::bytea)
 		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = EXCLUDED.state, attempt = EXCLUDED.attempt,
 			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, started_ns = EXCLUDED.started_ns,
 			completed_ns = EXCLUDED.completed_ns, retention_ns = EXCLUDED.retention_ns,
@@ -808,7 +826,7 @@ func (b *backend) inTx(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.T
 // the engine's schema: current_setting('idem.schema').
 func (b *backend) limit(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
-		set_config('idem.schema', $3::text, true)`,
+		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)`,
 		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...)
 	return err
 }

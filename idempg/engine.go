@@ -99,6 +99,14 @@ func (e *Engine) Do(ctx context.Context, key string, fingerprint []byte, fn func
 // connection or a stopped process leaves nothing behind (the server rolls
 // the transaction back), so no interrupted execution exists to take over.
 // fn must use only tx for the database, and not keep it after returning.
+// An error fn returns that wraps a *pgconn.PgError whose SQLSTATE means
+// "try again" (55P03 lock_not_available, which Options.LockTimeout raises;
+// 40001 serialization_failure; 40P01 deadlock_detected) is not stored as
+// the key's outcome: the call's error wraps idem.ErrRetryable and the
+// driver's error, the transaction rolls back, and the key stays free.
+// fn must not end tx: tx.Commit and tx.Rollback fail with ErrTxEnded (Begin
+// is a savepoint), and a COMMIT or ROLLBACK fn sends as SQL fails the call
+// with ErrTxEnded, with no outcome stored (see ErrTxEnded for what is left).
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx pgx.Tx) ([]byte, error)) (idem.Result, error) {
 	return e.c.DoTx(ctx, key, fingerprint, fn)
 }

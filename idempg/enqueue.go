@@ -3,16 +3,11 @@ package idempg
 import (
 	"fmt"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/core"
 )
-
-// maxTopicLen is the longest topic, in bytes.
-const maxTopicLen = 255
 
 // txState is what Enqueue needs of the DoTx call whose transaction it is
 // given: the key and the index of its next message.
@@ -28,8 +23,8 @@ var txs sync.Map // pgx.Tx → *txState
 // Enqueue stores an outbox message for topic in tx, the transaction of a
 // DoTx fn: it commits with the call's done record and fn's writes, or not
 // at all. Its ordering key is the call's idempotency key; payload is stored
-// as given (nil and empty differ). topic is 1 to 255 bytes of UTF-8, else
-// the error wraps idem.ErrInvalidMessage. A tx that is not a running DoTx fn's
+// as given (nil and empty differ). topic is 1 to 255 bytes of UTF-8 without
+// NUL, else the error wraps idem.ErrInvalidMessage. A tx that is not a running DoTx fn's
 // gives an error wrapping idem.ErrTxClosed.
 func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 	return EnqueueOrdered(tx, topic, "", payload)
@@ -39,18 +34,15 @@ func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 // id): the messages of one ordering key are delivered one at a time, in
 // enqueue order, by however many processes drain the outbox. An empty
 // orderingKey means the call's idempotency key; it is at most 255 bytes of
-// UTF-8, else idem.ErrInvalidMessage.
+// UTF-8 without NUL, else idem.ErrInvalidMessage.
 func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error {
 	v, ok := txs.Load(tx)
 	if !ok {
 		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", core.ErrTxClosed)
 	}
 	st := v.(*txState)
-	switch {
-	case topic == "" || len(topic) > maxTopicLen || !utf8.ValidString(topic):
-		return fmt.Errorf("%w: topic must be 1 to %d bytes of UTF-8", idem.ErrInvalidMessage, maxTopicLen)
-	case len(orderingKey) > 255 || !utf8.ValidString(orderingKey):
-		return fmt.Errorf("%w: ordering key must be at most 255 bytes of UTF-8", idem.ErrInvalidMessage)
+	if err := core.ValidateMessage(topic, orderingKey); err != nil {
+		return err
 	}
 	if orderingKey == "" {
 		orderingKey = st.key

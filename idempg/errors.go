@@ -1,6 +1,21 @@
 package idempg
 
-import "github.com/idemkit/idem/internal/core"
+import (
+	"errors"
+
+	"github.com/idemkit/idem/internal/core"
+)
+
+// ErrTxEnded is wrapped by the error of a DoTx whose fn ended the
+// transaction it was given: tx.Commit or tx.Rollback (which refuse, since
+// the transaction is the engine's), or COMMIT, ROLLBACK, END, COMMIT AND
+// CHAIN sent as SQL through tx. No outcome is stored for the call: the
+// engine cannot vouch for what committed (or rolled back) outside it. What
+// fn wrote before a COMMIT it sent stays committed, with the call's started
+// record (an interrupted execution, taken over after its lease as any
+// other); after a ROLLBACK nothing of the call is left. Other DoTx calls
+// that shared the transaction are answered by reading their records back.
+var ErrTxEnded = errors.New("idempg: a DoTx fn must not end its transaction (the engine commits it, with the done record)")
 
 // The errors of the multi-process semantics the bbolt engine does not need.
 // They are the root package's idem.ErrFenced and idem.ErrLeaseLost (the

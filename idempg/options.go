@@ -2,9 +2,11 @@ package idempg
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 
@@ -46,12 +48,16 @@ type Options struct {
 
 	// Owner names this process in the records it claims (idem_records.owner),
 	// for operators; ownership itself is decided by the fencing token. Empty
-	// means host name, process id and a random suffix.
+	// means host name, process id and a random suffix. It must be UTF-8
+	// without NUL (a text column), else Open fails with ErrOptions.
 	Owner string
 
 	// Lease is how long a claim on a key lasts without a renewal, judged by
 	// the database's clock (now()), never this machine's. Zero means
-	// DefaultLease; it must be at least 1 second.
+	// DefaultLease; it must be at least 1 second and at most INT_MAX
+	// milliseconds (about 24.8 days: Postgres's timeout settings are int
+	// milliseconds, and IdleInTransactionTimeout defaults to Lease), else
+	// Open fails with ErrOptions.
 	Lease time.Duration
 
 	// Heartbeat is how often the owner renews a claim while fn runs,
@@ -77,13 +83,24 @@ type Options struct {
 
 	// LockTimeout is set as lock_timeout (SET LOCAL) in every transaction
 	// the backend runs, DoTx's included: a statement that waits longer for
-	// a lock fails. Zero means DefaultLockTimeout.
+	// a lock fails (SQLSTATE 55P03; a DoTx fn returning that error gets
+	// it back as idem.Retryable, nothing stored). Zero means DefaultLockTimeout; it must be between 1ms
+	// and INT_MAX milliseconds (about 24.8 days), else ErrOptions.
 	LockTimeout time.Duration
 
 	// IdleInTransactionTimeout is set as idle_in_transaction_session_timeout
 	// (SET LOCAL) in every transaction: the server ends a session whose
 	// transaction sits idle longer (a stopped process inside DoTx's fn), so
-	// that its row locks are released. Zero means Lease.
+	// that its row locks are released. Zero means Lease; it must be between
+	// 1ms and INT_MAX milliseconds (about 24.8 days), else ErrOptions.
+	//
+	// It also ends a live DoTx whose fn spends longer than this between two
+	// statements on tx (waiting for an HTTP call, say): the server closes the
+	// session (SQLSTATE 25P03), fn's next statement on tx fails with a
+	// connection error, nothing of the call commits, and the caller gets an
+	// error (no outcome is stored, so a retry runs fn again). fn's context is
+	// not cancelled for it. A DoTx fn that must wait that long needs a longer
+	// IdleInTransactionTimeout, or Do instead of DoTx.
 	IdleInTransactionTimeout time.Duration
 
 	// PruneBatch is the most rows one pruning statement deletes, so that
@@ -95,6 +112,11 @@ type Options struct {
 	// backend reads it (tests only: export_test.go).
 	clockOffset func() time.Duration
 }
+
+// maxTimeout is the longest Lease, LockTimeout and IdleInTransactionTimeout:
+// Postgres's timeout settings are int milliseconds (INT_MAX ms, about 24.8
+// days), and IdleInTransactionTimeout defaults to Lease.
+const maxTimeout = math.MaxInt32 * time.Millisecond
 
 // schemaName is what Options.Schema accepts: an identifier that needs no
 // quoting, so that it reads the same in every tool.
@@ -138,11 +160,14 @@ func resolve(o *Options) (*settings, error) {
 	if !schemaName.MatchString(s.Schema) {
 		return nil, fmt.Errorf("%w: Schema %q is not a lower-case SQL identifier ([a-z_][a-z0-9_]*, at most 63 bytes)", ErrOptions, s.Schema)
 	}
+	if !utf8.ValidString(s.Owner) || strings.IndexByte(s.Owner, 0) >= 0 {
+		return nil, fmt.Errorf("%w: Owner %q is not UTF-8 text without NUL (Postgres text cannot hold it)", ErrOptions, s.Owner)
+	}
 	if s.Lease == 0 {
 		s.Lease = DefaultLease
 	}
-	if s.Lease < time.Second {
-		return nil, fmt.Errorf("%w: Lease %v is shorter than 1s", ErrOptions, s.Lease)
+	if s.Lease < time.Second || s.Lease > maxTimeout {
+		return nil, fmt.Errorf("%w: Lease %v is not between 1s and %v (Postgres's INT_MAX ms)", ErrOptions, s.Lease, maxTimeout)
 	}
 	if s.Heartbeat == 0 {
 		s.Heartbeat = s.Lease / 3
@@ -159,14 +184,14 @@ func resolve(o *Options) (*settings, error) {
 	if s.LockTimeout == 0 {
 		s.LockTimeout = DefaultLockTimeout
 	}
-	if s.LockTimeout < time.Millisecond {
-		return nil, fmt.Errorf("%w: LockTimeout %v is shorter than 1ms", ErrOptions, s.LockTimeout)
+	if s.LockTimeout < time.Millisecond || s.LockTimeout > maxTimeout {
+		return nil, fmt.Errorf("%w: LockTimeout %v is not between 1ms and %v (Postgres's INT_MAX ms)", ErrOptions, s.LockTimeout, maxTimeout)
 	}
 	if s.IdleInTransactionTimeout == 0 {
 		s.IdleInTransactionTimeout = s.Lease
 	}
-	if s.IdleInTransactionTimeout < time.Millisecond {
-		return nil, fmt.Errorf("%w: IdleInTransactionTimeout %v is shorter than 1ms", ErrOptions, s.IdleInTransactionTimeout)
+	if s.IdleInTransactionTimeout < time.Millisecond || s.IdleInTransactionTimeout > maxTimeout {
+		return nil, fmt.Errorf("%w: IdleInTransactionTimeout %v is not between 1ms and %v (Postgres's INT_MAX ms)", ErrOptions, s.IdleInTransactionTimeout, maxTimeout)
 	}
 	if s.PruneBatch == 0 {
 		s.PruneBatch = DefaultPruneBatch

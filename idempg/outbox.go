@@ -21,10 +21,12 @@ func scanMessage(row pgx.Row) (*core.Message, error) {
 	var (
 		m             core.Message
 		seq, enq, nxt int64
+		lastErr       []byte // bytea: any bytes (migration 3)
 	)
-	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &m.LastError, &enq, &nxt); err != nil {
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &nxt); err != nil {
 		return nil, err
 	}
+	m.LastError = string(lastErr)
 	m.Seq, m.EnqueuedAt, m.NextAttemptAt = uint64(seq), fromNs(enq), fromNs(nxt)
 	return &m, nil
 }
@@ -33,13 +35,18 @@ func scanDead(row pgx.Row) (*core.Message, error) {
 	var (
 		m                   core.Message
 		seq, enq, dead, ret int64
+		lastErr             []byte // bytea: any bytes (migration 3)
 	)
-	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &m.LastError, &enq, &dead, &ret); err != nil {
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &dead, &ret); err != nil {
 		return nil, err
 	}
+	m.LastError = string(lastErr)
 	m.Seq, m.EnqueuedAt, m.DeadAt, m.DeadLetterRetention, m.Dead = uint64(seq), fromNs(enq), fromNs(dead), time.Duration(ret), true
 	return &m, nil
 }
+
+// errBytes is a last error for its bytea column: never NULL, any bytes.
+func errBytes(s string) []byte { return append([]byte{}, s...) }
 
 // Enqueue implements core.Backend: an INSERT in fn's transaction, and a
 // notification (at its commit) that wakes the dispatchers of other
@@ -74,9 +81,11 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 // with FOR UPDATE SKIP LOCKED so that dispatchers of several processes
 // never claim one message at once, then marked as claimed for one lease
 // (database clock). A claim whose dispatcher died lapses with its lease and
-// the message is claimed again: delivery is at least once. A handler that
-// runs longer than Options.Lease may see its message delivered again
-// meanwhile by another process. Rows always decode: nothing is quarantined,
+// the message is claimed again: delivery is at least once. While a handler
+// runs, the dispatcher renews its claim every Options.Heartbeat
+// (RenewClaims), so a handler slower than Options.Lease keeps its message;
+// only a dispatcher cut off from the database longer than a lease loses it
+// to another. Rows always decode: nothing is quarantined,
 // and Due.Next is left zero (the dispatcher polls).
 func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (core.Due, error) {
 	if limit <= 0 {
@@ -114,6 +123,19 @@ func sortBySeq(ms []*core.Message) {
 	}
 }
 
+// RenewClaims implements core.Backend: one UPDATE moves the claims of ms
+// that are still this engine's (claimed_by, and a claim not lapsed) to a
+// new lease from the database's clock.
+func (b *backend) RenewClaims(ctx context.Context, ms []*core.Message) error {
+	seqs := make([]int64, len(ms))
+	for i, m := range ms {
+		seqs[i] = int64(m.Seq)
+	}
+	_, err := b.exec(ctx, `UPDATE {schema}.idem_outbox SET claim_until = `+b.leaseSQL()+`
+		WHERE seq = ANY($1::bigint[]) AND claimed_by = $2::text AND claim_until > {now}`, seqs, b.owner)
+	return err
+}
+
 // Delivered implements core.Backend.
 func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
 	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint`, int64(m.Seq))
@@ -135,14 +157,14 @@ func (b *backend) Failed(ctx context.Context, m *core.Message) error {
 	if m.Dead {
 		err = b.writeRow(ctx, `WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint RETURNING *),
 			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns)
-				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::text, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
+				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::bytea, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
 			SELECT count(*) FROM i`,
-			[]any{int64(m.Seq), m.Failures, m.LastError, toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
+			[]any{int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
 	} else {
 		var tag interface{ RowsAffected() int64 }
-		tag, err = b.exec(ctx, `UPDATE {schema}.idem_outbox SET attempt = $2::integer, last_error = $3::text,
+		tag, err = b.exec(ctx, `UPDATE {schema}.idem_outbox SET attempt = $2::integer, last_error = $3::bytea,
 			next_attempt_ns = $4::bigint, claimed_by = NULL, claim_until = NULL WHERE seq = $1::bigint`,
-			int64(m.Seq), m.Failures, m.LastError, toNs(m.NextAttemptAt))
+			int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.NextAttemptAt))
 		if err == nil {
 			n = tag.RowsAffected()
 		}
@@ -208,11 +230,11 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core
 			return err
 		}
 		q := `INSERT INTO {schema}.idem_outbox (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns)
-			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::bytea, $7::integer, $8::text, $9::bigint, $10::bigint)`
+			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::bytea, $7::integer, $8::bytea, $9::bigint, $10::bigint)`
 		if !b.s.PollOnly {
 			q = `WITH m AS (` + q + ` RETURNING seq) SELECT pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 		}
-		_, err = tx.Exec(ctx, b.sql(q), b.s.args(int64(seq), m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, m.Failures, m.LastError,
+		_, err = tx.Exec(ctx, b.sql(q), b.s.args(int64(seq), m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, m.Failures, errBytes(m.LastError),
 			toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))...)
 		return err
 	})

@@ -67,11 +67,15 @@ type txReq struct {
 // fn runs once, on a goroutine of its own (so that runtime.Goexit in it is
 // reported as core.ErrGoexit), while the caller waits. It receives the
 // transaction through a wrapper that refuses Commit and Rollback (the
-// transaction is not fn's alone; a nested Begin is a savepoint, as in pgx)
-// and that stops sending statements once fn's context ended (a statement
+// transaction is not fn's alone; a nested Begin is a savepoint, as in pgx:
+// the error wraps ErrTxEnded) and that stops sending statements once fn's context ended (a statement
 // already sent runs to its end, bounded by lock_timeout for locks: a
 // statement cut off mid-way would break the connection the other calls
-// share).
+// share). A fn that ends the transaction with SQL anyway (COMMIT, ROLLBACK,
+// END, COMMIT AND CHAIN through tx) is detected after it returns (the
+// connection's transaction status, and an idem.tx marker set with SET LOCAL
+// that the done write requires): its call fails with ErrTxEnded and stores
+// no outcome, and the calls before it in the batch are read back.
 func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (*core.Record, error)) error {
 	r := &txReq{c: c, fn: fn, token: c.Token, done: make(chan struct{})}
 	b.dotx.do(r, r.done)
@@ -110,6 +114,10 @@ func (b *backend) runBatch(reqs []*txReq) {
 			// The transaction is lost: nothing of it commits.
 			answer(r, broken.err)
 			for _, r := range stored {
+				if broken.ended {
+					answer(r, b.readBackDone(ctx, r, broken.cause))
+					continue
+				}
 				answer(r, broken.cause)
 			}
 			for _, r := range reqs[i+1:] {
@@ -139,10 +147,30 @@ func (b *backend) runBatch(reqs []*txReq) {
 	}
 }
 
+// readBackDone answers a call stored in a batch whose transaction another
+// call's fn ended: nil if its done record (its token) committed with the
+// COMMIT fn sent, else cause (nothing of it was stored).
+func (b *backend) readBackDone(ctx context.Context, r *txReq, cause error) error {
+	var (
+		fence int64
+		state core.State
+	)
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(r.c.Key)...).Scan(&fence, &state)
+	if err == nil && core.Fence(fence) == r.token && state == core.StateDone {
+		return nil
+	}
+	return fmt.Errorf("a DoTx call sharing the transaction: %w", cause)
+}
+
 // batchBroken is runOne's error when the transaction itself failed (a
 // savepoint could not be rolled back to): err is the call's own answer,
 // cause the others'.
-type batchBroken struct{ err, cause error }
+type batchBroken struct {
+	err, cause error
+	// ended: a DoTx fn ended the transaction with SQL; the calls before it
+	// in the batch may have committed with it, and are read back.
+	ended bool
+}
 
 func (e *batchBroken) Error() string { return e.cause.Error() }
 
@@ -192,11 +220,17 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	done, err := b.runFn(ft, r.fn)
 	txs.Delete(ft)
 	ft.end()
+	if ended := b.txEnded(ctx, tx, false); ended != nil {
+		return ended
+	}
 	if err != nil {
 		return fail(err)
 	}
-	tag, err := tx.Exec(ctx, b.sql(b.notifying(completeSQL)), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...)
+	tag, err := tx.Exec(ctx, b.sql(b.notifying(completeSQL+txLiveSQL)), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...)
 	if err == nil && tag.RowsAffected() == 0 {
+		if ended := b.txEnded(ctx, tx, true); ended != nil {
+			return ended
+		}
 		err = fmt.Errorf("%w: completing the call", core.ErrFenced)
 	}
 	if err != nil {
@@ -205,9 +239,34 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	return nil
 }
 
+// txLiveSQL ends DoTx's completion statement's WHERE: it matches only in
+// the transaction the backend began (limit sets idem.tx there with SET
+// LOCAL; a COMMIT AND CHAIN fn sent starts one without it), so that a done
+// record is never written outside it.
+const txLiveSQL = ` AND current_setting('idem.tx', true) = 'on'`
+
+// txEnded returns a *batchBroken wrapping ErrTxEnded if fn ended the
+// batch's transaction with SQL (COMMIT, ROLLBACK, END, COMMIT AND CHAIN):
+// the connection's status says so at no cost, and, if ask, a read of the
+// transaction's idem.tx marker (for a chained transaction).
+func (b *backend) txEnded(ctx context.Context, tx pgx.Tx, ask bool) error {
+	ended := tx.Conn().PgConn().TxStatus() == 'I'
+	if !ended && ask {
+		var mark *string
+		if err := tx.QueryRow(ctx, "SELECT current_setting('idem.tx', true)", b.s.args()...).Scan(&mark); err == nil {
+			ended = mark == nil || *mark != "on"
+		}
+	}
+	if !ended {
+		return nil
+	}
+	err := fmt.Errorf("%w: it sent COMMIT or ROLLBACK through tx; nothing was stored for the call", ErrTxEnded)
+	return &batchBroken{err: err, cause: err, ended: true}
+}
+
 // errFnEndsTx is the error of a DoTx fn's Commit or Rollback of the
 // transaction it was given.
-var errFnEndsTx = errors.New("idempg: a DoTx fn must not commit or roll back its transaction (the engine does, with the done record)")
+var errFnEndsTx = fmt.Errorf("%w: tx.Commit and tx.Rollback refuse", ErrTxEnded)
 
 // fnTx is the transaction a DoTx fn receives: the batch's, without Commit
 // and Rollback, and with statements refused once fn's context ended or fn

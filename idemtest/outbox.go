@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -210,6 +211,39 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, idem.DownstreamKey("order-1", 0), d.DownstreamKey)
 		require.ErrorIs(t, e.DropDead(ds[1].Seq), idem.ErrMessageNotFound, "dropped already")
+	})
+
+	t.Run("a topic with NUL is refused, nothing enqueued", func(t *testing.T) {
+		c := newClock()
+		e, _ := s.fresh(t, Options{Now: c.Now})
+		_, err := e.DoTx(bg, "nul-topic", fp, func(ctx context.Context, tx T) ([]byte, error) {
+			return nil, s.h.Enqueue(tx, "char\x00ge", nil)
+		})
+		require.ErrorIs(t, err, idem.ErrInvalidMessage)
+		require.Empty(t, messages(t, e))
+	})
+
+	t.Run("a handler error of any bytes reaches the dead letters, cut at a rune boundary", func(t *testing.T) {
+		c := newClock()
+		long := "x" + strings.Repeat("é", 2500) // 5001 bytes: byte 4096 is inside a rune
+		errs := map[string]string{"nul": "bad \x00 byte", "invalid": "bad \xff\xfe bytes", "long": long}
+		h := func(ctx context.Context, m idem.Message) error { return errors.New(errs[string(m.Payload)]) }
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h}, idem.OutboxOptions{MaxAttempts: 1}))
+		s.enqueue(t, e, "order-1", "charge", []byte("nul"), []byte("invalid"), []byte("long"))
+		dead := func() map[string]string {
+			out := map[string]string{}
+			for _, m := range messages(t, e) {
+				if m.Dead {
+					out[string(m.Payload)] = m.LastError
+				}
+			}
+			return out
+		}
+		eventually(t, "three dead letters", nil, func() bool { return len(dead()) == 3 })
+		got := dead()
+		require.Equal(t, errs["nul"], got["nul"])
+		require.Equal(t, errs["invalid"], got["invalid"])
+		require.True(t, got["long"] == long[:4096-1], "the first 4 KiB, less the half rune: got %d bytes", len(got["long"]))
 	})
 
 	t.Run("a dead letter does not hold back its ordering key", func(t *testing.T) {

@@ -115,6 +115,39 @@ func (s *suite[T]) outcomes(t *testing.T) {
 		})
 	})
 
+	t.Run("fn's error of any bytes is stored and replayed exactly", func(t *testing.T) {
+		both(t, func(t *testing.T, v via) {
+			e, store := s.fresh(t, Options{})
+			cases := map[string]struct{ code, msg string }{
+				"nul-msg":      {"c", "parse failed near \"\x00\x01\""},
+				"invalid-msg":  {"c", "parse failed near \"\xff\xfe\""},
+				"nul-code":     {"c\x00", "x"},
+				"invalid-code": {"c\xff", "x"},
+			}
+			for key, c := range cases {
+				runs := 0
+				fn := func(context.Context, T) ([]byte, error) {
+					runs++
+					return nil, idem.WithCode(errors.New(c.msg), c.code)
+				}
+				for range 2 {
+					_, err := call(bg, e, v, key, fp, fn)
+					var ie *idem.Error
+					require.ErrorAs(t, err, &ie, key)
+					require.True(t, ie.Code == c.code && ie.Message == c.msg, "%s: got %q %q", key, ie.Code, ie.Message)
+				}
+				require.Equal(t, 1, runs, "%s: fn runs once, its error stored", key)
+			}
+			e = s.reopen(t, e, store, Options{})
+			for key, c := range cases {
+				_, err := call(bg, e, v, key, fp, mustNotRun[T](t))
+				var ie *idem.Error
+				require.ErrorAs(t, err, &ie, key)
+				require.True(t, ie.Replayed && ie.Code == c.code && ie.Message == c.msg, "%s after a restart: got %q %q", key, ie.Code, ie.Message)
+			}
+		})
+	})
+
 	t.Run("fn returns both resp and error", func(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
 			e, store := s.fresh(t, Options{})

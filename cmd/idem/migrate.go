@@ -39,6 +39,11 @@ transaction pooling mode, add --poll-only.`,
 			if dsn == "" {
 				return &usageError{fmt.Errorf("migrate needs --pg DSN (or $IDEM_PG)")}
 			}
+			if schema == "" {
+				// Given explicitly (the flag's default is DefaultSchema): an
+				// empty variable in a script must not migrate public.
+				return &usageError{fmt.Errorf("--schema is empty (leave it out for %s)", idempg.DefaultSchema)}
+			}
 			return a.migrate(cmd.Context(), dsn, &idempg.Options{Schema: schema, PollOnly: pollOnly})
 		},
 	}

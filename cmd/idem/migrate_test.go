@@ -84,3 +84,13 @@ func TestMigrateUsage(t *testing.T) {
 	require.Equal(t, 1, r.code)
 	require.NotContains(t, r.stderr, "secret", "a DSN's password never reaches the error line")
 }
+
+// TestMigrateEmptySchema: --schema "" given explicitly is a usage error
+// (exit 2, nothing migrated), not the default schema: a script whose
+// variable came out empty must not migrate public.
+func TestMigrateEmptySchema(t *testing.T) {
+	t.Parallel()
+	r := idemCmd(t, nil, "", "migrate", "--pg", "postgres://nobody@127.0.0.1:1/none", "--schema", "")
+	require.Equal(t, 2, r.code, r.stderr)
+	require.Contains(t, r.stderr, "--schema")
+}

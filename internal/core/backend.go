@@ -211,6 +211,14 @@ type Backend[T any] interface {
 	// heads not claimed: the dispatcher wakes then.
 	ClaimDue(ctx context.Context, now time.Time, limit int) (Due, error)
 
+	// RenewClaims extends, by one lease, the claims of messages m, claimed
+	// by ClaimDue, whose handlers still run: the dispatcher calls it every
+	// Info().ClaimRenew while a handler runs, so that a handler slower than
+	// the lease is not delivered again meanwhile. A message whose claim is
+	// no longer this dispatcher's (lapsed and taken, or gone) is skipped.
+	// bbolt's claims are in memory and never lapse: a no-op.
+	RenewClaims(ctx context.Context, m []*Message) error
+
 	// Delivered deletes pending message m, claimed by ClaimDue, after its
 	// handler succeeded, or returns an error wrapping ErrMessageNotFound if
 	// it is gone. On another error the message stays claimed; the engine
@@ -277,6 +285,16 @@ type Info struct {
 	// answer was dropped would hold its messages for a lease); zero means
 	// no bound (bbolt claims in memory).
 	ClaimTimeout time.Duration
+	// ClaimRenew is how often the dispatcher renews the claims of the
+	// messages whose handlers run (RenewClaims); zero means claims never
+	// lapse (bbolt).
+	ClaimRenew time.Duration
+	// Transient, if set, reports whether an error a DoTx fn returned came
+	// from its database meaning "try again" (Postgres: lock_timeout,
+	// serialization failure, deadlock). The engine then treats it as
+	// Retryable: the transaction rolls back and no outcome is stored. nil:
+	// none is (bbolt).
+	Transient func(err error) bool
 }
 
 // Due is the answer of a Backend.ClaimDue.

@@ -452,6 +452,9 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		done = nil // fn may run again: only the last run's outcome counts
 		resp, ferr, fnPanic = callTx(fnCtx, tx, fn)
 		ended = fnCtx.Err() != nil // before stop, which cancels fnCtx
+		if t := e.info.Transient; ferr != nil && t != nil && !errors.Is(ferr, ErrRetryable) && t(ferr) {
+			ferr = Retryable(ferr) // the database's "try again": not an outcome
+		}
 		if fnPanic != nil {
 			return nil, errRolledBack
 		}

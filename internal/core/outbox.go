@@ -28,7 +28,7 @@ const (
 )
 
 // MaxLastErrLen is the most bytes of a handler's error kept with a message
-// (Message.LastError).
+// (Message.LastError), cut at a rune boundary (TruncateError).
 const MaxLastErrLen = 4096
 
 // Handler delivers one outbox message (idem.Handler is this type).
@@ -346,7 +346,9 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 	// attempt (the handler not called, or its success lost).
 	herr := fault.Err("outbox-before-handler")
 	if herr == nil {
+		stopRenew := ob.renewWhileRunning(wctx, m)
 		herr = ob.call(ctx, h, hm)
+		stopRenew()
 		if herr == nil {
 			herr = fault.Err("outbox-after-handler")
 		}
@@ -375,10 +377,7 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			ob.e.log.Warn("idem: outbox: giving a claimed message back failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	default:
-		msg := herr.Error()
-		if len(msg) > MaxLastErrLen {
-			msg = msg[:MaxLastErrLen]
-		}
+		msg := TruncateError(herr.Error(), MaxLastErrLen)
 		now := ob.e.now()
 		m.Failures++
 		m.LastError = msg
@@ -411,6 +410,39 @@ func (ob *Outbox[T]) call(ctx context.Context, h Handler, m Message) (err error)
 		}
 	}()
 	return h(ctx, m)
+}
+
+// renewWhileRunning renews m's claim every Info().ClaimRenew until the
+// returned stop is called (which waits for a renewal in flight), so that a
+// handler slower than the claim's lease keeps its message. A failed renewal
+// is logged; the next one tries again.
+func (ob *Outbox[T]) renewWhileRunning(ctx context.Context, m *Message) (stop func()) {
+	every := ob.e.info.ClaimRenew
+	if every <= 0 {
+		return func() {}
+	}
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(ctx, every)
+				if err := ob.e.b.RenewClaims(rctx, []*Message{m}); err != nil {
+					ob.e.log.Warn("idem: outbox: renewing a running handler's claim failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+				}
+				cancel()
+			}
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
 }
 
 // Messages calls fn for every pending message by Seq, then every dead letter
