@@ -125,6 +125,29 @@ var (
 	ErrStorageFailed = core.ErrStorageFailed
 )
 
+// Errors of a backend that several processes share (idempg's Postgres
+// backend): the bbolt engine never returns them, since one process holds its
+// file. They are the engine's core sentinels, so errors.Is matches them
+// whichever package wrapped them (idempg.ErrFenced is ErrFenced).
+var (
+	// ErrFenced is wrapped by the error of a completion, release or lease
+	// renewal whose claim is no longer the key's: the claim's lease lapsed
+	// (judged by the database's clock) and another process took the key
+	// over with a newer fencing token (the fencing of Kleppmann's "How to do
+	// distributed locking"). Nothing was written: the new owner's record
+	// stands and is never overwritten. fn may have had its effect, so the
+	// key was executed at least once, as for any takeover; the new owner's
+	// fn sees Call.Recovered.
+	ErrFenced = core.ErrFenced
+
+	// ErrLeaseLost is the cause (context.Cause) of fn's context when the
+	// claim's lease could not be renewed before it lapsed (the renewal
+	// failed, or the claim was fenced off): another process may now take the
+	// key over, so fn should stop. fn's error is then an interruption, not
+	// an outcome: the started record stays for recovery.
+	ErrLeaseLost = core.ErrLeaseLost
+)
+
 // OpError reports which operation failed on which key, and why; every error
 // the engine composes reaches the caller as one, so its text carries the
 // prefix "idem: " once, as io/fs.PathError and litestream's LTXError do:

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/bench"
@@ -21,6 +23,13 @@ import (
 // contender, outside the timed runs; b.N operations then run on it. Each run
 // reports ops/s and the p50 and p99 latency of one call in µs beside ns/op
 // (the wall-clock time per operation over all callers).
+
+// TestMain runs the binary as a second process when the replay workload
+// asks for one (bench.ChildMain), else the tests and benchmarks.
+func TestMain(m *testing.M) {
+	bench.ChildMain()
+	os.Exit(m.Run())
+}
 
 // sizes are the quick sizes under -short, the full ones otherwise.
 func sizes() benchkit.Sizes {
@@ -185,6 +194,29 @@ func BenchmarkReplay(b *testing.B) {
 				})
 			}
 		})
+	}
+}
+
+// BenchmarkReplaySecondProcess: cold replays from a second OS process (this
+// test binary again, through TestMain), of the Postgres contenders: the bare
+// SELECT for postgres, idempg's Do for idempg (its bare SELECT in the
+// select-ops/s metric). ns/op counts the second process's start too; ops/s
+// and the latencies are the second process's own.
+func BenchmarkReplaySecondProcess(b *testing.B) {
+	s := sizes()
+	for _, w := range bench.Workloads(s) {
+		if !strings.HasPrefix(w.Name, "replay-2nd-process/") {
+			continue
+		}
+		for _, c := range bench.Contenders() {
+			if !w.RunsOn(c.Name) {
+				continue
+			}
+			b.Run(strings.TrimPrefix(w.Name, "replay-2nd-process/")+"/contender="+c.Name, func(b *testing.B) {
+				f := openFixture(b, c, w.Fixture)
+				throughput(b, "run", f, w)
+			})
+		}
 	}
 }
 

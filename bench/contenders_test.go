@@ -2,6 +2,7 @@ package bench_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"testing"
@@ -22,6 +23,44 @@ func TestContenders(t *testing.T) {
 			}
 			t.Run("dedupe", func(t *testing.T) { benchtest.Dedupe(t, c) })
 			t.Run("workloads", func(t *testing.T) { benchtest.Workloads(t, c, benchtest.TinySizes()) })
+		})
+	}
+}
+
+// TestSecondProcessReplay runs the cold replays from a second process, at
+// tiny sizes, for the Postgres contenders: the second process answers every
+// stored key (for idempg, through Do without running fn, then with the bare
+// SELECT), and the row reports what it measured.
+func TestSecondProcessReplay(t *testing.T) {
+	requirePostgresInCI(t)
+	for _, c := range bench.Contenders() {
+		w := bench.SecondProcessReplayWorkload(50, 4, benchkit.Load{Ops: 200, Warmup: 10})
+		if !w.RunsOn(c.Name) {
+			continue
+		}
+		t.Run(c.Name, func(t *testing.T) {
+			f, err := benchkit.OpenFixture(context.Background(), c, t.TempDir(), w.Fixture, nil)
+			if errors.Is(err, benchkit.ErrSkipped) {
+				t.Skip(err)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() {
+				if err := f.Close(); err != nil {
+					t.Error(err)
+				}
+			}()
+			r, err := w.Run(context.Background(), f, w.Load)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Ops != 200 || r.Latency.Count() != 200 || r.Elapsed <= 0 {
+				t.Errorf("%s: %d ops, %d latencies in %v; want 200 timed replays", c.Name, r.Ops, r.Latency.Count(), r.Elapsed)
+			}
+			if _, ok := r.Metric("select-ops/s"); ok != (c.Name == "idempg") {
+				t.Errorf("%s: bare SELECT measured beside: %v, want it for idempg only (%+v)", c.Name, ok, r.Metrics)
+			}
 		})
 	}
 }

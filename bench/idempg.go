@@ -3,6 +3,9 @@ package bench
 import (
 	"context"
 	"errors"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +20,7 @@ import (
 // schema of its own, dropped on Close.
 type IdemPG struct {
 	pool   *pgxpool.Pool
+	dsn    string
 	e      *idempg.Engine
 	schema string
 }
@@ -29,7 +33,7 @@ func OpenIdemPG(ctx context.Context, dsn string) (benchkit.Deduper, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &IdemPG{pool: pool, schema: "idem_bench_pg_" + suffix}
+	p := &IdemPG{pool: pool, dsn: dsn, schema: "idem_bench_pg_" + suffix}
 	opts := &idempg.Options{Schema: p.schema}
 	if _, err := idempg.Migrate(ctx, pool, opts); err != nil {
 		pool.Close()
@@ -68,6 +72,38 @@ func (p *IdemPG) DoTx(ctx context.Context, key string, fp []byte, fn benchkit.Tx
 		return resp, err
 	})
 	return res.Response, res.Replayed, pgErr(err)
+}
+
+// Preload copies rs into idem_records (COPY FROM) as done records of
+// attempt 1, each with a fencing token of its own, then moves the token
+// sequence past them and analyzes the table: the rows idempg's Do would
+// have stored, without a claim each.
+func (p *IdemPG) Preload(ctx context.Context, rs benchkit.RecordSet) error {
+	ks := benchkit.SortedKeys(rs.First, rs.N)
+	done := rs.Completed.UnixNano()
+	ret := int64(benchkit.Retention)
+	_, err := p.pool.CopyFrom(ctx, pgx.Identifier{p.schema, "idem_records"},
+		[]string{"key", "fingerprint", "state", "attempt", "fence", "started_ns", "completed_ns", "retention_ns", "expires_ns", "response"},
+		pgx.CopyFromSlice(len(ks), func(j int) ([]any, error) {
+			fp := int64(xxhash.Sum64(benchkit.Fingerprint(ks[j].Index)))
+			return []any{ks[j].Key, fp, int16(2), int32(1), int64(rs.First + j + 1), done, done, ret, done + ret, benchkit.Response()}, nil
+		}))
+	if err != nil {
+		return fmt.Errorf("copy: %w", err)
+	}
+	_, err = p.pool.Exec(ctx, `SELECT setval('`+p.schema+`.idem_fence', GREATEST((SELECT max(fence) FROM `+p.schema+`.idem_records), 1));
+		ANALYZE `+p.schema+`.idem_records`)
+	return err
+}
+
+// replaySpecs: a second process replays through idempg's Do in an engine of
+// its own, then with the bare SELECT of the response by key on
+// idem_records.
+func (p *IdemPG) replaySpecs() []childSpec {
+	return []childSpec{
+		{Kind: childIdemPG, DSN: p.dsn, Schema: p.schema},
+		{Kind: childSelect, DSN: p.dsn, Table: p.schema + ".idem_records"},
+	}
 }
 
 // Prune calls Engine.Prune.

@@ -31,6 +31,7 @@ const postgresPoolSize = 64
 // on. Each instance works in a schema of its own, dropped on Close.
 type Postgres struct {
 	pool   *pgxpool.Pool
+	dsn    string
 	schema string
 
 	lookup, claim, done, release, effect, prune string
@@ -44,7 +45,7 @@ func OpenPostgres(ctx context.Context, dsn string) (benchkit.Deduper, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Postgres{pool: pool, schema: "idem_bench_" + suffix}
+	p := &Postgres{pool: pool, dsn: dsn, schema: "idem_bench_" + suffix}
 	t := func(name string) string { return p.schema + "." + name }
 	ddl := fmt.Sprintf(`
 CREATE SCHEMA %[1]s;
@@ -78,6 +79,12 @@ CREATE TABLE %[3]s (
 
 // Name implements benchkit.Deduper.
 func (p *Postgres) Name() string { return "postgres" }
+
+// replaySpecs: a second process replays with the bare SELECT of the
+// response by key on the records table.
+func (p *Postgres) replaySpecs() []childSpec {
+	return []childSpec{{Kind: childSelect, DSN: p.dsn, Table: p.schema + ".records"}}
+}
 
 // Close drops the schema and closes the pool.
 func (p *Postgres) Close() error {

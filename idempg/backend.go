@@ -46,6 +46,12 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	// Concurrent calls share statements and transactions (batch.go): Do's
+	// claims of free keys and its completions, and DoTx calls (tx.go).
+	claims    batcher[*claimReq]
+	completes batcher[*completeReq]
+	dotx      batcher[*txReq]
+
 	closeOnce sync.Once
 }
 
@@ -64,6 +70,10 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if b.owner == "" {
 		b.owner = defaultOwner()
 	}
+	share := max(2, int(pool.Config().MaxConns)/txBatchShare)
+	b.claims = batcher[*claimReq]{run: b.claimBatch, max: share, limit: maxStmtBatch}
+	b.completes = batcher[*completeReq]{run: b.completeBatch, max: share, limit: maxStmtBatch}
+	b.dotx = batcher[*txReq]{run: b.runBatch, max: share, limit: maxTxBatch}
 	if !s.PollOnly {
 		b.l = newListener(pool, s, b.notifiedOutbox)
 	}
@@ -211,10 +221,6 @@ func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, erro
 // Owner implements core.Backend: a started record is owned while its lease
 // has not lapsed by the database's clock.
 func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
-	if rec.Attempt == 0 {
-		// Claim's placeholder for a row an uncommitted transaction holds.
-		return core.Ownership{Owned: true, Owner: txOwner}, nil
-	}
 	var (
 		owner  string
 		left   int64 // µs until the lease lapses; ≤ 0 once it has
@@ -260,20 +266,10 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 		err   error
 	)
 	if req.Prev == nil {
-		// Insert, or replace a row that has expired but is not pruned yet.
-		q := `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
-			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
-		VALUES ($1::text, $2::bigint, 1, $3::integer, nextval('{schema}.idem_fence'), $4::text, ` + b.leaseSQL() + `,
-			$5::bigint, 0, $6::bigint, $7::boolean, $8::bigint)
-		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
-			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
-			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
-			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
-			response = NULL, has_error = false, error_code = '', error_message = ''
-		WHERE ` + fmt.Sprintf(expiredSQL, "r", "$6::bigint", "$5::bigint", "$4::text") + `
-		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
-		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
-			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st)}, &fence, &left)
+		r := &claimReq{st: st, done: make(chan struct{})}
+		b.claims.do(r, r.done)
+		fence, left, err = r.fence, r.left, r.err
+		before = r.before
 	} else {
 		// Take over the interrupted execution, if it is still the stored
 		// version and its lease has lapsed.
@@ -293,15 +289,11 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 			Key: st.Key, Fingerprint: st.Fingerprint, Token: core.Fence(fence), Started: &started, Prev: req.Prev,
 			LeaseUntil: before.Add(time.Duration(left) * time.Microsecond),
 		}}, nil
-	case isLockTimeout(err) && req.Prev == nil:
-		// A DoTx transaction of another process holds the row, uncommitted
-		// (invisible to Lookup): the key is owned by a live owner. Say so
-		// with a placeholder started record (Attempt 0) that Owner answers
-		// as owned, so that the engine waits or fails fast and never takes
-		// the key for free.
-		return core.ClaimResult{Status: core.ClaimChanged, Current: &core.Record{Key: st.Key, State: core.StateStarted,
-			Fingerprint: st.Fingerprint, StartedAt: st.StartedAt, Retention: st.Retention}}, nil
 	case isLockTimeout(err):
+		// A DoTx transaction of another process holds the row (with Prev
+		// nil: uncommitted, invisible to Lookup): the key is owned by a
+		// live owner, so that the engine waits or fails fast and never
+		// takes the key for free.
 		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true, Owner: txOwner}}, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return core.ClaimResult{}, err
@@ -321,6 +313,105 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 		}
 	}
 	return core.ClaimResult{Status: core.ClaimChanged, Current: cur}, nil
+}
+
+// maxStmtBatch is the most claims or completions one statement carries.
+const maxStmtBatch = 64
+
+// claimReq is one claim of a free key (Claim with Prev nil), queued for or
+// running in a batch.
+type claimReq struct {
+	st     *core.Record
+	before time.Time // just before the statement was sent
+	fence  int64
+	left   int64 // µs of lease left, by the database's clock
+	err    error // pgx.ErrNoRows when not claimed
+	done   chan struct{}
+}
+
+// claimInsertSQL inserts started rows, or replaces rows that have expired
+// but are not pruned yet, from the rows of src: a VALUES row of one claim's
+// parameters, or an unnest of a batch's arrays, with the columns key, fp,
+// attempt, started, ret, kept, exp (the owner is $1).
+func (b *backend) claimInsertSQL(src string) string {
+	return `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
+		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
+			u.started, 0, u.ret, u.kept, u.exp
+		FROM ` + src + ` AS u(key, fp, attempt, started, ret, kept, exp) ORDER BY u.key
+		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
+			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
+			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
+			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
+			response = NULL, has_error = false, error_code = '', error_message = '', waiters = false
+		WHERE ` + fmt.Sprintf(expiredSQL, "r", "EXCLUDED.retention_ns", "EXCLUDED.started_ns", "$1::text") + `
+		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
+}
+
+// claimBatch claims the free keys of reqs: one statement for all (one
+// round trip, one commit). A lone claim, and every claim of a batch whose
+// statement waited out its lock_timeout (a DoTx transaction of another
+// process holds one of the keys), is made alone, so that each learns whether
+// its own key is held.
+func (b *backend) claimBatch(reqs []*claimReq) {
+	ctx := context.Background()
+	if len(reqs) > 1 {
+		n := len(reqs)
+		keys, fps, attempts, started := make([]string, n), make([]int64, n), make([]int32, n), make([]int64, n)
+		rets, kept, exps := make([]int64, n), make([]bool, n), make([]int64, n)
+		byKey := make(map[string]*claimReq, n)
+		for i, r := range reqs {
+			st := r.st
+			keys[i], fps[i], attempts[i], started[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt), toNs(st.StartedAt)
+			rets[i], kept[i], exps[i] = int64(st.Retention), st.KeptUntilResolved, expiresNs(st)
+			byKey[st.Key] = r
+		}
+		before := time.Now()
+		var err error
+		err = b.write(ctx, b.claimInsertSQL(`unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::bigint[], $7::boolean[], $8::bigint[])`),
+			[]any{b.owner, keys, fps, attempts, started, rets, kept, exps}, func(br pgx.BatchResults) error {
+				rows, err := br.Query()
+				if err != nil {
+					return err
+				}
+				defer rows.Close()
+				for rows.Next() {
+					var (
+						key         string
+						fence, left int64
+					)
+					if err := rows.Scan(&key, &fence, &left); err != nil {
+						return err
+					}
+					if r := byKey[key]; r != nil {
+						r.fence, r.left, r.before = fence, left, before
+						delete(byKey, key)
+					}
+				}
+				return rows.Err()
+			})
+		if !isLockTimeout(err) {
+			for _, r := range reqs {
+				switch {
+				case err != nil:
+					r.err = err
+				case byKey[r.st.Key] != nil:
+					r.err = pgx.ErrNoRows // not claimed: a live record is there
+				}
+				close(r.done)
+			}
+			return
+		}
+	}
+	for _, r := range reqs {
+		st := r.st
+		r.before = time.Now()
+		var key string
+		r.err = b.writeRow(ctx, b.claimInsertSQL(`(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::bigint, $7::boolean, $8::bigint))`),
+			[]any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st)},
+			&key, &r.fence, &r.left)
+		close(r.done)
+	}
 }
 
 // Renew implements core.Backend: it extends c's lease, fenced. A failure
@@ -371,10 +462,15 @@ func doneArgs(done *core.Record) []any {
 // lost (the connection dropped after the statement, and so its COMMIT, was
 // sent), the record is read back by the claim's fencing token: done with
 // that token means the write committed; anything else that it did not.
+//
+// Concurrent completions share one statement (an UPDATE from the unnest of
+// their arrays: one round trip, one commit); a lone one runs alone.
 func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record) error {
-	tag, err := b.exec(ctx, b.notifying(completeSQL), append([]any{c.Key, int64(c.Token)}, doneArgs(done)...)...)
+	r := &completeReq{c: c, rec: done, done: make(chan struct{})}
+	b.completes.do(r, r.done)
+	err := r.err
 	if err == nil {
-		if tag.RowsAffected() == 0 {
+		if !r.found {
 			return fmt.Errorf("%w: completing the call", core.ErrFenced)
 		}
 		return nil
@@ -383,6 +479,77 @@ func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record
 		return err
 	}
 	return b.readBack(ctx, c, core.StateDone, err)
+}
+
+// completeReq is one completion, queued for or running in a batch.
+type completeReq struct {
+	c     *core.Claim
+	rec   *core.Record
+	found bool // the row held c's token and is done now
+	err   error
+	done  chan struct{}
+}
+
+// completeBatch completes reqs in one statement, or a lone one alone.
+func (b *backend) completeBatch(reqs []*completeReq) {
+	ctx := context.Background()
+	if len(reqs) == 1 {
+		r := reqs[0]
+		tag, err := b.exec(ctx, b.notifying(completeSQL), append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...)...)
+		r.found, r.err = err == nil && tag.RowsAffected() > 0, err
+		close(r.done)
+		return
+	}
+	n := len(reqs)
+	keys, fences, attempts, started, completed := make([]string, n), make([]int64, n), make([]int32, n), make([]int64, n), make([]int64, n)
+	rets, exps, resps := make([]int64, n), make([]int64, n), make([][]byte, n)
+	has, codes, msgs := make([]bool, n), make([]string, n), make([]string, n)
+	byKey := make(map[string]*completeReq, n)
+	for i, r := range reqs {
+		d := r.rec
+		keys[i], fences[i], attempts[i] = r.c.Key, int64(r.c.Token), int32(d.Attempt)
+		started[i], completed[i], rets[i], exps[i], resps[i] = toNs(d.StartedAt), toNs(d.CompletedAt), int64(d.Retention), expiresNs(d), d.Response
+		has[i], codes[i], msgs[i] = errFields(d)
+		byKey[r.c.Key] = r
+	}
+	q := `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
+			attempt = u.attempt, started_ns = u.started, completed_ns = u.completed, retention_ns = u.ret,
+			kept_until_resolved = false, expires_ns = u.exp, response = u.resp, has_error = u.has,
+			error_code = u.code, error_message = u.msg
+		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
+			$8::bytea[], $9::boolean[], $10::text[], $11::text[])
+			AS u(key, fence, attempt, started, completed, ret, exp, resp, has, code, msg)
+		WHERE r.key = u.key AND r.fence = u.fence AND r.state = 1
+		RETURNING r.key, r.waiters`
+	if !b.s.PollOnly {
+		q = `WITH w AS (` + q + `) SELECT key, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+	} else {
+		q = `WITH w AS (` + q + `) SELECT key, NULL FROM w`
+	}
+	err := b.write(ctx, q, []any{keys, fences, attempts, started, completed, rets, exps, resps, has, codes, msgs}, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				key     string
+				ignored any
+			)
+			if err := rows.Scan(&key, &ignored); err != nil {
+				return err
+			}
+			if r := byKey[key]; r != nil {
+				r.found = true
+			}
+		}
+		return rows.Err()
+	})
+	for _, r := range reqs {
+		r.err = err
+		close(r.done)
+	}
 }
 
 // readBack resolves a write whose outcome is unknown (cause) by reading the
@@ -420,12 +587,13 @@ func ambiguous(err error) bool {
 
 // notifying wraps a statement that changes a key's row ($1) so that it
 // also notifies the key's waiters in other processes (delivered at commit),
-// unless PollOnly.
+// if the row says some wait (its waiters mark, set by WaitChange), unless
+// PollOnly. The statement answers one row per row changed.
 func (b *backend) notifying(q string) string {
 	if b.s.PollOnly {
 		return q
 	}
-	return `WITH w AS (` + q + ` RETURNING key) SELECT pg_notify('` + b.s.channel() + `', key) FROM w`
+	return `WITH w AS (` + q + ` RETURNING key, waiters) SELECT CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
 }
 
 // exec runs the write q with args (see write) and returns the rows it
@@ -712,12 +880,26 @@ func (b *backend) notifiedOutbox() { b.committed() }
 
 // WaitChange implements core.Backend: a notification for key, or one poll
 // period, or the end of ctx.
+//
+// Unless PollOnly, it subscribes to key's notifications, then marks the
+// started row as waited on (waiters), so that the change that ends it
+// notifies. If the row is no longer started (the change came first) it
+// returns at once. The mark waits for a change in progress (its row lock)
+// at most LockTimeout; a mark that cannot be set leaves the wait to the
+// poll period.
 func (b *backend) WaitChange(ctx context.Context, key string) error {
 	var ch <-chan struct{}
-	if b.l != nil {
+	if b.l != nil && storable(key) {
 		var unsub func()
 		ch, unsub = b.l.subscribe(key)
 		defer unsub()
+		tag, err := b.exec(ctx, `UPDATE {schema}.idem_records SET waiters = true WHERE key = $1::text AND state = 1`, key)
+		switch {
+		case err == nil && tag.RowsAffected() == 0:
+			return nil // changed already: read it again
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
 	}
 	t := time.NewTimer(b.s.PollInterval)
 	defer t.Stop()

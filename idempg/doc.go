@@ -57,6 +57,21 @@
 //     fn's statements sees what committed before it began. fn cannot raise
 //     the level (the backend's own statements come first in the
 //     transaction); it locks what it reads instead (SELECT … FOR UPDATE).
+//   - Concurrent DoTx calls of one engine share a transaction (up to 16),
+//     each fn under a savepoint of its own and one after the other: a fn
+//     sees the writes of the calls before it in the same transaction, which
+//     commit with it. A fn that fails is rolled back to its savepoint and the
+//     others commit without running again; a COMMIT that fails (a deferred
+//     constraint one fn broke) fails every call of its transaction, and
+//     their keys stay free. fn must not Commit or Rollback the pgx.Tx it is
+//     given (those fail); a nested Begin is a savepoint. A statement fn
+//     already sent is not cut off by fn's context (that would break the
+//     connection the other calls share); the next one is refused. A fn must
+//     not wait for another DoTx call of the same engine: it may be queued
+//     behind fn, as on the bbolt engine, whose commits are shared too.
+//   - Do's concurrent claims of free keys share one INSERT, and their
+//     completions one UPDATE (one commit each per batch); a lone call's
+//     statements go at once, unbatched.
 //     Every transaction the
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
@@ -66,7 +81,10 @@
 //     is in progress for others: their claim waits up to LockTimeout, then
 //     waits on (InFlightWait) or fails with an *InProgressError.
 //   - Waiters in other processes wake on LISTEN/NOTIFY, with a poll every
-//     Options.PollInterval as the fallback. PgBouncer in transaction pooling
+//     Options.PollInterval as the fallback. A waiter marks the started
+//     record it waits on (one write), and only a change of a marked record
+//     notifies: Postgres serialises the commits of transactions that
+//     notify, so completions nobody waits for send none. PgBouncer in transaction pooling
 //     mode (tested in CI) and CockroachDB (documented, not tested here) need
 //     Options.PollOnly: no LISTEN, no prepared statements; the pool must use
 //     pgx.QueryExecModeExec or QueryExecModeSimpleProtocol.

@@ -3,8 +3,9 @@ package idempg
 import "github.com/idemkit/idem/internal/core"
 
 // The errors of the multi-process semantics the bbolt engine does not need.
-// They are the core's sentinels, so errors.Is matches them whichever engine
-// wrapped them.
+// They are the root package's idem.ErrFenced and idem.ErrLeaseLost (the
+// core's sentinels), so errors.Is matches them whichever name the caller
+// uses and whichever engine wrapped them.
 var (
 	// ErrFenced: a completion, release or renewal named a fencing token that
 	// is no longer the key's, because another process took the key over after

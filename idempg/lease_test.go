@@ -127,7 +127,7 @@ func TestTakeoverFencesStalledOwner(t *testing.T) {
 		t.Fatalf("takeover: %+v, call %+v; want B's answer, attempt 2, recovered", res, call)
 	}
 	close(release)
-	if err := <-aDone; !errors.Is(err, core.ErrFenced) {
+	if err := <-aDone; !errors.Is(err, idem.ErrFenced) || !errors.Is(err, idempg.ErrFenced) {
 		t.Fatalf("the stalled owner's completion: %v, want ErrFenced", err)
 	}
 	rec, err := a.Get("k")
@@ -159,7 +159,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 	if _, err := b.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("B"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	if c := <-cause; !errors.Is(c, core.ErrLeaseLost) {
+	if c := <-cause; !errors.Is(c, idem.ErrLeaseLost) || !errors.Is(c, idempg.ErrLeaseLost) {
 		t.Fatalf("fn's context ended with cause %v, want ErrLeaseLost", c)
 	}
 	if err := <-aDone; err == nil {
@@ -173,8 +173,8 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 
 // TestDoTxHoldsKeyAgainstOtherProcesses: while a DoTx transaction holds a
 // new key (its uncommitted started row), another engine's claim waits at
-// most its lock_timeout and then sees the key as owned elsewhere; fn ran
-// once.
+// most its lock_timeout and then sees the key as owned elsewhere, for Do and
+// DoTx alike; fn ran once.
 func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	a := st.open(t, nil)
@@ -201,6 +201,16 @@ func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	_, err := b.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("B"), nil })
 	if !errors.Is(err, core.ErrInProgress) {
 		t.Fatalf("claim of a key a DoTx transaction holds: %v, want ErrInProgress", err)
+	}
+	// DoTx's claim inside its own transaction meets the same row lock: the
+	// key is owned elsewhere, not free, so it fails fast as well (bounded:
+	// an engine that took it for free would try again until ctx ends).
+	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = b.DoTx(tctx, "k", nil, func(context.Context, pgx.Tx) ([]byte, error) { return []byte("B"), nil })
+	var ip *core.InProgressError
+	if !errors.As(err, &ip) || !ip.StartedAt.IsZero() {
+		t.Fatalf("DoTx of a key a DoTx transaction holds: %v, want an InProgressError with no start time (none is visible)", err)
 	}
 	close(release)
 	if err := <-aDone; err != nil {

@@ -15,9 +15,12 @@ import (
 // OwnedElsewhere is the suite's test backend for the ownership rule: it
 // wraps b and reports the started record of every key for which owned
 // returns true as held by a live owner in another process. Owner answers
-// Owned for it, and a Claim that would take it over answers ClaimOwned,
-// the way a Postgres backend answers for an unexpired lease. Everything
-// else is b's. The engine must then wait for the record to change or refuse
+// Owned for it, and a Claim of the key answers ClaimOwned, the way a
+// Postgres backend answers for an unexpired lease: a Claim that would take
+// an interrupted execution over (ClaimRequest.Prev set), and a Claim of a
+// key without a record (Prev nil), the way Postgres answers for a key whose
+// started row another process's transaction holds, not yet committed and
+// so invisible to Lookup. Everything else is b's. The engine must then wait for the record to change or refuse
 // with an *idem.InProgressError, never recover it.
 func OwnedElsewhere[T any](b core.Backend[T], owned func(key string) bool) core.Backend[T] {
 	return &ownedBackend[T]{Backend: b, owned: owned}
@@ -36,7 +39,7 @@ func (b *ownedBackend[T]) Owner(ctx context.Context, rec *core.Record) (core.Own
 }
 
 func (b *ownedBackend[T]) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
-	if req.Prev != nil && b.owned(req.Prev.Key) {
+	if b.owned(req.Started.Key) {
 		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true}}, nil
 	}
 	return b.Backend.Claim(ctx, req)
@@ -145,6 +148,59 @@ func (s *suite[T]) owned(t *testing.T) {
 			require.Equal(t, idem.StateDone, r.State)
 			require.Equal(t, 2, r.Attempt)
 		})
+	})
+
+	// A key without a visible record whose claim answers ClaimOwned (no
+	// record to take over: Postgres's key held by another process's
+	// uncommitted transaction) is owned elsewhere as well: Do fails fast or
+	// waits, and runs fn as a first execution once the owner is gone.
+	fresh := func(t *testing.T, opts Options) (Engine[T], *atomic.Bool) {
+		e, store := s.fresh(t, Options{})
+		require.NoError(t, e.Close())
+		elsewhere := new(atomic.Bool)
+		elsewhere.Store(true)
+		if opts.Now == nil {
+			opts.Now = newClock().Now
+		}
+		e, err := s.h.OpenWrapped(t, store, opts, func(b core.Backend[T]) core.Backend[T] {
+			return OwnedElsewhere(b, func(key string) bool { return key == "free" && elsewhere.Load() })
+		})
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			if err := e.Close(); err != nil {
+				t.Errorf("close: %v", err)
+			}
+		})
+		return e, elsewhere
+	}
+	t.Run("InFlightFail: a claim owned with no record to take over is an InProgressError", func(t *testing.T) {
+		e, _ := fresh(t, Options{InFlight: idem.InFlightFail})
+		_, err := e.Do(bg, "free", fp, func(context.Context) ([]byte, error) {
+			t.Error("fn ran while the key was owned elsewhere")
+			return nil, nil
+		})
+		var ip *idem.InProgressError
+		require.ErrorAs(t, err, &ip)
+		require.True(t, ip.StartedAt.IsZero(), "no record was seen: its start is unknown, not made up")
+		require.Nil(t, record(t, e, "free"), "nothing stored")
+	})
+	t.Run("InFlightWait: a claim owned with no record to take over waits, then runs fn first", func(t *testing.T) {
+		e, elsewhere := fresh(t, Options{})
+		var waits atomic.Int32
+		unset := s.h.Hook(PointWait, func() {
+			if waits.Add(1) == 2 {
+				elsewhere.Store(false) // the owner's transaction rolled back
+			}
+		})
+		defer unset()
+		res, err := e.Do(bg, "free", fp, func(ctx context.Context) ([]byte, error) {
+			wantCall(t, ctx, idem.Call{Key: "free", Attempt: 1})
+			return []byte("first"), nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, "first", string(res.Response))
+		require.Equal(t, 1, res.Attempt)
+		require.GreaterOrEqual(t, waits.Load(), int32(2), "it waited for the owner")
 	})
 
 	t.Run("InFlightWait: duplicates in this process wait behind the waiting leader", func(t *testing.T) {

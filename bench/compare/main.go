@@ -41,6 +41,7 @@ type config struct {
 }
 
 func main() {
+	bench.ChildMain() // a second process of the replay-2nd-process rows
 	var (
 		cfg  config
 		only string
@@ -76,7 +77,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	if cfg.quick {
 		sizes = benchkit.QuickSizes()
 	}
-	plan, err := benchkit.NewPlan(benchkit.Workloads(sizes), bench.Contenders(), cfg.only)
+	plan, err := benchkit.NewPlan(bench.Workloads(sizes), bench.Contenders(), cfg.only)
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,9 @@ type Backend[T any] interface {
 	// With req.Prev nil the key must have no live record: bbolt writes
 	// (the engine holds the key); Postgres inserts, and answers
 	// ClaimChanged with the record found if another process got there
-	// first. With req.Prev set (an interrupted execution as Lookup
+	// first, or ClaimOwned if another process's transaction holds the
+	// key's row uncommitted (a DoTx; no record to show: the engine waits
+	// or refuses as for an owned one). With req.Prev set (an interrupted execution as Lookup
 	// returned it, identified by its Attempt and StartedAt) Claim takes it
 	// over: only if it is still the stored version and it is an orphan by
 	// Owner's rule; else ClaimOwned (with the Ownership) or ClaimChanged

@@ -231,13 +231,20 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 }
 
 // ownedElsewhere answers for a started record that a live owner in another
-// process holds: never recovered. Under InFlightFail it is an
+// process holds: never recovered. rec is that record, or nil when the
+// backend reported the key owned without a record to show (Postgres: a
+// started row another process's transaction holds, not yet committed); the
+// InProgressError's StartedAt is then zero. Under InFlightFail it is an
 // *InProgressError; under InFlightWait the leader waits for the record to
 // change, then decides again.
 func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record) (Result, error) {
 	if e.opts.InFlight == InFlightFail {
 		e.observe(Event{Kind: EventInProgress, Op: c.op})
-		return Result{}, &OpError{Op: c.op, Key: c.key, Err: &InProgressError{StartedAt: rec.StartedAt, RetryAfter: e.opts.RetryAfter}}
+		var started time.Time
+		if rec != nil {
+			started = rec.StartedAt
+		}
+		return Result{}, &OpError{Op: c.op, Key: c.key, Err: &InProgressError{StartedAt: started, RetryAfter: e.opts.RetryAfter}}
 	}
 	fault.Point("do-wait")
 	e.observe(Event{Kind: EventWait, Op: c.op})
@@ -276,7 +283,8 @@ func (e *Engine[T]) claim(ctx context.Context, c *leading, started *Record) (*Cl
 		return cr.Claim, nil
 	case ClaimOwned:
 		// Taken meanwhile by a live owner elsewhere: wait for it or refuse,
-		// as for a record Owner reports owned.
+		// as for a record Owner reports owned. With no interrupted execution
+		// to take over (c.prev nil), the owner's record is not visible yet.
 		_, err := e.ownedElsewhere(ctx, c, c.prev)
 		return nil, err
 	default:
@@ -453,6 +461,12 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		if lerr != nil {
 			c.end = endAgain
 			return res, lerr
+		}
+		if cur == nil {
+			// Claimed but not visible: another process's transaction holds
+			// the key's row, uncommitted. Owned elsewhere: wait or refuse.
+			c.end = endAnswer
+			return e.ownedElsewhere(ctx, c, nil)
 		}
 		c.current = cur
 		return Result{}, errRedecide

@@ -61,13 +61,18 @@ var (
 // refused while the first call with its key runs (InFlightFail), in this
 // process or, with a shared backend, in another. It matches ErrInProgress.
 type InProgressError struct {
-	// StartedAt is when the running call took the key (engine clock).
+	// StartedAt is when the running call took the key (engine clock); zero
+	// when unknown (Postgres: a key held by another process's transaction,
+	// whose started row is not committed yet).
 	StartedAt time.Time
 	// RetryAfter is how long to wait before retrying.
 	RetryAfter time.Duration
 }
 
 func (e *InProgressError) Error() string {
+	if e.StartedAt.IsZero() {
+		return fmt.Sprintf("%s (elsewhere, not yet committed; retry after %v)", ErrInProgress.Error(), e.RetryAfter)
+	}
 	return fmt.Sprintf("%s (started %s; retry after %v)", ErrInProgress.Error(), e.StartedAt.UTC().Format(time.RFC3339), e.RetryAfter)
 }
 

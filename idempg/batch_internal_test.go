@@ -1,0 +1,131 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/idempg/internal/pgtest"
+	"github.com/idemkit/idem/internal/core"
+)
+
+// TestClaimAndCompleteBatches: the statements Do's concurrent claims and
+// completions share. One INSERT claims every free key of a batch, each with
+// a fencing token of its own, and leaves a key with a live record
+// unclaimed; when one key is held by another process's uncommitted DoTx
+// transaction, the batch falls back to claims one by one, so that only that
+// key waits out lock_timeout. One UPDATE completes a batch: each row as its
+// own done record (nil and empty responses apart, a stored error), and a
+// completion with a stale token finds nothing.
+func TestClaimAndCompleteBatches(t *testing.T) {
+	for _, env := range []string{pgtest.Env, pgtest.BouncerEnv} {
+		t.Run(env, func(t *testing.T) { testClaimAndCompleteBatches(t, env) })
+	}
+}
+
+func testClaimAndCompleteBatches(t *testing.T, env string) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, env)
+	o := &Options{Schema: pgtest.Schema(t, pool), PollOnly: env == pgtest.BouncerEnv}
+	if _, err := Migrate(ctx, pool, o); err != nil {
+		t.Fatal(err)
+	}
+	s, err := resolve(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newBackend(ctx, pool, s, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	now := time.Now()
+	claim := func(keys ...string) []*claimReq {
+		t.Helper()
+		var reqs []*claimReq
+		for _, k := range keys {
+			reqs = append(reqs, &claimReq{st: &core.Record{Key: k, State: core.StateStarted, Fingerprint: 7, Attempt: 1,
+				StartedAt: now, Retention: time.Hour}, done: make(chan struct{})})
+		}
+		b.claimBatch(reqs)
+		return reqs
+	}
+
+	reqs := claim("k0", "k1", "k2", "k3", "k4")
+	fences := map[int64]bool{}
+	for _, r := range reqs {
+		if r.err != nil || r.fence == 0 || r.left <= 0 {
+			t.Fatalf("claim of free key %s: fence %d, lease %dµs, %v", r.st.Key, r.fence, r.left, r.err)
+		}
+		fences[r.fence] = true
+	}
+	if len(fences) != len(reqs) {
+		t.Errorf("fencing tokens %v: want one per claim", fences)
+	}
+	again := claim("k0", "k5")
+	if !errors.Is(again[0].err, pgx.ErrNoRows) || again[1].err != nil || again[1].fence == 0 {
+		t.Fatalf("claims of a live key and a free one: %v, %v (fence %d)", again[0].err, again[1].err, again[1].fence)
+	}
+
+	done := func(r *claimReq, resp []byte, e *core.Error) *completeReq {
+		d := *r.st
+		d.State, d.CompletedAt, d.Response, d.Err = core.StateDone, now, resp, e
+		return &completeReq{c: &core.Claim{Key: r.st.Key, Token: core.Fence(r.fence)}, rec: &d, done: make(chan struct{})}
+	}
+	cs := []*completeReq{
+		done(reqs[0], nil, nil),
+		done(reqs[1], []byte{}, nil),
+		done(reqs[2], []byte("partial"), &core.Error{Code: "E1", Message: "failed"}),
+		done(reqs[3], []byte("stale"), nil),
+		done(reqs[4], []byte("ok"), nil),
+	}
+	cs[3].c.Token++ // another owner's token now
+	b.completeBatch(cs)
+	for i, c := range cs {
+		if c.err != nil || c.found != (i != 3) {
+			t.Errorf("completion of %s: found %v, %v; want found unless fenced", c.c.Key, c.found, c.err)
+		}
+	}
+	get := func(key string) *core.Record {
+		t.Helper()
+		r, err := b.Lookup(ctx, core.Lookup{Key: key})
+		if err != nil || r == nil {
+			t.Fatalf("lookup %s: %+v, %v", key, r, err)
+		}
+		return r
+	}
+	if r := get("k0"); r.State != core.StateDone || r.Response != nil {
+		t.Errorf("k0: %+v, want done with a nil response", r)
+	}
+	if r := get("k1"); r.State != core.StateDone || r.Response == nil || len(r.Response) != 0 {
+		t.Errorf("k1: %+v, want done with an empty response", r)
+	}
+	if r := get("k2"); r.State != core.StateDone || string(r.Response) != "partial" || r.Err == nil || r.Err.Code != "E1" || r.Err.Message != "failed" {
+		t.Errorf("k2: %+v, want done with its error", r)
+	}
+	if r := get("k3"); r.State != core.StateStarted {
+		t.Errorf("k3: %+v, want still started: a stale token writes nothing", r)
+	}
+	if r := get("k4"); r.State != core.StateDone || string(r.Response) != "ok" {
+		t.Errorf("k4: %+v", r)
+	}
+
+	// A key held by another process's DoTx transaction, not committed.
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, b.sql(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
+		started_ns, retention_ns, expires_ns) VALUES ('held', 7, 1, 1, nextval('{schema}.idem_fence'), 'other', now() + interval '1 hour', 1, 1, 0)`)); err != nil {
+		t.Fatal(err)
+	}
+	b.s.LockTimeout = 100 * time.Millisecond
+	held := claim("held", "k6")
+	if !isLockTimeout(held[0].err) || held[1].err != nil || held[1].fence == 0 {
+		t.Fatalf("claims of a held key and a free one: %v, %v (fence %d); want the held one to time out alone", held[0].err, held[1].err, held[1].fence)
+	}
+}
