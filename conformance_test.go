@@ -22,10 +22,10 @@ var effectsBucket = []byte("effects")
 var boltHarness = idemtest.Harness[*idem.Tx]{
 	New: func(t testing.TB) string { return filepath.Join(t.TempDir(), "idem.db") },
 	Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
-		return idem.Open(store, boltOptions(o))
+		return idem.Open(store, o.Engine())
 	},
 	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[*idem.Tx]) core.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
-		return idem.OpenWrapped(store, boltOptions(o), wrap)
+		return idem.OpenWrapped(store, o.Engine(), wrap)
 	},
 	PutEffect: func(tx *idem.Tx, key, value string) error {
 		b, err := tx.Bucket(effectsBucket)
@@ -48,22 +48,6 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
 	Hook:    hookVia(fault.Set),
 	Check:   testkit.Check,
-}
-
-// boltOptions are the engine's options for the suite's.
-func boltOptions(o idemtest.Options) *idem.Options {
-	return &idem.Options{
-		Retention:       o.Retention,
-		Recovery:        o.Recovery,
-		InFlight:        o.InFlight,
-		RetryAfter:      o.RetryAfter,
-		MaxResponseSize: o.MaxResponseSize,
-		Now:             o.Now,
-		Outbox:          o.Outbox,
-		Logger:          o.Logger,
-		// The suite prunes when it means to (Engine.Prune).
-		PruneInterval: -1,
-	}
 }
 
 func TestConformance(t *testing.T) {

@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
@@ -83,13 +82,6 @@ func (h *pgHarness) options(store string) *idempg.Options {
 	return o
 }
 
-func engineOptions(o idemtest.Options) *idem.Options {
-	return &idem.Options{
-		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
-		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Logger: o.Logger, PruneInterval: -1, Outbox: o.Outbox,
-	}
-}
-
 func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 	return idemtest.Harness[pgx.Tx]{
 		New: func(t testing.TB) string {
@@ -104,10 +96,10 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 			return schema
 		},
 		Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[pgx.Tx], error) {
-			return idempg.Open(context.Background(), h.connect(t), h.options(store), engineOptions(o))
+			return idempg.Open(context.Background(), h.connect(t), h.options(store), o.Engine())
 		},
 		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
-			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store), engineOptions(o), wrap)
+			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store), o.Engine(), wrap)
 		},
 		PutEffect: func(tx pgx.Tx, key, value string) error {
 			ctx := context.Background()

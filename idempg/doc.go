@@ -93,6 +93,6 @@
 //
 // Leases are judged by the database's clock (now()), never a client's, so
 // that processes on machines whose clocks disagree agree on who owns a key.
-// Retention and the outbox's backoff use the engine's clock (Options.Now), as
+// Retention and the outbox's backoff use the engine's clock (idem.Options.Now), as
 // on the bbolt backend.
 package idempg

@@ -85,6 +85,18 @@ type Options struct {
 	Logger *slog.Logger
 }
 
+// Engine returns o as the engine's settings, every field of o in the
+// idem.Options field of its name, with the background pruner disabled (the
+// suite prunes when it means to, with Engine.Prune): one conversion for every
+// harness, which adds its backend's settings (Options.Bolt on bbolt).
+func (o Options) Engine() *idem.Options {
+	return &idem.Options{
+		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
+		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Outbox: o.Outbox, Logger: o.Logger,
+		PruneInterval: -1,
+	}
+}
+
 // Engine is what the suite calls on an engine under test: the adapters'
 // interface (idem.TxDoer with T the backend's transaction) plus the operator
 // and outbox calls, with the meaning and errors of idem.Engine's methods of the
