@@ -32,7 +32,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 			if _, err := pool.Exec(ctx, "CREATE TABLE "+o.Schema+".effects (key text PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
 			}
-			e, err := Open(ctx, pool, o, &EngineOptions{PruneInterval: -1})
+			e, err := Open(ctx, pool, o, &idem.Options{PruneInterval: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
