@@ -66,10 +66,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if err := checkVersion(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	b := &backend{pool: pool, s: s, owner: s.Owner, ownsPool: ownsPool, offset: s.clockOffset}
-	if b.owner == "" {
-		b.owner = defaultOwner()
-	}
+	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset}
 	share := max(2, int(pool.Config().MaxConns)/txBatchShare)
 	b.claims = batcher[*claimReq]{run: b.claimBatch, max: share, limit: maxStmtBatch}
 	b.completes = batcher[*completeReq]{run: b.completeBatch, max: share, limit: maxStmtBatch}
@@ -80,13 +77,20 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	return b, nil
 }
 
-// defaultOwner names this process: host, pid and a random suffix (a pid is
-// reused after a restart).
-func defaultOwner() string {
-	host, _ := os.Hostname()
-	var r [4]byte
+// instanceOwner is the owner stored in the records this engine claims: the
+// label (Options.Owner; empty: host and pid) and a random instance id, so
+// that it is unique per engine. The engine treats a started record with its
+// own owner as an interrupted execution of its own (Owner, expiredSQL), so
+// two engines sharing a label must never share it (a pid is reused after a
+// restart, and a service may give every replica one label).
+func instanceOwner(label string) string {
+	if label == "" {
+		host, _ := os.Hostname()
+		label = host + "/" + strconv.Itoa(os.Getpid())
+	}
+	var r [8]byte
 	_, _ = rand.Read(r[:])
-	return host + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(r[:])
+	return label + "/" + hex.EncodeToString(r[:])
 }
 
 // txOwner names the owner of a key held by another process's uncommitted

@@ -44,8 +44,11 @@ type Options struct {
 	Schema string
 
 	// Owner names this process in the records it claims (idem_records.owner),
-	// for operators; ownership itself is decided by the fencing token. Empty
-	// means host name, process id and a random suffix.
+	// for operators: a label, which several engines may share (every replica
+	// of a service). Each engine stores it with "/" and a random instance id
+	// of 16 hex digits appended, so that no two engines, with the same label
+	// or not, take each other's live claims for their own. Empty means host
+	// name and process id.
 	Owner string
 
 	// Lease is how long a claim on a key lasts without a renewal, judged by
