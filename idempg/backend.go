@@ -708,21 +708,41 @@ func (b *backend) Holding() bool {
 	return ok
 }
 
-// Forget implements core.Backend.
+// Forget implements core.Backend: a started row whose lease another engine
+// holds, unlapsed, is not deleted (ErrInProgress).
 func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 	if !storable(key) {
 		return false, nil
 	}
-	tag, err := b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text`), key)
+	tag, err := b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text AND NOT `+liveElsewhereSQL), key, b.owner)
 	if err != nil {
 		return false, err
 	}
-	return tag.RowsAffected() > 0, nil
+	if tag.RowsAffected() > 0 {
+		return true, nil
+	}
+	var held bool
+	err = b.pool.QueryRow(ctx, b.sql(`SELECT `+liveElsewhereSQL+` FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(key, b.owner)...).Scan(&held)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, err
+	case held:
+		return false, fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
+	}
+	return false, nil
 }
+
+// liveElsewhereSQL is true for a row (its columns unqualified) that is a
+// started record whose lease, held by another engine than $2, has not
+// lapsed: a call running elsewhere, which no operator write may touch.
+const liveElsewhereSQL = `(state = 1 AND lease_until > {now} AND owner IS DISTINCT FROM $2::text)`
 
 // Resolve implements core.Backend: fn runs with the row locked (FOR
 // UPDATE); its record replaces the row with a new token, so that a claim
-// still running is fenced off.
+// still running is fenced off. A started row whose lease another engine
+// holds, unlapsed, is refused with ErrInProgress before fn runs.
 func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Record) (*core.Record, error)) error {
 	if !storable(key) {
 		_, err := fn(nil)
@@ -736,11 +756,15 @@ func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Rec
 			r   scanned
 			cur *core.Record
 		)
-		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`), b.s.args(key)...).Scan(r.dest()...)
+		var held bool
+		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, `+liveElsewhereSQL+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`),
+			b.s.args(key, b.owner)...).Scan(append(r.dest(), &held)...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			return err
+		case held:
+			return fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
 		default:
 			if cur, err = r.record(); err != nil {
 				return err

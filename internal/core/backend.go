@@ -153,13 +153,19 @@ type Backend[T any] interface {
 	WaitChange(ctx context.Context, key string) error
 
 	// Forget deletes every stored version of key, in any state, and
-	// reports whether there was one. The engine holds the key meanwhile.
+	// reports whether there was one. The engine holds the key meanwhile. A
+	// started record that a live owner elsewhere holds (Owner's rule:
+	// Postgres, an unlapsed lease of another engine) is not deleted: the
+	// error wraps ErrInProgress, as the engine answers for its own running
+	// calls.
 	Forget(ctx context.Context, key string) (found bool, err error)
 
 	// Resolve runs fn on key's stored record (nil if none) inside one write
 	// transaction and stores the record fn returns in its place, for the
 	// operator's Resolve; an error from fn writes nothing and is returned
-	// as is. A backend shared by processes locks the row meanwhile.
+	// as is. A backend shared by processes locks the row meanwhile, and
+	// refuses a started record that a live owner elsewhere holds (Owner's
+	// rule) without calling fn: the error wraps ErrInProgress.
 	Resolve(ctx context.Context, key string, fn func(cur *Record) (*Record, error)) error
 
 	// Prune deletes expired records at req.Now in bounded batches (at most
