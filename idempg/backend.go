@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -469,20 +471,81 @@ func doneArgs(done *core.Record) []any {
 //
 // Concurrent completions share one statement (an UPDATE from the unnest of
 // their arrays: one round trip, one commit); a lone one runs alone.
+//
+// A completion that fails because its connection died (a server restart,
+// a session ended by the server, a dropped TCP connection) is retried on a
+// fresh connection (see again), so that a live claim's outcome is stored,
+// not lost to a driver error.
 func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record) error {
-	r := &completeReq{c: c, rec: done, done: make(chan struct{})}
-	b.completes.do(r, r.done)
-	err := r.err
-	if err == nil {
-		if !r.found {
+	return b.again(ctx, func() error {
+		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
+		b.completes.do(r, r.done)
+		if r.err == nil && !r.found {
 			return fmt.Errorf("%w: completing the call", core.ErrFenced)
 		}
-		return nil
+		return r.err
+	}, func(cause error) error { return b.readBack(ctx, c, core.StateDone, cause) })
+}
+
+// again runs the fenced write w, and runs it again while it fails because
+// its connection failed (connLost), for at most one Lease from the first
+// failure, backing off from 10ms to 1s: the pool replaces a dead connection
+// with a fresh one. A write whose answer was lost after it may have reached
+// the server (ambiguous) is first resolved by readBack (nil: it committed;
+// an error wrapping ErrFenced: another claim holds the key; the cause
+// itself: not committed, so write again). Writing again is safe: each write
+// is fenced by the claim's token, so it never overwrites another claim's
+// record, however late. The last error is returned.
+func (b *backend) again(ctx context.Context, w func() error, readBack func(cause error) error) error {
+	var deadline time.Time
+	wait := 10 * time.Millisecond
+	for {
+		err := w()
+		if err == nil || !connLost(err) {
+			return err
+		}
+		if ambiguous(err) {
+			if rerr := readBack(err); rerr == nil || errors.Is(rerr, core.ErrFenced) {
+				return rerr
+			}
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(b.s.Lease)
+		}
+		if !time.Now().Add(wait).Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
 	}
-	if !ambiguous(err) {
-		return err
+}
+
+// connLost reports whether err is the failure of a statement's connection,
+// not the statement's: an error the server did not answer (a dropped or
+// reset connection, a write on a dead one, pgx's "conn closed"), a
+// connection exception (SQLSTATE class 08), an administrator's or crash
+// shutdown (57P01, 57P02, 57P03), or any FATAL or PANIC error (the server
+// ended the session). A context's end is not one.
+func connLost(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
-	return b.readBack(ctx, c, core.StateDone, err)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		var ne net.Error
+		var ce *pgconn.ConnectError
+		return errors.As(err, &ne) || errors.As(err, &ce) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+			errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed")
+	}
+	switch {
+	case strings.HasPrefix(pe.Code, "08"), pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03":
+		return true
+	}
+	return pe.Severity == "FATAL" || pe.Severity == "PANIC"
 }
 
 // completeReq is one completion, queued for or running in a batch.
@@ -565,7 +628,7 @@ func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, 
 		fence int64
 		state core.State
 	)
-	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(c.Key)...).Scan(&fence, &state)
+	err := b.readRow(ctx, `SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence, &state)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", core.ErrFenced, cause)
@@ -579,14 +642,47 @@ func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, 
 	return cause
 }
 
+// readRow reads one row of q (with {schema} and {now}) into dest for a
+// read back, trying again on a fresh connection while its connection fails
+// (connLost), for at most one Lease, backing off from 10ms to 1s: the
+// server that lost a write's answer may be restarting.
+func (b *backend) readRow(ctx context.Context, q string, args []any, dest ...any) error {
+	var deadline time.Time
+	wait := 10 * time.Millisecond
+	for {
+		err := b.pool.QueryRow(ctx, b.sql(q), b.s.args(args...)...).Scan(dest...)
+		if err == nil || !connLost(err) || errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(b.s.Lease)
+		}
+		if !time.Now().Add(wait).Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
 // ambiguous reports whether err leaves a statement's outcome unknown: the
-// connection failed after the statement may have reached the server.
+// connection failed after the statement may have reached the server. A
+// FATAL error ends the session with the statement unanswered (the server
+// may have ended it after a COMMIT it had not yet acknowledged), so it is
+// ambiguous too; another error the server answered is the statement's own.
 func ambiguous(err error) bool {
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) {
-		return false // the server answered: the statement failed
+		return connLost(err)
 	}
-	return !pgconn.SafeToRetry(err)
+	// pgconn.SafeToRetry cannot tell: a statement whose answer was lost to
+	// an asynchronous read failure says "conn closed", safe to retry,
+	// although it reached the server. A read back costs one query.
+	return true
 }
 
 // notifying wraps a statement that changes a key's row ($1) so that it
@@ -639,8 +735,15 @@ func (b *backend) write(ctx context.Context, q string, args []any, read func(pgx
 	return err
 }
 
-// Release implements core.Backend.
+// Release implements core.Backend. Like Complete, it is written again on
+// a fresh connection when its connection dies (again).
 func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+	return b.again(ctx, func() error { return b.release(ctx, c, restore) },
+		func(cause error) error { return b.readBackGone(ctx, c, restore == nil, cause) })
+}
+
+// release is one attempt of Release.
+func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Record) error {
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -657,9 +760,6 @@ func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Reco
 			restore.Attempt, toNs(restore.StartedAt), int64(restore.Retention), restore.KeptUntilResolved, expiresNs(restore))
 	}
 	if err != nil {
-		if ambiguous(err) {
-			return b.readBackGone(ctx, c, restore == nil, err)
-		}
 		return err
 	}
 	if tag.RowsAffected() == 0 {
@@ -673,7 +773,7 @@ func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Reco
 // happen (cause).
 func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool, cause error) error {
 	var fence int64
-	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(c.Key)...).Scan(&fence)
+	err := b.readRow(ctx, `SELECT fence FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		if deleted {
