@@ -104,7 +104,12 @@ type Backend[T any] interface {
 	// (the caller's context ended first) or promised it had no effect
 	// (Retryable). With restore nil the started record is deleted and the
 	// key is free; else restore (the interrupted execution c took over,
-	// c.Prev) is stored back as it was. Fenced like Complete.
+	// c.Prev) is stored back as it was. Fenced like Complete. The engine
+	// also passes c's own started record as restore (window and mark as
+	// the claim stored them) to end c's lease at once after fn ended
+	// without an outcome in a live process (it panicked, or its context
+	// ended): the record stays an interrupted execution, with a lapsed
+	// lease and a token no claim holds.
 	Release(ctx context.Context, c *Claim, restore *Record) error
 
 	// RunTx runs fn inside the backend's own write transaction, for DoTx:
