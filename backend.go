@@ -2,9 +2,11 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -66,7 +68,9 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err
 // Complete commits done in place of the claim's started record.
 func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
-		fault.Point("do-done-commit")
+		if err := fault.Err("do-done-commit"); err != nil {
+			return err // as a failed write: the transaction rolls back
+		}
 		return b.st.put(tx, done, c.Started)
 	})
 }
@@ -162,6 +166,9 @@ func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
 	if tx.tx == nil {
 		return ErrTxClosed
 	}
+	if err := fault.Err("outbox-enqueue"); err != nil {
+		return err // as a failed write: fn gets the error
+	}
 	ob := outboxBucket(tx.tx)
 	seq, err := ob.NextSequence()
 	if err != nil {
@@ -228,6 +235,7 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (cor
 		}
 		return core.Due{}, err
 	}
+	slices.SortFunc(due.Messages, func(a, b *core.Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	if next.After(now) {
 		due.Next = next
 	}

@@ -96,3 +96,33 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	require.Equal(t, 1, n)
 	require.ErrorIs(t, b.DropDead(ctx, a1.Seq), ErrMessageNotFound)
 }
+
+// TestBoltClaimDueBySeq: ClaimDue's messages come by Seq, as the seam says,
+// also when a head due again after its backoff is claimed beside a fresh one
+// (the index keeps heads by next attempt).
+func TestBoltClaimDueBySeq(t *testing.T) {
+	e, err := Open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1, Bolt: BoltOptions{NoSync: true}})
+	require.NoError(t, err)
+	defer e.Close()
+	ctx := context.Background()
+	enqueue := func(key string) {
+		_, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *Tx) ([]byte, error) { return nil, tx.Enqueue("t", nil) })
+		require.NoError(t, err)
+	}
+	now := e.now()
+	enqueue("x")
+	due, err := e.b.ClaimDue(ctx, now, 10)
+	require.NoError(t, err)
+	require.Len(t, due.Messages, 1)
+	x := due.Messages[0]
+	x.Failures, x.NextAttemptAt = 1, now.Add(time.Minute)
+	require.NoError(t, e.b.Failed(ctx, x))
+	enqueue("y")
+	due, err = e.b.ClaimDue(ctx, now.Add(2*time.Minute), 10)
+	require.NoError(t, err)
+	var keys []string
+	for _, m := range due.Messages {
+		keys = append(keys, m.Key)
+	}
+	require.Equal(t, []string{"x", "y"}, keys)
+}

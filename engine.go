@@ -58,6 +58,9 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	if opts != nil {
 		o = *opts
 	}
+	if err := validateOptions(&o); err != nil {
+		return nil, &OpError{Op: "open", Path: path, Err: err}
+	}
 	if o.Retention <= 0 {
 		o.Retention = DefaultRetention
 	}

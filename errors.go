@@ -93,6 +93,12 @@ var (
 	// ErrClosed is returned by every call made after Close.
 	ErrClosed = core.ErrClosed
 
+	// ErrOptions is wrapped by the error of an Open (idem.Open, idempg.Open)
+	// given settings that have no meaning, such as a negative Retention or
+	// an unknown policy: they are refused, never read as a default. The
+	// error names the field. Nothing stored is touched.
+	ErrOptions = core.ErrOptions
+
 	// ErrTxClosed is returned by the methods of a Tx used after its DoTx fn
 	// returned (bbolt's ErrTxClosed is the model); nothing is written.
 	ErrTxClosed = core.ErrTxClosed

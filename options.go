@@ -4,6 +4,7 @@ package idem
 // bbolt file's (BoltOptions).
 
 import (
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -195,4 +196,20 @@ func engineOptions(o *Options) core.Options {
 		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
 		PruneInterval: o.PruneInterval, Outbox: core.OutboxOptions(o.Outbox),
 	}
+}
+
+// validateOptions refuses o's settings that have no meaning (see
+// core.Options.Validate), and the bbolt file's: a negative Bolt.LockTimeout
+// or Bolt.InitialMmapSize. The error wraps ErrOptions.
+func validateOptions(o *Options) error {
+	if err := engineOptions(o).Validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.Bolt.LockTimeout < 0:
+		return fmt.Errorf("%w: Bolt.LockTimeout is %v; zero means the default, a wait cannot be negative", ErrOptions, o.Bolt.LockTimeout)
+	case o.Bolt.InitialMmapSize < 0:
+		return fmt.Errorf("%w: Bolt.InitialMmapSize is %d; zero means bbolt's default", ErrOptions, o.Bolt.InitialMmapSize)
+	}
+	return nil
 }

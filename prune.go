@@ -81,14 +81,18 @@ func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.Pr
 			return res, err
 		}
 		if !s.kept {
-			fault.Point("prune-before-drop")
+			if err := fault.Err("prune-before-drop"); err != nil {
+				return res, err // as a failed drop
+			}
 			err := b.write(func(tx *bbolt.Tx) error {
 				if err := rootBucket(tx).DeleteBucket(s.sl.Name()); err != nil && !errors.Is(err, bolterrors.ErrBucketNotFound) {
 					return err
 				}
 				return nil
 			})
-			fault.Point("prune-after-drop")
+			if err == nil {
+				err = fault.Err("prune-after-drop") // as a drop whose answer was lost
+			}
 			if err != nil {
 				return res, err
 			}
@@ -103,7 +107,9 @@ func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.Pr
 			}
 			batch := s.dead[:min(limit, len(s.dead))]
 			s.dead = s.dead[len(batch):]
-			fault.Point("prune-before-drop")
+			if err := fault.Err("prune-before-drop"); err != nil {
+				return res, err // as a failed drop
+			}
 			err := b.write(func(tx *bbolt.Tx) error {
 				bk := rootBucket(tx).Bucket(s.sl.Name())
 				if bk == nil {
@@ -116,7 +122,9 @@ func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.Pr
 				}
 				return nil
 			})
-			fault.Point("prune-after-drop")
+			if err == nil {
+				err = fault.Err("prune-after-drop") // as a drop whose answer was lost
+			}
 			if err != nil {
 				return res, err
 			}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/kit/benchkit"
 )
@@ -189,7 +190,7 @@ func runReplays(ctx context.Context, spec childSpec) (*childResult, error) {
 	var op func(ctx context.Context, k int) error
 	switch spec.Kind {
 	case childIdemPG:
-		e, err := idempg.Open(ctx, pool, &idempg.Options{Schema: spec.Schema}, &idempg.EngineOptions{PruneInterval: -1})
+		e, err := idempg.Open(ctx, pool, &idempg.Options{Schema: spec.Schema}, &idem.Options{PruneInterval: -1})
 		if err != nil {
 			return nil, err
 		}

@@ -357,8 +357,9 @@ func (b *backend) claimInsertSQL(src string) string {
 // claimBatch claims the free keys of reqs: one statement for all (one
 // round trip, one commit). A lone claim, and every claim of a batch whose
 // statement waited out its lock_timeout (a DoTx transaction of another
-// process holds one of the keys), is made alone, so that each learns whether
-// its own key is held.
+// process holds one of the keys) or was chosen by the deadlock detector (that
+// transaction waits for a key of the batch), is made alone, so that each
+// learns whether its own key is held.
 func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
 	if len(reqs) > 1 {
@@ -396,7 +397,7 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 				}
 				return rows.Err()
 			})
-		if !isLockTimeout(err) {
+		if !isLockWait(err) {
 			for _, r := range reqs {
 				switch {
 				case err != nil:
@@ -799,6 +800,15 @@ func isLockTimeout(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
+// isLockWait reports whether err ended a wait for another transaction's
+// row lock: lock_timeout's (55P03), or the deadlock detector's (40P01),
+// which picks a statement that locks several keys (a batch of claims, a
+// DoTx transaction) when two such wait for each other's keys.
+func isLockWait(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "40P01")
+}
+
 // Holding implements core.Backend: true on a goroutine running a RunTx fn.
 func (b *backend) Holding() bool {
 	if b.inFn.Load() == 0 {
@@ -945,7 +955,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 		if err := ctx.Err(); err != nil {
 			return res, err
 		}
-		fault.Point("prune-before-drop")
+		if err := fault.Err("prune-before-drop"); err != nil {
+			return res, err // as a failed DELETE
+		}
 		rows, err := b.pool.Query(ctx, b.sql(`DELETE FROM {schema}.idem_records WHERE key IN (
 				SELECT key FROM {schema}.idem_records AS r
 				WHERE expires_ns > 0 AND expires_ns <= $1::bigint AND (NOT $3::boolean OR state = 2)
@@ -956,7 +968,9 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 			return res, err
 		}
 		states, err := pgx.CollectRows(rows, pgx.RowTo[int16])
-		fault.Point("prune-after-drop")
+		if err == nil {
+			err = fault.Err("prune-after-drop") // as a DELETE whose answer was lost
+		}
 		if err != nil {
 			return res, err
 		}

@@ -128,4 +128,62 @@ func testClaimAndCompleteBatches(t *testing.T, env string) {
 	if !isLockTimeout(held[0].err) || held[1].err != nil || held[1].fence == 0 {
 		t.Fatalf("claims of a held key and a free one: %v, %v (fence %d); want the held one to time out alone", held[0].err, held[1].err, held[1].fence)
 	}
+
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// A deadlock: the batch inserts "a" and waits for "x", which another
+	// transaction holds and which then waits for "a". When the deadlock
+	// detector ends the batch's statement, the batch falls back to claims
+	// one by one, so the free key is claimed and only the held ones wait
+	// out lock_timeout; no claim fails with the deadlock's error.
+	b.s.LockTimeout = 3 * time.Second // longer than deadlock_timeout (1 s)
+	other, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	hold := func(key string) error {
+		_, err := other.Exec(ctx, b.sql(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
+			started_ns, retention_ns, expires_ns) VALUES ($1, 7, 1, 1, nextval('{schema}.idem_fence'), 'other', now() + interval '1 hour', 1, 1, 0)`), key)
+		return err
+	}
+	if err := hold("x"); err != nil {
+		t.Fatal(err)
+	}
+	otherDone := make(chan error, 1)
+	go func() {
+		// Once the batch waits for "x": a lock wait of the batch's.
+		for {
+			var waiting bool
+			if err := b.pool.QueryRow(ctx, `SELECT EXISTS (SELECT FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%unnest($2::text[]%')`).Scan(&waiting); err != nil {
+				otherDone <- err
+				return
+			}
+			if waiting {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		err := hold("a")
+		if isLockWait(err) {
+			// The detector chose the other transaction (its wait began
+			// after the batch's first check): it ends, and the batch goes on.
+			err = other.Rollback(ctx)
+		}
+		otherDone <- err
+	}()
+	dead := claim("a", "x", "z")
+	if err := <-otherDone; err != nil {
+		t.Fatal(err)
+	}
+	if dead[2].err != nil || dead[2].fence == 0 {
+		t.Errorf("the free key of a batch in a deadlock: %v (fence %d), want it claimed", dead[2].err, dead[2].fence)
+	}
+	for _, r := range dead[:2] {
+		if r.err != nil && !isLockTimeout(r.err) {
+			t.Errorf("held key %s of a batch in a deadlock: %v, want it claimed (the other transaction chosen) or its own lock timeout", r.st.Key, r.err)
+		}
+	}
 }

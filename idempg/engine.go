@@ -55,6 +55,9 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Optio
 		return nil, fmt.Errorf("idempg: open: %w", err)
 	}
 	o := engineOptions(eo)
+	if err := o.Validate(); err != nil {
+		return nil, fmt.Errorf("idempg: open: %w", err)
+	}
 	if o.Now != nil {
 		s.engineNow = o.Now
 	}

@@ -1,13 +1,14 @@
 package idempg
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem"
 )
 
 // Defaults for the zero values of Options.
@@ -112,8 +113,9 @@ type Options struct {
 // quoting, so that it reads the same in every tool.
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
-// ErrOptions is wrapped by the error of a call given invalid Options.
-var ErrOptions = errors.New("invalid options")
+// ErrOptions is wrapped by the error of a call given invalid Options, or
+// invalid engine settings (idem.Options); it is idem.ErrOptions.
+var ErrOptions = idem.ErrOptions
 
 // settings are Options with every default filled in and checked.
 type settings struct {

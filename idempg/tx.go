@@ -165,7 +165,9 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 		var fence int64
 		err = br.QueryRow().Scan(&fence)
 		switch {
-		case errors.Is(err, pgx.ErrNoRows), isLockTimeout(err):
+		case errors.Is(err, pgx.ErrNoRows), isLockWait(err):
+			// A live record, or a row another transaction holds (lock
+			// timeout, or this one chosen to end a deadlock over keys).
 			err = core.ErrClaimTaken
 		case err == nil:
 			r.token = core.Fence(fence)

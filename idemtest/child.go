@@ -72,6 +72,10 @@ func ChildMain() {
 // parent kills it with SIGKILL before it exits on its own.
 func runChild[T any](t *testing.T, h Harness[T]) {
 	role, store := os.Getenv(envChild), os.Getenv(envStore)
+	if role == childMatrix {
+		matrixChild(t, h, store)
+		return
+	}
 	report := os.NewFile(3, "idemtest-report")
 	say := func(line string) {
 		if _, err := fmt.Fprintln(report, line); err != nil {

@@ -36,6 +36,12 @@
 //	             restarts
 //	process      SIGKILL of a child process in fn or in a handler, and a store
 //	             held by a live process (see ChildMain)
+//	crash matrix every failpoint in the code (internal/core, this package,
+//	             the backend's module) × SIGKILL, panic and error, in a child
+//	             running concurrent Do, DoTx, outbox and prune traffic; the
+//	             parent reopens, retries every call and checks the promises
+//	             (crash.go; EnvMatrixRuns sets the runs per cell). It needs
+//	             the idemfail build (testkit.Failpoints) and the source tree
 //	logs         keys, responses and payloads never logged
 //
 // Subtests of behaviour that the contract promises but a known defect still
@@ -221,6 +227,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("process", s.process)
+	t.Run("crash matrix", s.matrix)
 	t.Run("logs", s.logs)
 }
 

@@ -15,6 +15,36 @@ import (
 // exact, nil and empty responses stay different, an interrupted execution
 // found at Open is recovered, and a closed engine refuses calls.
 func (s *suite[T]) restart(t *testing.T) {
+	t.Run("invalid engine options are refused at Open, and nothing stored is lost", func(t *testing.T) {
+		e, store := s.fresh(t, Options{})
+		_, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return []byte("kept"), nil })
+		require.NoError(t, err)
+		require.NoError(t, e.Close())
+		for name, o := range map[string]Options{
+			"negative Retention":             {Retention: -time.Hour},
+			"negative RetryAfter":            {RetryAfter: -time.Second},
+			"unknown InFlight":               {InFlight: idem.InFlightFail + 1},
+			"unknown Recovery":               {Recovery: idem.RecoverRefuse + 1},
+			"negative Workers":               {Outbox: idem.OutboxOptions{Workers: -1}},
+			"negative BaseBackoff":           {Outbox: idem.OutboxOptions{BaseBackoff: -time.Second}},
+			"negative MaxBackoff":            {Outbox: idem.OutboxOptions{MaxBackoff: -time.Second}},
+			"negative dead-letter retention": {Outbox: idem.OutboxOptions{DeadLetterRetention: -time.Hour}},
+			"negative PollInterval":          {Outbox: idem.OutboxOptions{PollInterval: -time.Second}},
+		} {
+			o.Now = newClock().Now
+			bad, err := s.h.Open(t, store, o)
+			if err == nil {
+				_ = bad.Close()
+			}
+			require.ErrorIs(t, err, idem.ErrOptions, "%s: a clear error, never a silent default", name)
+		}
+		e = s.open(t, store, Options{})
+		res, err := call(bg, e, viaDo, "k", fp, mustNotRun[T](t))
+		require.NoError(t, err)
+		require.True(t, res.Replayed)
+		require.Equal(t, "kept", string(res.Response), "a refused Open changed nothing")
+	})
+
 	t.Run("nil and empty responses differ", func(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
 			e, store := s.fresh(t, Options{})

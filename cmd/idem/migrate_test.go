@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -62,7 +63,7 @@ func TestMigrate(t *testing.T) {
 			// Again: nothing to do. $IDEM_PG stands in for --pg.
 			r = idemCmd(t, map[string]string{"IDEM_PG": dsn}, "", append([]string{"migrate"}, args[3:]...)...)
 			require.Equal(t, 0, r.code, r.stderr)
-			require.Equal(t, "schema "+schema+" is up to date (version 1)\n", r.stdout)
+			require.Equal(t, "schema "+schema+" is up to date (version "+strconv.Itoa(idempg.SchemaVersion)+")\n", r.stdout)
 		})
 	}
 }

@@ -12,6 +12,19 @@
 // others are run again in fresh transactions. A function may therefore run
 // more than once (at most MaxRuns times) and must touch nothing but the
 // transaction it is given.
+//
+// A panic on the committer goroutine outside a request's function (the
+// failpoints commit-shared-before and commit-shared-after, or a bug of this
+// package) is not recovered: like any unrecovered panic on a goroutine of its
+// own, it ends the process, and no caller of the shared commit is answered.
+// The file then holds that commit or not (after tx.Commit it does; before, the
+// clean-up that unwinds with the panic hands the requests back to a new
+// committer, which may commit them before the process exits), as after a
+// SIGKILL around a commit: callers never answered, records as committed. A
+// panic inside a request's function (a DoTx fn, the failpoints do-done-commit
+// and dotx-before-commit) is recovered: it fails that request only, with a
+// *PanicError, and the others of the batch run again without it. The crash
+// matrix (idemtest) runs both.
 package commit
 
 import (
@@ -25,6 +38,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
 )
 
@@ -348,8 +362,23 @@ func (p *Pipeline) run(batch []*request) {
 			upTo = failed
 			continue
 		}
+		// Failpoints of a commit shared by several callers (only the
+		// committer goroutine runs one): an error before it stands for a
+		// write that failed, after it for an fsync error reported once the
+		// pages reached the file; both fail the pipeline closed.
+		shared := len(group) > 1
+		if shared {
+			if err = fault.Err("commit-shared-before"); err != nil {
+				_ = tx.Rollback()
+			}
+		}
 		t0 := p.observeStart()
-		err = commit(tx)
+		if err == nil {
+			err = commit(tx)
+			if err == nil && shared {
+				err = fault.Err("commit-shared-after")
+			}
+		}
 		p.observe(t0, len(pending), err)
 		tx = nil
 		if err != nil && !errors.Is(err, bolterrors.ErrMaxSizeReached) {

@@ -115,7 +115,9 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 				e.observe(Event{Kind: EventInProgress, Op: op})
 				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
 			}
-			fault.Point("do-wait")
+			if err := fault.Err("do-wait"); err != nil {
+				return Result{}, &OpError{Op: op, Key: key, Err: err} // as if the wait failed
+			}
 			e.observe(Event{Kind: EventWait, Op: op})
 			if err := f.wait(ctx); err != nil {
 				return Result{}, err
@@ -246,7 +248,10 @@ func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record)
 		}
 		return Result{}, &OpError{Op: c.op, Key: c.key, Err: &InProgressError{StartedAt: started, RetryAfter: e.opts.RetryAfter}}
 	}
-	fault.Point("do-wait")
+	if err := fault.Err("do-wait"); err != nil {
+		c.end = endAgain // as if the wait failed
+		return Result{}, &OpError{Op: c.op, Key: c.key, Err: err}
+	}
 	e.observe(Event{Kind: EventWait, Op: c.op})
 	if err := e.b.WaitChange(ctx, c.key); err != nil {
 		c.end = endAgain
@@ -309,11 +314,20 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 		return Result{}, &OpError{Op: "do", Key: c.key, Err: errInsideDoTx}
 	}
 	started := e.startedRecord(c)
+	if err := fault.Err("do-before-started"); err != nil {
+		c.end = endAgain // as if the started commit failed: nothing stored
+		return Result{}, e.writeErr("do", c.key, err)
+	}
 	cl, err := e.claim(ctx, c, started)
 	if err != nil {
 		return Result{}, err
 	}
-	fault.Point("do-after-started")
+	if err := fault.Err("do-after-started"); err != nil {
+		// As a cancellation before fn starts: put the key back as it was.
+		c.end = endAgain
+		e.unclaim(ctx, c, cl)
+		return Result{}, e.writeErr("do", c.key, err)
+	}
 	if err := ctx.Err(); err != nil {
 		// fn has not started: put the key back as it was.
 		c.end = endAgain
@@ -332,11 +346,15 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 	}()
 	resp, ferr, ended := e.runFn(ctx, c, fn)
 	returned = true
-	fault.Point("do-after-fn")
 
 	// Once fn has returned, its outcome is recorded even if ctx ends.
 	wctx := context.WithoutCancel(ctx)
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
+	if err := fault.Err("do-after-fn"); err != nil {
+		// As a failed done commit: fn ran, the started record stays.
+		c.end = endIncomplete
+		return res, e.writeErr("do", c.key, err)
+	}
 	switch {
 	case errors.Is(ferr, ErrRetryable) && c.prev != nil:
 		// fn's promise covers this attempt only: the earlier attempt's effect
@@ -362,7 +380,12 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 		c.end = endIncomplete
 		return res, e.writeErr("do", c.key, err)
 	}
-	fault.Point("do-after-done")
+	if err := fault.Err("do-after-done"); err != nil {
+		// As an ambiguous commit: done is stored, the caller is not told;
+		// waiters lead again and replay it.
+		c.end = endAgain
+		return res, e.writeErr("do", c.key, err)
+	}
 	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
 }
@@ -476,14 +499,21 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		if done.Err != nil { // too large: fail closed without fn's writes
 			return nil, errRolledBack
 		}
-		fault.Point("dotx-before-commit")
+		if err := fault.Err("dotx-before-commit"); err != nil {
+			return nil, err // as a failed write in the transaction: it rolls back
+		}
 		return done, nil
 	})
 	c.end = endAnswer
 	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
 	switch {
 	case err == nil:
-		fault.Point("dotx-after-commit")
+		if err := fault.Err("dotx-after-commit"); err != nil {
+			// As an ambiguous commit: fn's writes and done are stored, the
+			// caller is not told; waiters lead again and replay it.
+			c.end = endAgain
+			return res, e.writeErr("dotx", c.key, err)
+		}
 		e.remember(done)
 		return e.firstAnswer(done, resp, nil)
 	case fnPanic != nil:

@@ -67,6 +67,40 @@ type Options struct {
 	Guard func() error
 }
 
+// Validate refuses settings that have no meaning, instead of reading them as
+// a default: a negative Retention or RetryAfter, a policy value that is not
+// one of the constants, and negative outbox counts and periods. Zero values
+// and the negatives the fields document (PruneInterval, MaxResponseSize,
+// ReplayCacheBytes, Outbox.MaxAttempts) are valid. The error wraps
+// ErrOptions and names the field.
+func (o Options) Validate() error {
+	bad := func(field string, v any, rule string) error {
+		return fmt.Errorf("%w: %s is %v; %s", ErrOptions, field, v, rule)
+	}
+	ob := o.Outbox
+	switch {
+	case o.Retention < 0:
+		return bad("Retention", o.Retention, "zero means the default, a window cannot be negative")
+	case o.RetryAfter < 0:
+		return bad("RetryAfter", o.RetryAfter, "zero means the default, a wait cannot be negative")
+	case o.InFlight > InFlightFail:
+		return bad("InFlight", uint8(o.InFlight), "it must be InFlightWait or InFlightFail")
+	case o.Recovery > RecoverRefuse:
+		return bad("Recovery", uint8(o.Recovery), "it must be RecoverReexecute or RecoverRefuse")
+	case ob.Workers < 0:
+		return bad("Outbox.Workers", ob.Workers, "zero means the default")
+	case ob.BaseBackoff < 0:
+		return bad("Outbox.BaseBackoff", ob.BaseBackoff, "zero means the default")
+	case ob.MaxBackoff < 0:
+		return bad("Outbox.MaxBackoff", ob.MaxBackoff, "zero means the default")
+	case ob.DeadLetterRetention < 0:
+		return bad("Outbox.DeadLetterRetention", ob.DeadLetterRetention, "zero means the default")
+	case ob.PollInterval < 0:
+		return bad("Outbox.PollInterval", ob.PollInterval, "zero means the default")
+	}
+	return nil
+}
+
 // Result describes the answer of Do or DoTx (idem.Result). It is returned
 // beside a non-nil error too.
 type Result struct {

@@ -30,6 +30,7 @@ var (
 	ErrTxClosed            = errors.New("Tx used after its fn returned")
 	ErrFileFull            = errors.New("file reached its maximum size")
 	ErrStorageFailed       = errors.New("storage failed; close and reopen the engine")
+	ErrOptions             = errors.New("invalid options")
 
 	// ErrGoexit may be returned by Backend.RunTx when fn called
 	// runtime.Goexit on a goroutine of the backend's: nothing fn wrote

@@ -342,13 +342,21 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 	hm := *m
 	hm.Attempt = m.Failures + 1 // the one in progress
 	hm.DownstreamKey = DownstreamKey(m.Key, m.Index)
-	fault.Point("outbox-before-handler")
-	herr := ob.call(ctx, h, hm)
+	// An error at a point before or after the handler counts as a failed
+	// attempt (the handler not called, or its success lost).
+	herr := fault.Err("outbox-before-handler")
+	if herr == nil {
+		herr = ob.call(ctx, h, hm)
+		if herr == nil {
+			herr = fault.Err("outbox-after-handler")
+		}
+	}
 	switch {
 	case herr == nil:
-		fault.Point("outbox-after-handler")
 		err := b.Delivered(wctx, m)
-		fault.Point("outbox-after-mark")
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
 		switch {
 		case err == nil:
 			ob.delivered.Add(1)
@@ -380,7 +388,9 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			m.NextAttemptAt = now.Add(ob.Backoff(m.Failures, rand.Float64()))
 		}
 		err := b.Failed(wctx, m)
-		fault.Point("outbox-after-mark")
+		if err == nil {
+			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
+		}
 		ob.e.observe(Event{Kind: EventDeliveryFailed, Topic: m.Topic, N: hm.Attempt})
 		if m.Dead && err == nil {
 			ob.e.observe(Event{Kind: EventDeadLetter, Topic: m.Topic})

@@ -26,6 +26,14 @@
 // A bare name (IDEM_FAILPOINT=do-after-fn) means name=kill. A malformed
 // value stops the process at start with the parse error. Tests in one
 // process arm points with Set instead.
+//
+// The crash matrix (idemtest, ROBUSTNESS.md) is generated from the points in
+// the code: it finds every Point and Err call by parsing the source, so a
+// point's name must be a string literal, and runs kill, panic and error at
+// each. So mark a step of the engine with Err and give its error the path a
+// failure of that step takes (a failed commit, a failed delivery, a lost
+// answer); the matrix refuses Point outside tests, since its error action
+// could not run there.
 package fault
 
 import (
