@@ -78,3 +78,57 @@ func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "ok", string(res.Response))
 }
+
+// hangingBackend is the bbolt backend with leased claims whose renewals
+// hang (as on a starved pool or a blackholed connection) until their
+// context ends: Claim stamps a lease of 100ms from a reading taken before
+// it, as a Postgres backend does.
+type hangingBackend struct {
+	core.Backend[*Tx]
+	renews atomic.Int32
+}
+
+func (b *hangingBackend) Info() core.Info {
+	i := b.Backend.Info()
+	i.Heartbeat = 10 * time.Millisecond
+	return i
+}
+
+func (b *hangingBackend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+	before := time.Now()
+	cr, err := b.Backend.Claim(ctx, req)
+	if err == nil && cr.Claim != nil {
+		cr.Claim.LeaseUntil = before.Add(100 * time.Millisecond)
+	}
+	return cr, err
+}
+
+func (b *hangingBackend) Renew(ctx context.Context, c *core.Claim) error {
+	b.renews.Add(1)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A renewal that hangs does not keep fn's context alive past the lease: the
+// heartbeat gives each Renew a deadline at the claim's LeaseUntil and
+// cancels fn's context then with cause ErrLeaseLost (trial finding 1).
+func TestHangingRenewalCancelsFnAtLeaseEnd(t *testing.T) {
+	hb := &hangingBackend{}
+	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
+		func(b core.Backend[*Tx]) core.Backend[*Tx] { hb.Backend = b; return hb })
+	require.NoError(t, err)
+	defer e.Close()
+	var cause error
+	_, err = e.Do(context.Background(), "k", nil, func(ctx context.Context) ([]byte, error) {
+		select {
+		case <-ctx.Done():
+		case <-time.After(30 * time.Second): // hang guard: the heartbeat never cancelled
+			return nil, errors.New("fn's context was never cancelled")
+		}
+		cause = context.Cause(ctx)
+		return nil, ctx.Err()
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.Equal(t, int32(1), hb.renews.Load(), "one renewal, which hung until the lease's end")
+}

@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -66,10 +68,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if err := checkVersion(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	b := &backend{pool: pool, s: s, owner: s.Owner, ownsPool: ownsPool, offset: s.clockOffset}
-	if b.owner == "" {
-		b.owner = defaultOwner()
-	}
+	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset}
 	share := max(2, int(pool.Config().MaxConns)/txBatchShare)
 	b.claims = batcher[*claimReq]{run: b.claimBatch, max: share, limit: maxStmtBatch}
 	b.completes = batcher[*completeReq]{run: b.completeBatch, max: share, limit: maxStmtBatch}
@@ -80,13 +79,20 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	return b, nil
 }
 
-// defaultOwner names this process: host, pid and a random suffix (a pid is
-// reused after a restart).
-func defaultOwner() string {
-	host, _ := os.Hostname()
-	var r [4]byte
+// instanceOwner is the owner stored in the records this engine claims: the
+// label (Options.Owner; empty: host and pid) and a random instance id, so
+// that it is unique per engine. The engine treats a started record with its
+// own owner as an interrupted execution of its own (Owner, expiredSQL), so
+// two engines sharing a label must never share it (a pid is reused after a
+// restart, and a service may give every replica one label).
+func instanceOwner(label string) string {
+	if label == "" {
+		host, _ := os.Hostname()
+		label = host + "/" + strconv.Itoa(os.Getpid())
+	}
+	var r [8]byte
 	_, _ = rand.Read(r[:])
-	return host + "/" + strconv.Itoa(os.Getpid()) + "/" + hex.EncodeToString(r[:])
+	return label + "/" + hex.EncodeToString(r[:])
 }
 
 // txOwner names the owner of a key held by another process's uncommitted
@@ -484,20 +490,87 @@ func doneArgs(done *core.Record) []any {
 //
 // Concurrent completions share one statement (an UPDATE from the unnest of
 // their arrays: one round trip, one commit); a lone one runs alone.
+//
+// A completion that fails because its connection died (a server restart,
+// a session ended by the server, a dropped TCP connection) is retried on a
+// fresh connection (see again), so that a live claim's outcome is stored,
+// not lost to a driver error.
 func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record) error {
-	r := &completeReq{c: c, rec: done, done: make(chan struct{})}
-	b.completes.do(r, r.done)
-	err := r.err
-	if err == nil {
-		if !r.found {
+	return b.again(ctx, func() error {
+		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
+		b.completes.do(r, r.done)
+		if r.err == nil && !r.found {
 			return fmt.Errorf("%w: completing the call", core.ErrFenced)
 		}
-		return nil
+		return r.err
+	}, func(cause error) error { return b.readBack(ctx, c, core.StateDone, cause) })
+}
+
+// again runs the fenced write w, and runs it again while it fails because
+// its connection failed (connLost), for at most one Lease from the first
+// failure, backing off from 10ms to 1s: the pool replaces a dead connection
+// with a fresh one. A write whose answer was lost after it may have reached
+// the server (ambiguous) is first resolved by readBack (nil: it committed;
+// an error wrapping ErrFenced: another claim holds the key; the cause
+// itself: not committed, so write again). Writing again is safe: each write
+// is fenced by the claim's token, so it never overwrites another claim's
+// record, however late. The last error is returned.
+func (b *backend) again(ctx context.Context, w func() error, readBack func(cause error) error) error {
+	var deadline time.Time
+	wait := 10 * time.Millisecond
+	for retried := false; ; retried = true {
+		err := w()
+		if retried && errors.Is(err, core.ErrFenced) {
+			// The write this one repeats arrived late and landed first
+			// (the read back came before it): done with this claim's
+			// token is the outcome; another token is a real fence.
+			return readBack(err)
+		}
+		if err == nil || !connLost(err) {
+			return err
+		}
+		if ambiguous(err) {
+			if rerr := readBack(err); rerr == nil || errors.Is(rerr, core.ErrFenced) {
+				return rerr
+			}
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(b.s.Lease)
+		}
+		if !time.Now().Add(wait).Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
 	}
-	if !ambiguous(err) {
-		return err
+}
+
+// connLost reports whether err is the failure of a statement's connection,
+// not the statement's: an error the server did not answer (a dropped or
+// reset connection, a write on a dead one, pgx's "conn closed"), a
+// connection exception (SQLSTATE class 08), an administrator's or crash
+// shutdown (57P01, 57P02, 57P03), or any FATAL or PANIC error (the server
+// ended the session). A context's end is not one.
+func connLost(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
-	return b.readBack(ctx, c, core.StateDone, err)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) {
+		var ne net.Error
+		var ce *pgconn.ConnectError
+		return errors.As(err, &ne) || errors.As(err, &ce) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+			errors.Is(err, net.ErrClosed) || pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed")
+	}
+	switch {
+	case strings.HasPrefix(pe.Code, "08"), pe.Code == "57P01", pe.Code == "57P02", pe.Code == "57P03":
+		return true
+	}
+	return pe.Severity == "FATAL" || pe.Severity == "PANIC"
 }
 
 // completeReq is one completion, queued for or running in a batch.
@@ -580,7 +653,7 @@ func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, 
 		fence int64
 		state core.State
 	)
-	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(c.Key)...).Scan(&fence, &state)
+	err := b.readRow(ctx, `SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence, &state)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", core.ErrFenced, cause)
@@ -594,16 +667,47 @@ func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, 
 	return cause
 }
 
-// ambiguous reports whether err leaves a statement's outcome unknown: any
-// failure but the server's own answer (a *pgconn.PgError). pgconn.SafeToRetry
-// cannot tell: pgx closes a connection whose read failed asynchronously, and
-// a statement whose answer was lost that way (a COMMIT included) fails with
-// its "conn closed" error, which says it is safe to retry although the
-// statement reached the server (TestDoTxCommitCut). A read back after a
-// statement that never left costs one query and finds the write not done.
+// readRow reads one row of q (with {schema} and {now}) into dest for a
+// read back, trying again on a fresh connection while its connection fails
+// (connLost), for at most one Lease, backing off from 10ms to 1s: the
+// server that lost a write's answer may be restarting.
+func (b *backend) readRow(ctx context.Context, q string, args []any, dest ...any) error {
+	var deadline time.Time
+	wait := 10 * time.Millisecond
+	for {
+		err := b.pool.QueryRow(ctx, b.sql(q), b.s.args(args...)...).Scan(dest...)
+		if err == nil || !connLost(err) || errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(b.s.Lease)
+		}
+		if !time.Now().Add(wait).Before(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// ambiguous reports whether err leaves a statement's outcome unknown: the
+// connection failed after the statement may have reached the server. A
+// FATAL error ends the session with the statement unanswered (the server
+// may have ended it after a COMMIT it had not yet acknowledged), so it is
+// ambiguous too; another error the server answered is the statement's own.
 func ambiguous(err error) bool {
 	var pe *pgconn.PgError
-	return !errors.As(err, &pe)
+	if errors.As(err, &pe) {
+		return connLost(err)
+	}
+	// pgconn.SafeToRetry cannot tell: a statement whose answer was lost to
+	// an asynchronous read failure says "conn closed", safe to retry,
+	// although it reached the server. A read back costs one query.
+	return true
 }
 
 // notifying wraps a statement that changes a key's row ($1) so that it
@@ -656,8 +760,15 @@ func (b *backend) write(ctx context.Context, q string, args []any, read func(pgx
 	return err
 }
 
-// Release implements core.Backend.
+// Release implements core.Backend. Like Complete, it is written again on
+// a fresh connection when its connection dies (again).
 func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+	return b.again(ctx, func() error { return b.release(ctx, c, restore) },
+		func(cause error) error { return b.readBackGone(ctx, c, restore == nil, cause) })
+}
+
+// release is one attempt of Release.
+func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Record) error {
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -674,9 +785,6 @@ func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Reco
 			restore.Attempt, toNs(restore.StartedAt), int64(restore.Retention), restore.KeptUntilResolved, expiresNs(restore))
 	}
 	if err != nil {
-		if ambiguous(err) {
-			return b.readBackGone(ctx, c, restore == nil, err)
-		}
 		return err
 	}
 	if tag.RowsAffected() == 0 {
@@ -690,7 +798,7 @@ func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Reco
 // happen (cause).
 func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool, cause error) error {
 	var fence int64
-	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(c.Key)...).Scan(&fence)
+	err := b.readRow(ctx, `SELECT fence FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		if deleted {
@@ -734,21 +842,41 @@ func (b *backend) Holding() bool {
 	return ok
 }
 
-// Forget implements core.Backend.
+// Forget implements core.Backend: a started row whose lease another engine
+// holds, unlapsed, is not deleted (ErrInProgress).
 func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 	if !storable(key) {
 		return false, nil
 	}
-	tag, err := b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text`), key)
+	tag, err := b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text AND NOT `+liveElsewhereSQL), key, b.owner)
 	if err != nil {
 		return false, err
 	}
-	return tag.RowsAffected() > 0, nil
+	if tag.RowsAffected() > 0 {
+		return true, nil
+	}
+	var held bool
+	err = b.pool.QueryRow(ctx, b.sql(`SELECT `+liveElsewhereSQL+` FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(key, b.owner)...).Scan(&held)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, err
+	case held:
+		return false, fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
+	}
+	return false, nil
 }
+
+// liveElsewhereSQL is true for a row (its columns unqualified) that is a
+// started record whose lease, held by another engine than $2, has not
+// lapsed: a call running elsewhere, which no operator write may touch.
+const liveElsewhereSQL = `(state = 1 AND lease_until > {now} AND owner IS DISTINCT FROM $2::text)`
 
 // Resolve implements core.Backend: fn runs with the row locked (FOR
 // UPDATE); its record replaces the row with a new token, so that a claim
-// still running is fenced off.
+// still running is fenced off. A started row whose lease another engine
+// holds, unlapsed, is refused with ErrInProgress before fn runs.
 func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Record) (*core.Record, error)) error {
 	if !storable(key) {
 		_, err := fn(nil)
@@ -762,11 +890,15 @@ func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Rec
 			r   scanned
 			cur *core.Record
 		)
-		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`), b.s.args(key)...).Scan(r.dest()...)
+		var held bool
+		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, `+liveElsewhereSQL+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`),
+			b.s.args(key, b.owner)...).Scan(append(r.dest(), &held)...)
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
 		case err != nil:
 			return err
+		case held:
+			return fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
 		default:
 			if cur, err = r.record(); err != nil {
 				return err
@@ -825,17 +957,15 @@ func (b *backend) inTx(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.T
 // It also sets idem.schema to Options.Schema, so that a DoTx fn can find
 // the engine's schema: current_setting('idem.schema').
 func (b *backend) limit(ctx context.Context, tx pgx.Tx) error {
-	_, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
-		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)`,
-		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...)
+	_, err := b.limitXid(ctx, tx)
 	return err
 }
 
 // limitXid is limit, returning the transaction's id (txid_current) from
-// the same statement.
+// the same statement: one round trip.
 func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error) {
 	err = tx.QueryRow(ctx, `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
-		set_config('idem.schema', $3::text, true)) AS s`,
+		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`,
 		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...).Scan(&xid)
 	return xid, err
 }

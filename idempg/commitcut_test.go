@@ -176,12 +176,14 @@ func TestDoTxCommitCut(t *testing.T) {
 // it: an unknown outcome), and held back until after the engine's read back
 // (the write arrives late). A
 // late write cannot be seen by any read before it arrives: the read back
-// finds the record still started with this claim's token, and the call
-// fails with the connection's error, an unknown outcome, never ErrFenced.
-// The late write then lands (fenced by the same token), and the next call
-// replays it; or the next call reads the key before that and recovers it
-// (fn runs again with Recovered, and the late write is fenced off). Either
-// way the answer is the stored one, and fn ran twice only as a recovery.
+// finds the record still started with this claim's token, so the write is
+// sent again on a fresh connection, fenced by the same token; whichever of
+// the two lands first stores the outcome, and the other finds it done with
+// this token, which is success, never ErrFenced. If the connection stays
+// unusable the call fails with its error, an unknown outcome, and the next
+// call replays the late write or recovers the key (fn runs again with
+// Recovered, and the late write is fenced off). Either way the answer is
+// the stored one, and fn ran twice only as a recovery.
 func TestDoCompleteCut(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -231,10 +233,9 @@ func TestDoCompleteCut(t *testing.T) {
 			case err != nil:
 				t.Logf("unknown outcome: %v", err)
 			}
-			after := bytes.ToUpper(proxy.SentAfterCut())
-			if bytes.Contains(after, []byte("UPDATE")) || bytes.Contains(after, []byte("INSERT")) {
-				t.Errorf("a write after the cut: %q", after)
-			}
+			// A write after the cut comes only after a read back (never
+			// blind), on a fresh connection, fenced by the same token: it
+			// lands once, or finds the late write done with its token.
 			// The next call replays the late write; or, if it reads the key
 			// before that write lands, recovers the interrupted execution
 			// (fn runs again, Recovered) and fences the late write off.

@@ -35,7 +35,12 @@
 //   - A stale owner never overwrites: every claim takes a new fencing
 //     token, and the owner's renewals and completion name it; a completion
 //     after a takeover is refused with ErrFenced. fn's context is cancelled
-//     with cause ErrLeaseLost when a renewal fails, so that fn can stop.
+//     with cause ErrLeaseLost when a renewal fails, or when the lease lapses
+//     first (a renewal that hangs on a starved pool or a dead network is
+//     not waited for), so that fn can stop. Ownership is per engine: two
+//     engines with the same Options.Owner label never share a claim. After
+//     fn panics, or returns once its context ended, the engine ends its
+//     lease at once, so another process recovers the key without waiting.
 //   - DoTx is exactly once for what fn writes through its pgx.Tx: fn's
 //     writes, its outbox messages and the done record commit in one
 //     transaction, or none of them (a crash, a stopped process past
@@ -49,7 +54,12 @@
 //     that dies mid-delivery lets the message go after one lease.
 //   - An ambiguous COMMIT (the connection dropped after the statement was
 //     sent) is resolved by reading the record back by its fencing token,
-//     never by writing it again.
+//     never by a blind rewrite: done with the claim's token, the caller gets
+//     its outcome; another token, ErrFenced; still started with the claim's
+//     token (the write never ran), Do's done record is written again on a
+//     fresh connection, fenced by the same token. A done write or release
+//     that fails on a dead connection (a server restart) is retried so,
+//     for up to one Lease.
 //
 // # Caveats
 //

@@ -47,8 +47,11 @@ type Options struct {
 	Schema string
 
 	// Owner names this process in the records it claims (idem_records.owner),
-	// for operators; ownership itself is decided by the fencing token. Empty
-	// means host name, process id and a random suffix. It must be UTF-8
+	// for operators: a label, which several engines may share (every replica
+	// of a service). Each engine stores it with "/" and a random instance id
+	// of 16 hex digits appended, so that no two engines, with the same label
+	// or not, take each other's live claims for their own. Empty means host
+	// name and process id. It must be UTF-8
 	// without NUL (a text column), else Open fails with ErrOptions.
 	Owner string
 
@@ -64,7 +67,17 @@ type Options struct {
 	// wall-clock. Zero means Lease / 3 (DefaultHeartbeat
 	// with the default Lease); it must be shorter than Lease. If a
 	// renewal fails and the lease lapses before the next one succeeds, fn's
-	// context is cancelled with cause idem.ErrLeaseLost.
+	// context is cancelled with cause idem.ErrLeaseLost. Each renewal waits
+	// at most until the lease's last known end (by this machine's monotonic
+	// clock, read before the claim or the last renewal was sent), and fn's
+	// context is cancelled at that instant even if the renewal still hangs
+	// (a blackholed connection), so fn never runs on past its lease
+	// unknowingly while another process takes the key over.
+	//
+	// A renewal takes a connection from the pool like any statement: size
+	// the pool (MaxConns) above the DoTx calls that run at once (each holds
+	// a connection while its fn runs) plus the Do calls that write at once,
+	// or renewals wait for a connection and fns lose their leases.
 	Heartbeat time.Duration
 
 	// PollInterval is how often a call waiting for another process's call

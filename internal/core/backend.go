@@ -104,7 +104,12 @@ type Backend[T any] interface {
 	// (the caller's context ended first) or promised it had no effect
 	// (Retryable). With restore nil the started record is deleted and the
 	// key is free; else restore (the interrupted execution c took over,
-	// c.Prev) is stored back as it was. Fenced like Complete.
+	// c.Prev) is stored back as it was. Fenced like Complete. The engine
+	// also passes c's own started record as restore (window and mark as
+	// the claim stored them) to end c's lease at once after fn ended
+	// without an outcome in a live process (it panicked, or its context
+	// ended): the record stays an interrupted execution, with a lapsed
+	// lease and a token no claim holds.
 	Release(ctx context.Context, c *Claim, restore *Record) error
 
 	// RunTx runs fn inside the backend's own write transaction, for DoTx:
@@ -153,13 +158,19 @@ type Backend[T any] interface {
 	WaitChange(ctx context.Context, key string) error
 
 	// Forget deletes every stored version of key, in any state, and
-	// reports whether there was one. The engine holds the key meanwhile.
+	// reports whether there was one. The engine holds the key meanwhile. A
+	// started record that a live owner elsewhere holds (Owner's rule:
+	// Postgres, an unlapsed lease of another engine) is not deleted: the
+	// error wraps ErrInProgress, as the engine answers for its own running
+	// calls.
 	Forget(ctx context.Context, key string) (found bool, err error)
 
 	// Resolve runs fn on key's stored record (nil if none) inside one write
 	// transaction and stores the record fn returns in its place, for the
 	// operator's Resolve; an error from fn writes nothing and is returned
-	// as is. A backend shared by processes locks the row meanwhile.
+	// as is. A backend shared by processes locks the row meanwhile, and
+	// refuses a started record that a live owner elsewhere holds (Owner's
+	// rule) without calling fn: the error wraps ErrInProgress.
 	Resolve(ctx context.Context, key string, fn func(cur *Record) (*Record, error)) error
 
 	// Prune deletes expired records at req.Now in bounded batches (at most

@@ -338,7 +338,14 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
 	e.n.Executions.Add(1)
 	c.flight.runner.Store(goid.ID()) // fn runs here: see selfWait
+	returned := false
+	defer func() {
+		if !returned { // fn panicked or called runtime.Goexit
+			e.lapse(ctx, cl)
+		}
+	}()
 	resp, ferr, ended := e.runFn(ctx, c, fn)
+	returned = true
 
 	// Once fn has returned, its outcome is recorded even if ctx ends.
 	wctx := context.WithoutCancel(ctx)
@@ -365,6 +372,7 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 		// interruption, not an outcome. A context error fn made itself (a
 		// downstream timeout) while its context was live is an outcome.
 		c.end = endIncomplete
+		e.lapse(ctx, cl)
 		return res, ferr
 	}
 	done := e.doneRecord(started, resp, ferr)
@@ -380,6 +388,32 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 	}
 	e.remember(done)
 	return e.firstAnswer(done, resp, ferr)
+}
+
+// lapse ends cl's lease at once, after fn ended without an outcome in this
+// live process (it panicked, or returned after its context ended): nobody
+// runs fn for the key any more, so another process may recover it without
+// waiting a lease out. The started record stays (an interrupted execution,
+// with the window and mark the claim stored): Release restores it with a
+// lapsed lease and a token no claim holds. Only for a backend whose claims
+// lease (Info().Heartbeat); a failure (ErrFenced: another owner took the
+// key over after a lost lease) is logged, and leaves the lease to lapse.
+func (e *Engine[T]) lapse(ctx context.Context, cl *Claim) {
+	if e.info.Heartbeat <= 0 || cl == nil || cl.Token == 0 || cl.Started == nil {
+		return
+	}
+	rec := *cl.Started
+	if p := cl.Prev; p != nil {
+		rec.Retention = max(rec.Retention, p.Retention)
+		rec.KeptUntilResolved = rec.KeptUntilResolved || p.KeptUntilResolved
+	}
+	// Bounded: a backend that cannot be reached (retrying on fresh
+	// connections) must not hold up the caller, or a panic, for long.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.info.Heartbeat)
+	defer cancel()
+	if err := e.b.Release(rctx, cl, &rec); err != nil {
+		e.log.Debug("idem: cannot end the lease of an ended fn; it lapses on its own", "err", err)
+	}
 }
 
 // runFn runs Do's fn in its context, and releases that context (its
@@ -487,6 +521,9 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		return e.firstAnswer(done, resp, nil)
 	case fnPanic != nil:
 		lost()
+		if recovering {
+			e.lapse(ctx, cl)
+		}
 		panic(fnPanic)
 	case errors.Is(err, ErrClaimTaken) && !recovering:
 		// Another process claimed the key meanwhile: nothing was written.
@@ -518,6 +555,9 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		// interruption, not an outcome; a context error fn made itself
 		// while its context was live is a permanent error.
 		lost()
+		if recovering {
+			e.lapse(ctx, cl)
+		}
 		return res, ferr
 	}
 	// A permanent error or an oversized response: record it alone.

@@ -89,33 +89,96 @@ func (e *Engine[T]) selfWait(f *flight) error {
 }
 
 // heartbeat renews cl every Info().Heartbeat while fn runs, and cancels fn's
-// context with cause ErrLeaseLost when a renewal fails; the returned stop
-// ends it (and waits for it, so no Renew runs after). Nothing runs for a
-// backend whose claims need no renewal (bbolt) or a claim not yet stored.
+// context with cause ErrLeaseLost when a renewal fails or when the lease
+// lapses first: each Renew runs with a deadline at the claim's last known
+// LeaseUntil (by the local monotonic clock: backends stamp it from a local
+// reading taken before the statement was sent, so it is never later than
+// the lease's end by the backend's clock), and a timer at that instant
+// cancels fn even if Renew has not returned (a blackholed connection, a
+// pool whose connections are all busy). Without this a hung renewal would
+// let fn run past its lease while another process takes the key over.
+//
+// The returned stop ends it (and waits for it and for a Renew in flight,
+// whose context it cancels, so no Renew runs after). Nothing runs for a
+// backend whose claims need no renewal (bbolt) or a claim not yet stored; a
+// zero LeaseUntil never lapses.
 func (e *Engine[T]) heartbeat(ctx context.Context, cl *Claim, cancel context.CancelCauseFunc) func() {
 	every := e.info.Heartbeat
 	if every <= 0 || cl == nil || cl.Token == 0 {
 		return func() {}
 	}
-	quit, done := make(chan struct{}), make(chan struct{})
+	rctx, quit := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		until := cl.LeaseUntil
+		lapse := make(<-chan time.Time) // never, for a lease that never lapses
+		var lt *time.Timer
+		arm := func() {
+			if until.IsZero() {
+				return
+			}
+			if lt == nil {
+				lt = time.NewTimer(time.Until(until))
+				lapse = lt.C
+				return
+			}
+			lt.Reset(time.Until(until))
+		}
+		arm()
+		defer func() {
+			if lt != nil {
+				lt.Stop()
+			}
+		}()
+		lost := func(why string, err error) {
+			e.log.Warn("idem: "+why+": fn's context is cancelled", "err", err)
+			cancel(ErrLeaseLost)
+		}
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
-			case <-quit:
+			case <-rctx.Done():
 				return
 			case <-ctx.Done():
 				return
+			case <-lapse:
+				lost("the claim's lease lapsed before a renewal succeeded", nil)
+				return
 			case <-t.C:
-				if err := e.b.Renew(context.WithoutCancel(ctx), cl); err != nil {
-					e.log.Warn("idem: cannot renew a claim: fn's context is cancelled", "err", err)
-					cancel(ErrLeaseLost)
+			}
+			// Renew works on a copy, so that a Renew still running when the
+			// lease lapsed writes nothing the call reads.
+			rc := *cl
+			rc.LeaseUntil = until
+			dctx, dcancel := rctx, context.CancelFunc(func() {})
+			if !until.IsZero() {
+				dctx, dcancel = context.WithDeadline(rctx, until)
+			}
+			res := make(chan error, 1)
+			go func() { res <- e.b.Renew(dctx, &rc) }()
+			select {
+			case err := <-res:
+				dcancel()
+				if err != nil {
+					lost("cannot renew a claim", err)
 					return
 				}
+				until = rc.LeaseUntil
+				cl.LeaseUntil = until // read by the call only after stop
+				arm()                 // Reset: no stale tick is received after it (Go 1.23 timers)
+			case <-lapse:
+				lost("the claim's lease lapsed while a renewal was in flight", nil)
+				dcancel()
+				<-res
+				return
+			case <-rctx.Done():
+				dcancel()
+				<-res
+				return
 			}
 		}
 	}()
-	return func() { close(quit); <-done }
+	return func() { quit(); <-done }
 }
