@@ -145,7 +145,12 @@ func TestCollectorCountsAnEngine(t *testing.T) {
 	for {
 		s, err := e.ScanFile()
 		require.NoError(t, err)
-		if s.Outbox.Dead == 2 && s.Outbox.Delivered == 1 {
+		// The dispatcher reports a delivery or a dead letter to the
+		// Observer after its commit, so the file shows it first: wait for
+		// the metrics too.
+		if s.Outbox.Dead == 2 && s.Outbox.Delivered == 1 &&
+			strings.Count(exposition(t, reg), "idem_outbox_dead_letters_total{") == 2 &&
+			strings.Contains(exposition(t, reg), `idem_outbox_deliveries_total{db="orders",topic="email"} 1`) {
 			break
 		}
 		require.False(t, time.Now().After(deadline), "outbox: %+v", s.Outbox)
