@@ -69,10 +69,11 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 		return nil, err
 	}
 	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset}
-	share := max(2, int(pool.Config().MaxConns)/txBatchShare)
-	b.claims = batcher[*claimReq]{run: b.claimBatch, max: share, limit: maxStmtBatch}
-	b.completes = batcher[*completeReq]{run: b.completeBatch, max: share, limit: maxStmtBatch}
-	b.dotx = batcher[*txReq]{run: b.runBatch, max: share, limit: maxTxBatch}
+	conns := int(pool.Config().MaxConns)
+	stmts := max(2, conns/stmtBatchShare)
+	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
+	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch}
+	b.dotx = batcher[*txReq]{run: b.runBatch, max: max(2, conns/txBatchShare), limit: maxTxBatch}
 	if !s.PollOnly {
 		b.l = newListener(pool, s, b.notifiedOutbox)
 	}
