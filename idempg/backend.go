@@ -517,8 +517,7 @@ func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record
 // is fenced by the claim's token, so it never overwrites another claim's
 // record, however late. The last error is returned.
 func (b *backend) again(ctx context.Context, w func() error, readBack func(cause error) error) error {
-	var deadline time.Time
-	wait := 10 * time.Millisecond
+	p := connPace{lease: b.s.Lease}
 	for retried := false; ; retried = true {
 		err := w()
 		if retried && errors.Is(err, core.ErrFenced) {
@@ -535,18 +534,9 @@ func (b *backend) again(ctx context.Context, w func() error, readBack func(cause
 				return rerr
 			}
 		}
-		if deadline.IsZero() {
-			deadline = time.Now().Add(b.s.Lease)
-		}
-		if !time.Now().Add(wait).Before(deadline) {
+		if !p.wait(ctx) {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, time.Second)
 	}
 }
 
@@ -668,30 +658,47 @@ func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, 
 	return cause
 }
 
+// connPace paces the tries of a statement whose connection failed (again,
+// readRow): for at most one lease from the first failure, backing off from
+// 10ms to 1s, while the pool replaces the dead connection.
+type connPace struct {
+	lease    time.Duration
+	deadline time.Time
+	backoff  time.Duration
+}
+
+// wait sleeps before the next try and reports whether to make it: false
+// once the lease is used up or ctx ended.
+func (p *connPace) wait(ctx context.Context) bool {
+	if p.deadline.IsZero() {
+		p.deadline, p.backoff = time.Now().Add(p.lease), 10*time.Millisecond
+	}
+	if !time.Now().Add(p.backoff).Before(p.deadline) {
+		return false
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(p.backoff):
+	}
+	p.backoff = min(2*p.backoff, time.Second)
+	return true
+}
+
 // readRow reads one row of q (with {schema} and {now}) into dest for a
 // read back, trying again on a fresh connection while its connection fails
 // (connLost), for at most one Lease, backing off from 10ms to 1s: the
 // server that lost a write's answer may be restarting.
 func (b *backend) readRow(ctx context.Context, q string, args []any, dest ...any) error {
-	var deadline time.Time
-	wait := 10 * time.Millisecond
+	p := connPace{lease: b.s.Lease}
 	for {
 		err := b.pool.QueryRow(ctx, b.sql(q), b.s.args(args...)...).Scan(dest...)
 		if err == nil || !connLost(err) || errors.Is(err, pgx.ErrNoRows) {
 			return err
 		}
-		if deadline.IsZero() {
-			deadline = time.Now().Add(b.s.Lease)
-		}
-		if !time.Now().Add(wait).Before(deadline) {
+		if !p.wait(ctx) {
 			return err
 		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, time.Second)
 	}
 }
 
