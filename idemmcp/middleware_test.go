@@ -769,26 +769,7 @@ func TestKeyRulesWithAndWithoutScope(t *testing.T) {
 // failed and the tool did not run would be false), and a retry with the key
 // gets an internal error, not a refusal that invites it to retry.
 func TestResultOverTheEngineLimit(t *testing.T) {
-	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{PruneInterval: -1, MaxResponseSize: 1 << 10})
-	require.NoError(t, err)
-	t.Cleanup(func() { e.Close() })
-	var runs atomic.Int32
-	server := mcp.NewServer(&mcp.Implementation{Name: "shop", Version: "v1"}, nil)
-	m := idemmcp.New(e, nil)
-	idemmcp.AddTool(server, m, &mcp.Tool{Name: "export"},
-		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-			runs.Add(1)
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("z", 4<<10)}}}, nil, nil
-		}, nil)
-	server.AddReceivingMiddleware(m.Wrap)
-	st, ct := mcp.NewInMemoryTransports()
-	_, err = server.Connect(t.Context(), st, nil)
-	require.NoError(t, err)
-	client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
-	client.AddSendingMiddleware(idemmcp.ClientMiddleware(nil))
-	cs, err := client.Connect(t.Context(), ct, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { cs.Close() })
+	_, cs, runs := exportServer(t, &idem.Options{PruneInterval: -1, MaxResponseSize: 1 << 10}, 4<<10)
 
 	ctx := idemmcp.WithKey(t.Context(), "big-1")
 	first, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
@@ -809,17 +790,33 @@ func TestResultOverTheEngineLimit(t *testing.T) {
 // policy decides). A DoTx tool's writes roll back with the failed commit, so
 // there the refusal is true.
 func TestStoreFailureAfterTheToolRanAnswersItsResult(t *testing.T) {
-	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{
-		PruneInterval: -1, MaxResponseSize: 8 << 20, Bolt: idem.BoltOptions{MaxSize: 1 << 20}})
+	e, cs, runs := exportServer(t, &idem.Options{
+		PruneInterval: -1, MaxResponseSize: 8 << 20, Bolt: idem.BoltOptions{MaxSize: 1 << 20}}, 2<<20)
+
+	first, err := cs.CallTool(idemmcp.WithKey(t.Context(), "full-1"), &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
+	require.NoError(t, err, "the tool ran: its caller gets its result")
+	require.Len(t, text(t, first), 2<<20)
+	require.EqualValues(t, 1, runs.Load())
+	rec, err := e.Get("full-1")
+	require.NoError(t, err)
+	require.Equal(t, idem.StateStarted, rec.State, "the outcome was not recorded: an interrupted execution")
+}
+
+// exportServer opens an engine with opts and serves, behind the middleware,
+// a Do tool "export" that answers size bytes of text and counts its runs; it
+// returns the engine, a connected client and the count.
+func exportServer(t *testing.T, opts *idem.Options, size int) (*idem.Engine, *mcp.ClientSession, *atomic.Int32) {
+	t.Helper()
+	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
-	var runs atomic.Int32
+	runs := new(atomic.Int32)
 	server := mcp.NewServer(&mcp.Implementation{Name: "shop", Version: "v1"}, nil)
 	m := idemmcp.New(e, nil)
 	idemmcp.AddTool(server, m, &mcp.Tool{Name: "export"},
 		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
 			runs.Add(1)
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("z", 2<<20)}}}, nil, nil
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("z", size)}}}, nil, nil
 		}, nil)
 	server.AddReceivingMiddleware(m.Wrap)
 	st, ct := mcp.NewInMemoryTransports()
@@ -830,12 +827,5 @@ func TestStoreFailureAfterTheToolRanAnswersItsResult(t *testing.T) {
 	cs, err := client.Connect(t.Context(), ct, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { cs.Close() })
-
-	first, err := cs.CallTool(idemmcp.WithKey(t.Context(), "full-1"), &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
-	require.NoError(t, err, "the tool ran: its caller gets its result")
-	require.Len(t, text(t, first), 2<<20)
-	require.EqualValues(t, 1, runs.Load())
-	rec, err := e.Get("full-1")
-	require.NoError(t, err)
-	require.Equal(t, idem.StateStarted, rec.State, "the outcome was not recorded: an interrupted execution")
+	return e, cs, runs
 }
