@@ -99,27 +99,8 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 				})
 				end := clock.Add(1)
 				cancel()
-				in := testkit.HistIn{Key: key}
-				switch {
-				case err == nil && res.Replayed:
-					in.Op, in.Resp = "replay", string(res.Response)
-				case err == nil:
-					in.Op, in.Resp = "exec", string(res.Response)
-					if in.Resp != own {
-						t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.Resp, own)
-					}
-				case errors.Is(err, idem.ErrRetryable):
-					in.Op = "free"
-				default:
-					var perm *idem.Error
-					if errors.As(err, &perm) {
-						t.Errorf("%s: unexpected permanent error %v", key, err)
-					}
-					in.Op = "unknown"
-					if v, ok := ranResp.Load().(string); ok {
-						in.Resp = v
-					}
-				}
+				ran, _ := ranResp.Load().(string)
+				in := testkit.HistOf(t, key, own, res, err, ran)
 				mu.Lock()
 				history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: begin, Return: end})
 				counts[in.Op]++

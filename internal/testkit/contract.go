@@ -1,9 +1,13 @@
 package testkit
 
 import (
+	"errors"
 	"fmt"
+	"testing"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/idemkit/idem"
 )
 
 // The contract of one idempotency key, as a nondeterministic sequential
@@ -82,3 +86,32 @@ var ContractModel = (&porcupine.NondeterministicModel{
 		return fmt.Sprintf("%s %s %q", in.Key, in.Op, in.Resp)
 	},
 }).ToModel()
+
+// HistOf classifies one Do or DoTx call's answer (res, err) for the history
+// of key: a replay, this call's own execution (whose response must be own,
+// fn's answer in this call), a key left free (ErrRetryable), or an unknown
+// outcome (ran: fn's response if it returned one in this call, else "").
+// A fresh answer that is not own, or a permanent error (fn never returns
+// one here), fails t.
+func HistOf(t testing.TB, key, own string, res idem.Result, err error, ran string) HistIn {
+	t.Helper()
+	in := HistIn{Key: key}
+	switch {
+	case err == nil && res.Replayed:
+		in.Op, in.Resp = "replay", string(res.Response)
+	case err == nil:
+		in.Op, in.Resp = "exec", string(res.Response)
+		if in.Resp != own {
+			t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.Resp, own)
+		}
+	case errors.Is(err, idem.ErrRetryable):
+		in.Op = "free"
+	default:
+		var perm *idem.Error
+		if errors.As(err, &perm) {
+			t.Errorf("%s: unexpected permanent error %v", key, err)
+		}
+		in.Op, in.Resp = "unknown", ran
+	}
+	return in
+}
