@@ -45,16 +45,7 @@ func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 		func(b core.Backend[*Tx]) core.Backend[*Tx] { lb.Backend = b; return lb })
 	require.NoError(t, err)
 	defer e.Close()
-	var cause error
-	_, err = e.Do(context.Background(), "k", nil, func(ctx context.Context) ([]byte, error) {
-		select {
-		case <-ctx.Done():
-		case <-time.After(30 * time.Second): // hang guard: the heartbeat never cancelled
-			return nil, errors.New("fn's context was never cancelled")
-		}
-		cause = context.Cause(ctx)
-		return nil, ctx.Err()
-	})
+	cause, err := doUntilCancelled(e)
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, cause, core.ErrLeaseLost)
 	require.GreaterOrEqual(t, lb.renews.Load(), int32(3), "renewed until it failed")
@@ -118,7 +109,16 @@ func TestHangingRenewalCancelsFnAtLeaseEnd(t *testing.T) {
 		func(b core.Backend[*Tx]) core.Backend[*Tx] { hb.Backend = b; return hb })
 	require.NoError(t, err)
 	defer e.Close()
-	var cause error
+	cause, err := doUntilCancelled(e)
+	require.ErrorIs(t, err, context.Canceled)
+	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.Equal(t, int32(1), hb.renews.Load(), "one renewal, which hung until the lease's end")
+}
+
+// doUntilCancelled runs a Do on "k" whose fn waits for its context's end
+// (30 s at most, a hang guard) and returns the context's cause and Do's
+// error.
+func doUntilCancelled(e *Engine) (cause error, err error) {
 	_, err = e.Do(context.Background(), "k", nil, func(ctx context.Context) ([]byte, error) {
 		select {
 		case <-ctx.Done():
@@ -128,7 +128,5 @@ func TestHangingRenewalCancelsFnAtLeaseEnd(t *testing.T) {
 		cause = context.Cause(ctx)
 		return nil, ctx.Err()
 	})
-	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, cause, core.ErrLeaseLost)
-	require.Equal(t, int32(1), hb.renews.Load(), "one renewal, which hung until the lease's end")
+	return cause, err
 }
