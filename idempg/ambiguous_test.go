@@ -2,15 +2,9 @@ package idempg_test
 
 import (
 	"context"
-	"net"
-	"strconv"
 	"sync/atomic"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/core"
 )
@@ -39,25 +33,7 @@ func TestAmbiguousCommitReadBack(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := newStore(t, pgtest.Env)
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN(t, pgtest.Env))
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy := pgtest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-			host, port, _ := net.SplitHostPort(proxy.Addr())
-			p, _ := strconv.Atoi(port)
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
-			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			o := st.opts
-			e, err := idempg.Open(context.Background(), pool, &o, &idem.Options{PruneInterval: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = e.Close() })
+			e, proxy := proxiedEngine(t, st)
 
 			var runs atomic.Int32
 			proxy.CutAfter(tc.marker)
