@@ -32,6 +32,15 @@ func TestRunner(t *testing.T) {
 		Baseline: true, Seed: 7, WorkDir: t.TempDir(),
 	})
 	require.NoError(t, err)
+	requireReport(t, rep, n)
+}
+
+// requireReport checks a run of n tasks under every schedule, with the
+// baseline: every idem row matches all n tasks with no diverged answer and
+// no extra effect, the baseline is right without faults (schedule none) and
+// shows damage under them, and the report is OK.
+func requireReport(t *testing.T, rep *Report, n int) {
+	t.Helper()
 	require.Len(t, rep.Rows, 2*len(Schedules))
 	damage := 0
 	for _, row := range rep.Rows {
