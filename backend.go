@@ -154,9 +154,13 @@ func (b *boltBackend) Prune(ctx context.Context, req core.PruneRequest) (core.Pr
 // the oldest, by key within a slot.
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
-	return view(b.db, func(tx *bbolt.Tx) error {
+	var inUser bool
+	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
 		return b.st.forEach(tx, func(r *Record, err error) error {
-			return userCall(func() error { return fn(r, err) })
+			inUser = true
+			err = fn(r, err)
+			inUser = false
+			return err
 		})
 	})
 }
@@ -339,7 +343,8 @@ func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
 // Messages walks the pending messages, then the dead letters, by Seq.
 func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
-	return view(b.db, func(tx *bbolt.Tx) error {
+	var inUser bool
+	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
 			bk := outboxBucket(tx)
 			if dead {
@@ -352,7 +357,10 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 				if err != nil {
 					m = &core.Message{Seq: seq, Dead: dead}
 				}
-				if err := userCall(func() error { return fn(m, err) }); err != nil {
+				inUser = true
+				err = fn(m, err)
+				inUser = false
+				if err != nil {
 					return err
 				}
 			}

@@ -124,7 +124,8 @@ func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 	}
 	defer e.exitOp()
 	defer e.reads.unmark(e.reads.mark())
-	return view(e.db, func(tx *bbolt.Tx) error { return userCall(func() error { return fn(tx) }) })
+	inUser := true // the whole of fn is the user's
+	return viewUser(e.db, &inUser, fn)
 }
 
 // Backup writes a consistent copy of the live file to w (bbolt's Tx.WriteTo,

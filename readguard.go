@@ -68,34 +68,23 @@ func damaged(v any) error {
 	return fmt.Errorf("%w: %w (bbolt: %v); run `idem check` and restore from a backup", ErrCorrupt, boltfile.ErrDamaged, v)
 }
 
-// userPanic carries a panic of a user callback (Records, Messages, View)
-// through view, which raises it again: only bbolt's own panics are damage.
-type userPanic struct{ v any }
-
 // view runs fn in a read transaction of db. A panic of bbolt's on a damaged
 // page becomes an error wrapping ErrCorrupt (bbolt's View has rolled the
 // transaction back by then), so a damaged file gives every reader an error,
-// never a panic in its goroutine. A callback of the user's that fn calls
-// through userCall panics as it would have.
-func view(db *bbolt.DB, fn func(*bbolt.Tx) error) (err error) {
+// never a panic in its goroutine.
+func view(db *bbolt.DB, fn func(*bbolt.Tx) error) error { return viewUser(db, nil, fn) }
+
+// viewUser is view for a walk that calls a callback of the user's (Records,
+// Messages, View): fn sets *inUser while the callback runs, and a panic
+// then is the user's own, raised again as it was; only bbolt's are damage.
+func viewUser(db *bbolt.DB, inUser *bool, fn func(*bbolt.Tx) error) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			if up, ok := v.(userPanic); ok {
-				panic(up.v)
+			if inUser != nil && *inUser {
+				panic(v)
 			}
 			err = damaged(v)
 		}
 	}()
 	return db.View(fn)
-}
-
-// userCall calls a user callback inside view, marking its panic as the
-// user's.
-func userCall(fn func() error) error {
-	defer func() {
-		if v := recover(); v != nil {
-			panic(userPanic{v})
-		}
-	}()
-	return fn()
 }
