@@ -14,8 +14,8 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/commit"
-	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )

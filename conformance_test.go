@@ -9,8 +9,8 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )

@@ -14,9 +14,9 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // Engine is an open idem file: the state machine of internal/core over the

@@ -3,7 +3,7 @@ package idem
 import (
 	"errors"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // Input errors: nothing was stored, so the call can be corrected and retried.

@@ -1,6 +1,6 @@
 package idem
 
-import "github.com/idemkit/idem/internal/core"
+import core "github.com/idemkit/idem/idemcore"
 
 // OpenWrapped is Open with the bbolt backend wrapped by wrap, for the
 // conformance suite's test backends (idemtest.OwnedElsewhere).

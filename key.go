@@ -1,6 +1,6 @@
 package idem
 
-import "github.com/idemkit/idem/internal/core"
+import core "github.com/idemkit/idem/idemcore"
 
 // The key rules, documented on ErrInvalidKey, are the state machine's
 // (internal/core): validateKey for new calls (Do, DoTx), validateStoredKey

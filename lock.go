@@ -5,7 +5,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // The bbolt claim rule. One process holds the file: bbolt's file lock

@@ -7,7 +7,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // Message is an outbox message: as given to a Handler, and as listed by

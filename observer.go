@@ -3,7 +3,7 @@ package idem
 import (
 	"time"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // Observer receives the engine's events, for metrics: Options.Observer.

@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/bridge"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // Defaults for the zero values of Options.

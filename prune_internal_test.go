@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/layout"
 )
 

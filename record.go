@@ -8,7 +8,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // State is the state of a stored record; String gives "started" or "done".

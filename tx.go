@@ -7,7 +7,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/layout"
 )
 

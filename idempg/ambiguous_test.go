@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestAmbiguousCommitReadBack cuts the connection of the done record's

@@ -20,7 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
 	"github.com/idemkit/idem/internal/layout"

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // Handler delivers one outbox message: idem.Handler, with the same contract

@@ -13,9 +13,9 @@ import (
 
 	"github.com/idemkit/idem"
 
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestDispatchAcrossEngines: DoTx calls enqueue messages of a few ordering

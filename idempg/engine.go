@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/bridge"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // Engine is idem's engine on Postgres: the same state machine as the bbolt

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // txState is what Enqueue needs of the DoTx call whose transaction it is

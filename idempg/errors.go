@@ -3,7 +3,7 @@ package idempg
 import (
 	"errors"
 
-	"github.com/idemkit/idem/internal/core"
+	core "github.com/idemkit/idem/idemcore"
 )
 
 // ErrTxEnded is wrapped by the error of a DoTx whose fn ended the

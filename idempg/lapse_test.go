@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestEndedFnLapsesLease: once fn has panicked, or returned after its

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	core "github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestOperatorRefusesLiveClaimElsewhere: Resolve and Forget from another

@@ -10,7 +10,7 @@
 // interface that each storage fills); each implementation pins itself with
 //
 //	var _ core.Backend[*idem.Tx] = (*boltBackend)(nil)
-package core
+package idemcore
 
 import (
 	"context"
