@@ -14,13 +14,13 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
 
-// boltBackend is the engine's storage in one bbolt file: core.Backend over
+// boltBackend is the engine's storage in one bbolt file: idemcore.Backend over
 // the store's time slots (store.go), the commit pipeline's shared write
 // transactions (internal/commit), and the outbox buckets. DoTx's
 // transaction is *Tx, a bbolt write transaction.
@@ -35,15 +35,15 @@ type boltBackend struct {
 	ix       *outboxIndex // pending messages, for ClaimDue (outboxindex.go)
 }
 
-var _ core.Backend[*Tx] = (*boltBackend)(nil)
+var _ idemcore.Backend[*Tx] = (*boltBackend)(nil)
 
 // Info: no heartbeat, no poll: a bbolt claim never lapses and is never
 // owned elsewhere.
-func (b *boltBackend) Info() core.Info { return core.Info{Name: "bbolt", ReadOnly: b.readOnly} }
+func (b *boltBackend) Info() idemcore.Info { return idemcore.Info{Name: "bbolt", ReadOnly: b.readOnly} }
 
 // Lookup reads the key's newest version in one read transaction; a live
 // done record of another fingerprint is refused from its header alone.
-func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err error) {
+func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record, err error) {
 	err = view(b.db, func(tx *bbolt.Tx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
@@ -53,7 +53,7 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err
 		}
 		if st, rfp, completed, ok := peekRecord(v); q.CheckFingerprint && ok && st == StateDone && rfp != q.Fingerprint &&
 			q.Now.Before(completed.Add(q.Retention)) {
-			return core.ErrFingerprintMismatch
+			return idemcore.ErrFingerprintMismatch
 		}
 		var err error
 		rec, err = decodeRecord(q.Key, v)
@@ -66,7 +66,7 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, err
 }
 
 // Complete commits done in place of the claim's started record.
-func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) error {
+func (b *boltBackend) Complete(_ context.Context, c *idemcore.Claim, done *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		if err := fault.Err("do-done-commit"); err != nil {
 			return err // as a failed write: the transaction rolls back
@@ -77,7 +77,7 @@ func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) e
 
 // Release puts back the interrupted execution the claim recovered, or
 // deletes the claim's started record.
-func (b *boltBackend) Release(_ context.Context, c *core.Claim, restore *Record) error {
+func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		if restore != nil {
 			return b.st.put(tx, restore, c.Started)
@@ -91,7 +91,7 @@ func (b *boltBackend) Release(_ context.Context, c *core.Claim, restore *Record)
 // commit.MaxRuns times), and puts the done record fn returns in it. A claim
 // of Token zero needs no write of its own: the core holds the key, and the
 // file has one writer.
-func (b *boltBackend) RunTx(_ context.Context, c *core.Claim, fn func(tx *Tx) (*Record, error)) error {
+func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
 	return b.write(func(btx *bbolt.Tx) error {
 		tx := &Tx{tx: btx, e: b.e, key: c.Key}
 		done, err := fn(tx)
@@ -146,7 +146,7 @@ func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record
 }
 
 // Prune is the slot pruner (prune.go).
-func (b *boltBackend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+func (b *boltBackend) Prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
 	return b.prune(ctx, req)
 }
 
@@ -166,7 +166,7 @@ func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) erro
 }
 
 // Enqueue puts m in the outbox bucket inside the DoTx transaction.
-func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
+func (b *boltBackend) Enqueue(tx *Tx, m *idemcore.Message) error {
 	if tx.tx == nil {
 		return ErrTxClosed
 	}
@@ -202,19 +202,19 @@ func (b *boltBackend) committed() {
 // (ErrStorageFailed) nothing is claimed: a message may come from a commit
 // that never reached the disk, and nothing is delivered until a reopen reads
 // what did.
-func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (core.Due, error) {
+func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (idemcore.Due, error) {
 	if err := b.pipe.Failed(); err != nil {
-		return core.Due{}, storageErr(err, b.e.opts.Bolt.MaxSize)
+		return idemcore.Due{}, storageErr(err, b.e.opts.Bolt.MaxSize)
 	}
 	ix := b.ix
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	corrupt, err := ix.load(b.db)
 	if err != nil {
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
 	seqs, next := ix.due(now, limit)
-	var due core.Due
+	var due idemcore.Due
 	err = view(b.db, func(tx *bbolt.Tx) error {
 		ob := outboxBucket(tx)
 		for _, seq := range seqs {
@@ -237,9 +237,9 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (cor
 		for _, m := range due.Messages {
 			ix.release(m.Seq, m.NextAttemptAt)
 		}
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
-	slices.SortFunc(due.Messages, func(a, b *core.Message) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortFunc(due.Messages, func(a, b *idemcore.Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	if next.After(now) {
 		due.Next = next
 	}
@@ -282,7 +282,7 @@ func (b *boltBackend) quarantine(seqs []uint64) (moved []uint64, err error) {
 }
 
 // Delivered deletes pending message m and drops it from the index.
-func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
+func (b *boltBackend) Delivered(_ context.Context, m *idemcore.Message) error {
 	err := b.write(func(tx *bbolt.Tx) error {
 		ob, k := outboxBucket(tx), layout.U64(m.Seq)
 		if ob.Get(k) == nil {
@@ -298,14 +298,14 @@ func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
 	return err
 }
 
-// RenewClaims implements core.Backend: bbolt's claims are in memory and
+// RenewClaims implements idemcore.Backend: bbolt's claims are in memory and
 // last until Delivered or Failed, so there is nothing to renew.
-func (b *boltBackend) RenewClaims(context.Context, []*core.Message) error { return nil }
+func (b *boltBackend) RenewClaims(context.Context, []*idemcore.Message) error { return nil }
 
 // Failed stores m back, or moves it to the dead letters if m.Dead, and ends
 // its claim in the index, whatever the write's outcome (due again at
 // m.NextAttemptAt). A message given back unchanged is not written again.
-func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
+func (b *boltBackend) Failed(_ context.Context, m *idemcore.Message) error {
 	enc := encodeMessage(nil, m)
 	same := false
 	if !m.Dead {
@@ -341,7 +341,7 @@ func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
 }
 
 // Messages walks the pending messages, then the dead letters, by Seq.
-func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err error) error) error {
+func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, err error) error) error {
 	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
 	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
@@ -355,7 +355,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 				seq, _ := layout.ParseU64(k)
 				m, err := decodeMessage(seq, v)
 				if err != nil {
-					m = &core.Message{Seq: seq, Dead: dead}
+					m = &idemcore.Message{Seq: seq, Dead: dead}
 				}
 				inUser = true
 				err = fn(m, err)
@@ -370,7 +370,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 }
 
 // RetryDead moves dead letter seq back to the outbox, as revive leaves it.
-func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *core.Message) error) error {
+func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *idemcore.Message) error) error {
 	err := b.write(func(tx *bbolt.Tx) error {
 		k := layout.U64(seq)
 		v := deadBucket(tx).Get(k)
@@ -407,7 +407,7 @@ func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 }
 
 // PruneDead deletes the dead letters expired says so, limit per commit.
-func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
+func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *idemcore.Message) bool, limit int) (int, error) {
 	var keys [][]byte
 	err := view(b.db, func(tx *bbolt.Tx) error {
 		return deadBucket(tx).ForEach(func(k, v []byte) error {

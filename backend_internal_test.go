@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The outbox operations of the bbolt backend, as the dispatcher uses them:
@@ -35,7 +35,7 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	enqueue("a", "a1", "a2")
 	enqueue("b", "b1")
 	b := e.b
-	claim := func(now time.Time, limit int) ([]*core.Message, []string, time.Time) {
+	claim := func(now time.Time, limit int) ([]*idemcore.Message, []string, time.Time) {
 		due, err := b.ClaimDue(ctx, now, limit)
 		require.NoError(t, err)
 		require.Empty(t, due.Quarantined)
@@ -76,8 +76,8 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	require.NoError(t, b.Failed(ctx, a1))
 	_, topics, _ = claim(now, 10)
 	require.Equal(t, []string{"a2"}, topics, "a dead letter no longer holds its ordering key")
-	var dead []*core.Message
-	require.NoError(t, b.Messages(ctx, func(m *core.Message, err error) error {
+	var dead []*idemcore.Message
+	require.NoError(t, b.Messages(ctx, func(m *idemcore.Message, err error) error {
 		require.NoError(t, err)
 		if m.Dead {
 			dead = append(dead, m)
@@ -88,10 +88,10 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	require.Equal(t, "boom", dead[0].LastError)
 	require.Equal(t, time.Hour, dead[0].DeadLetterRetention)
 
-	n, err := b.PruneDead(ctx, func(*core.Message) bool { return false }, 1)
+	n, err := b.PruneDead(ctx, func(*idemcore.Message) bool { return false }, 1)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	n, err = b.PruneDead(ctx, func(*core.Message) bool { return true }, 1)
+	n, err = b.PruneDead(ctx, func(*idemcore.Message) bool { return true }, 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.ErrorIs(t, b.DropDead(ctx, a1.Seq), ErrMessageNotFound)

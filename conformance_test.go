@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
@@ -24,7 +24,7 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 	Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
 		return idem.Open(store, o.Engine())
 	},
-	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[*idem.Tx]) core.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
+	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
 		return idem.OpenWrapped(store, o.Engine(), wrap)
 	},
 	PutEffect: func(tx *idem.Tx, key, value string) error {

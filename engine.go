@@ -14,15 +14,15 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/boltfile"
 	"github.com/idemkit/idem/internal/commit"
 )
 
-// Engine is an open idem file: the state machine of internal/core over the
+// Engine is an open idem file: the state machine of idemcore over the
 // bbolt backend (backend.go). It is safe for concurrent use.
 type Engine struct {
-	core *core.Engine[*Tx]
+	core *idemcore.Engine[*Tx]
 	b    *boltBackend
 	db   *bbolt.DB
 	opts Options
@@ -53,7 +53,7 @@ func Open(path string, opts *Options) (*Engine, error) {
 
 // open is Open, with the backend wrapped by wrap if it is not nil (the
 // conformance suite's test backends, through export_test.go).
-func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[*Tx]) (*Engine, error) {
+func open(path string, opts *Options, wrap func(idemcore.Backend[*Tx]) idemcore.Backend[*Tx]) (*Engine, error) {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -129,7 +129,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.Bolt.ReadOnly, ix: newOutboxIndex()}
 	e.pipe = commit.New(db, e.b.committed)
 	e.b.pipe = e.pipe
-	var b core.Backend[*Tx] = e.b
+	var b idemcore.Backend[*Tx] = e.b
 	if wrap != nil {
 		b = wrap(b)
 	}
@@ -145,7 +145,7 @@ func open(path string, opts *Options, wrap func(core.Backend[*Tx]) core.Backend[
 		}
 		return nil
 	}
-	e.core = core.New(b, co)
+	e.core = idemcore.New(b, co)
 	e.watchCommits()
 	e.core.Start()
 	return e, nil
@@ -271,17 +271,17 @@ func (e *Engine) Shutdown(ctx context.Context) error {
 // Attempt is 1 on the first execution and counts re-executions. Recovered is
 // true when this execution recovers an interrupted one: fn may have had its
 // effect before, so reconcile with the downstream system. The type is the
-// state machine's (internal/core), shared by every backend.
-type Call = core.Call
+// state machine's (idemcore), shared by every backend.
+type Call = idemcore.Call
 
 // CallFrom returns the Call that ctx belongs to, if ctx is (derived from) the
 // context given to fn by Do or DoTx.
-func CallFrom(ctx context.Context) (Call, bool) { return core.CallFrom(ctx) }
+func CallFrom(ctx context.Context) (Call, bool) { return idemcore.CallFrom(ctx) }
 
 // now reads the engine clock, monotonic reading stripped.
 func (e *Engine) now() time.Time { return e.core.Now() }
 
-// live reports whether r is live at now (core.Engine.Live).
+// live reports whether r is live at now (idemcore.Engine.Live).
 func (e *Engine) live(r *Record, now time.Time) bool { return e.core.Live(r, now) }
 
 // enterOp registers an operator call: from inside a DoTx fn, which holds the
@@ -295,7 +295,7 @@ func (e *Engine) writeErr(op, key string, err error) error {
 	return opError(op, key, storageErr(err, e.opts.Bolt.MaxSize))
 }
 
-func cloneBytes(b []byte) []byte { return core.CloneBytes(b) }
+func cloneBytes(b []byte) []byte { return idemcore.CloneBytes(b) }
 
-// errNilFn refuses a nil fn (core.ErrNilFn).
-var errNilFn = core.ErrNilFn
+// errNilFn refuses a nil fn (idemcore.ErrNilFn).
+var errNilFn = idemcore.ErrNilFn

@@ -3,7 +3,7 @@ package idem
 import (
 	"errors"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Input errors: nothing was stored, so the call can be corrected and retried.
@@ -22,19 +22,19 @@ var (
 	// characters). Inner white space is allowed. Get, Forget and Resolve
 	// check only the length and UTF-8, so that records stored under keys an
 	// earlier version accepted stay reachable.
-	ErrInvalidKey = core.ErrInvalidKey
+	ErrInvalidKey = idemcore.ErrInvalidKey
 
 	// ErrFingerprintMismatch is returned when a key is reused with a different
 	// fingerprint, whatever state its record is in (the IETF Idempotency-Key
 	// draft answers this case with HTTP 422). The stored record is untouched.
-	ErrFingerprintMismatch = core.ErrFingerprintMismatch
+	ErrFingerprintMismatch = idemcore.ErrFingerprintMismatch
 
 	// ErrInvalidMessage is returned by Tx.Enqueue and Tx.EnqueueOrdered (and
 	// idempg's Enqueue) for a topic that is empty, longer than 255 bytes, not
 	// valid UTF-8 or holding a NUL byte, or for an ordering key longer than
 	// MaxKeyLen bytes, not valid UTF-8 or holding a NUL byte (Postgres text
 	// cannot hold NUL; both backends refuse it alike). Nothing is enqueued.
-	ErrInvalidMessage = core.ErrInvalidMessage
+	ErrInvalidMessage = idemcore.ErrInvalidMessage
 
 	// ErrReservedBucket is returned by Tx.Bucket for the engine's own bucket name.
 	ErrReservedBucket = errors.New("bucket name is reserved")
@@ -44,38 +44,38 @@ var (
 var (
 	// ErrInProgress is returned, under InFlightFail, while another call with the
 	// same key runs in this process (the IETF draft's HTTP 409).
-	ErrInProgress = core.ErrInProgress
+	ErrInProgress = idemcore.ErrInProgress
 
 	// ErrIncomplete is returned for an interrupted execution: a started record
 	// that no live call owns (after a crash, a panic, an error fn returned once
 	// its own context had ended, or a failed commit) under RecoverRefuse, and to
 	// waiters whose leader left such a record behind. Resolve the key with
 	// Engine.Resolve or Forget.
-	ErrIncomplete = core.ErrIncomplete
+	ErrIncomplete = idemcore.ErrIncomplete
 
 	// ErrRetryable is wrapped by errors made with Retryable: fn promised that its
 	// effect did not happen, the started record was deleted and the key is free
 	// (unless the call recovered an interrupted execution: see Retryable).
-	ErrRetryable = core.ErrRetryable
+	ErrRetryable = idemcore.ErrRetryable
 
 	// ErrResponseTooLarge is returned when fn's response exceeds
 	// Options.MaxResponseSize. The key is done with this error stored: every
 	// replay returns it, fn does not run again, nothing is truncated.
-	ErrResponseTooLarge = core.ErrResponseTooLarge
+	ErrResponseTooLarge = idemcore.ErrResponseTooLarge
 
 	// ErrNotFound is returned by the record operator calls (Get, Forget,
 	// Resolve) for a key that has no live record. Outbox messages have their
 	// own: ErrMessageNotFound.
-	ErrNotFound = core.ErrNotFound
+	ErrNotFound = idemcore.ErrNotFound
 
 	// ErrMessageNotFound is returned by RetryDead and DropDead for a sequence
 	// number that names no dead letter (none, a pending message, or a dead
 	// letter past its retention).
-	ErrMessageNotFound = core.ErrMessageNotFound
+	ErrMessageNotFound = idemcore.ErrMessageNotFound
 
 	// ErrState is returned by operator calls for a record in the wrong state,
 	// such as Resolve of a done record.
-	ErrState = core.ErrState
+	ErrState = idemcore.ErrState
 )
 
 // InProgressError is the error, wrapped in an *OpError, of a duplicate refused
@@ -83,32 +83,32 @@ var (
 // It matches ErrInProgress with errors.Is. Adapters turn it into the IETF
 // Idempotency-Key draft's HTTP 409 with a Retry-After header, or an MCP
 // error with a retryAfter hint.
-type InProgressError = core.InProgressError
+type InProgressError = idemcore.InProgressError
 
 // Engine errors.
 var (
 	// ErrCorrupt is returned for a stored record that fails to decode (bad
 	// checksum, truncated, unknown version). The error names the key.
-	ErrCorrupt = core.ErrCorrupt
+	ErrCorrupt = idemcore.ErrCorrupt
 
 	// ErrClosed is returned by every call made after Close.
-	ErrClosed = core.ErrClosed
+	ErrClosed = idemcore.ErrClosed
 
 	// ErrOptions is wrapped by the error of an Open (idem.Open, idempg.Open)
 	// given settings that have no meaning, such as a negative Retention or
 	// an unknown policy: they are refused, never read as a default. The
 	// error names the field. Nothing stored is touched.
-	ErrOptions = core.ErrOptions
+	ErrOptions = idemcore.ErrOptions
 
 	// ErrTxClosed is returned by the methods of a Tx used after its DoTx fn
 	// returned (bbolt's ErrTxClosed is the model); nothing is written.
-	ErrTxClosed = core.ErrTxClosed
+	ErrTxClosed = idemcore.ErrTxClosed
 
 	// ErrReentrant is returned for a call that would wait for itself: any call
 	// of the engine from inside a DoTx fn (which holds the file's single
 	// writer), and a call with fn's own key from fn (passing fn's context,
 	// or any context from the goroutine running fn). The error says which.
-	ErrReentrant = core.ErrReentrant
+	ErrReentrant = idemcore.ErrReentrant
 
 	// ErrFormat is returned by Open for a file written by a newer or unknown
 	// version of the record layout; the file is not modified.
@@ -120,7 +120,7 @@ var (
 	// fit ran no fn; one whose done record did not fit leaves an interrupted
 	// execution. The engine goes on: Prune, Forget and expiry free pages that
 	// later commits reuse.
-	ErrFileFull = core.ErrFileFull
+	ErrFileFull = idemcore.ErrFileFull
 
 	// ErrStorageFailed is returned when a commit failed to write or sync the
 	// file (an I/O error, a full disk, a failed fsync: the cause is wrapped
@@ -129,7 +129,7 @@ var (
 	// what the file holds, and it fails closed (as PostgreSQL does after an
 	// fsync error). Close the engine and open the file again: Open reads what
 	// reached the disk, and every answer given before the failure is there.
-	ErrStorageFailed = core.ErrStorageFailed
+	ErrStorageFailed = idemcore.ErrStorageFailed
 )
 
 // Errors of a backend that several processes share (idempg's Postgres
@@ -145,14 +145,14 @@ var (
 	// stands and is never overwritten. fn may have had its effect, so the
 	// key was executed at least once, as for any takeover; the new owner's
 	// fn sees Call.Recovered.
-	ErrFenced = core.ErrFenced
+	ErrFenced = idemcore.ErrFenced
 
 	// ErrLeaseLost is the cause (context.Cause) of fn's context when the
 	// claim's lease could not be renewed before it lapsed (the renewal
 	// failed, or the claim was fenced off): another process may now take the
 	// key over, so fn should stop. fn's error is then an interruption, not
 	// an outcome: the started record stays for recovery.
-	ErrLeaseLost = core.ErrLeaseLost
+	ErrLeaseLost = idemcore.ErrLeaseLost
 )
 
 // OpError reports which operation failed on which key, and why; every error
@@ -168,23 +168,23 @@ var (
 // prefix, if it came from another idem call). Err is never nil; errors.Is
 // and errors.As see through it (bbolt's errors included, for example
 // bbolt's ErrTimeout from Open).
-type OpError = core.OpError
+type OpError = idemcore.OpError
 
 // opError wraps err for op on key, so that its text carries the prefix once
-// (core.OpErr): nil stays nil; fn's stored outcome (*Error) is fn's and stays
+// (idemcore.OpErr): nil stays nil; fn's stored outcome (*Error) is fn's and stays
 // as it is; an *OpError made deeper down takes op and key.
-func opError(op, key string, err error) error { return core.OpErr(op, key, err) }
+func opError(op, key string, err error) error { return idemcore.OpErr(op, key, err) }
 
 // Error is the outcome of a call whose fn returned a permanent error. The first
 // call's Error wraps fn's own error, so errors.Is works on the user's sentinels;
 // a replay (also after a restart) carries only the stored Code and Message.
-type Error = core.Error
+type Error = idemcore.Error
 
 // codeResponseTooLarge is the Code of the Error stored for an oversized
 // outcome: one over Options.MaxResponseSize, or an error of fn's that wraps
 // ErrResponseTooLarge (an adapter that streamed a response too large to
 // store). Error.Is matches it to ErrResponseTooLarge on replays.
-const codeResponseTooLarge = core.CodeResponseTooLarge
+const codeResponseTooLarge = idemcore.CodeResponseTooLarge
 
 // Retryable marks err as one whose effect did not happen: the engine deletes the
 // started record, frees the key and returns an error that wraps both err and
@@ -193,8 +193,8 @@ const codeResponseTooLarge = core.CodeResponseTooLarge
 // execution, whose effect is still unknown, the key keeps a started record
 // with this attempt's number, and the next call recovers again (DESIGN.md,
 // "what frees a key"). Retryable(nil) is nil.
-func Retryable(err error) error { return core.Retryable(err) }
+func Retryable(err error) error { return idemcore.Retryable(err) }
 
 // WithCode attaches a machine-readable code to err, stored with the record and
 // replayed as Error.Code ("card_declined"). WithCode(nil, code) is nil.
-func WithCode(err error, code string) error { return core.WithCode(err, code) }
+func WithCode(err error, code string) error { return idemcore.WithCode(err, code) }

@@ -10,25 +10,25 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // leasedBackend is the bbolt backend with claims that need renewal, as a
 // Postgres backend's leases do: a heartbeat period, and a Renew that fails
 // from its failAt-th call on.
 type leasedBackend struct {
-	core.Backend[*Tx]
+	idemcore.Backend[*Tx]
 	renews atomic.Int32
 	failAt int32
 }
 
-func (b *leasedBackend) Info() core.Info {
+func (b *leasedBackend) Info() idemcore.Info {
 	i := b.Backend.Info()
 	i.Heartbeat = time.Millisecond
 	return i
 }
 
-func (b *leasedBackend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *leasedBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	if b.renews.Add(1) >= b.failAt {
 		return errors.New("renewal refused")
 	}
@@ -42,12 +42,12 @@ func (b *leasedBackend) Renew(ctx context.Context, c *core.Claim) error {
 func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 	lb := &leasedBackend{failAt: 3}
 	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
-		func(b core.Backend[*Tx]) core.Backend[*Tx] { lb.Backend = b; return lb })
+		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { lb.Backend = b; return lb })
 	require.NoError(t, err)
 	defer e.Close()
 	cause, err := doUntilCancelled(e)
 	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.ErrorIs(t, cause, idemcore.ErrLeaseLost)
 	require.GreaterOrEqual(t, lb.renews.Load(), int32(3), "renewed until it failed")
 	r, err := e.Get("k")
 	require.NoError(t, err)
@@ -75,17 +75,17 @@ func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 // context ends: Claim stamps a lease of 100ms from a reading taken before
 // it, as a Postgres backend does.
 type hangingBackend struct {
-	core.Backend[*Tx]
+	idemcore.Backend[*Tx]
 	renews atomic.Int32
 }
 
-func (b *hangingBackend) Info() core.Info {
+func (b *hangingBackend) Info() idemcore.Info {
 	i := b.Backend.Info()
 	i.Heartbeat = 10 * time.Millisecond
 	return i
 }
 
-func (b *hangingBackend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (b *hangingBackend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	before := time.Now()
 	cr, err := b.Backend.Claim(ctx, req)
 	if err == nil && cr.Claim != nil {
@@ -94,7 +94,7 @@ func (b *hangingBackend) Claim(ctx context.Context, req core.ClaimRequest) (core
 	return cr, err
 }
 
-func (b *hangingBackend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *hangingBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	b.renews.Add(1)
 	<-ctx.Done()
 	return ctx.Err()
@@ -106,12 +106,12 @@ func (b *hangingBackend) Renew(ctx context.Context, c *core.Claim) error {
 func TestHangingRenewalCancelsFnAtLeaseEnd(t *testing.T) {
 	hb := &hangingBackend{}
 	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
-		func(b core.Backend[*Tx]) core.Backend[*Tx] { hb.Backend = b; return hb })
+		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { hb.Backend = b; return hb })
 	require.NoError(t, err)
 	defer e.Close()
 	cause, err := doUntilCancelled(e)
 	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.ErrorIs(t, cause, idemcore.ErrLeaseLost)
 	require.Equal(t, int32(1), hb.renews.Load(), "one renewal, which hung until the lease's end")
 }
 

@@ -1,16 +1,16 @@
 package idem
 
-import core "github.com/idemkit/idem/idemcore"
+import "github.com/idemkit/idem/idemcore"
 
 // The key rules, documented on ErrInvalidKey, are the state machine's
-// (internal/core): validateKey for new calls (Do, DoTx), validateStoredKey
+// (idemcore): validateKey for new calls (Do, DoTx), validateStoredKey
 // (the rules of every earlier version: non-empty, at most MaxKeyLen bytes,
 // UTF-8) for operator calls, so that records stored under keys the later
 // rules refuse stay reachable.
 
-func validateKey(key string) error { return core.ValidateKey(key) }
+func validateKey(key string) error { return idemcore.ValidateKey(key) }
 
-func validateStoredKey(key string) error { return core.ValidateStoredKey(key) }
+func validateStoredKey(key string) error { return idemcore.ValidateStoredKey(key) }
 
 // ValidateKey checks key by the rules Do and DoTx apply to a new call's key
 // (listed on ErrInvalidKey): nil, or an error wrapping ErrInvalidKey that

@@ -7,11 +7,11 @@ import (
 	"math"
 	"time"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Message is an outbox message: as given to a Handler, and as listed by
-// Engine.Messages. The type is the state machine's (internal/core), shared by
+// Engine.Messages. The type is the state machine's (idemcore), shared by
 // every backend; its fields:
 //
 //   - Seq names the message in the file (RetryDead, DropDead, the CLI): it is
@@ -42,7 +42,7 @@ import (
 //     later Open passes. Zero for a message that is not dead, and for a dead
 //     letter that died before the file recorded it (format version 1), which
 //     lives at least DefaultOutboxDeadLetterRetention.
-type Message = core.Message
+type Message = idemcore.Message
 
 // DownstreamKey is the key a message passes on to the downstream system
 // (Message.DownstreamKey): key + "/" + index, for example "order-42/0". If
@@ -51,7 +51,7 @@ type Message = core.Message
 // index instead: 72 bytes and the digits of index. Either way it is a
 // function of key and index only, so every attempt of a message, in any
 // process, passes the same key, and two messages of one call never share one.
-func DownstreamKey(key string, index int) string { return core.DownstreamKey(key, index) }
+func DownstreamKey(key string, index int) string { return idemcore.DownstreamKey(key, index) }
 
 // Message encoding, version 1 (little endian), stored under the message's
 // sequence number (u64 big endian) in idem/outbox or idem/dead:

@@ -8,7 +8,7 @@ import (
 	"log/slog"
 	"time"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/bridge"
 )
 
@@ -16,7 +16,7 @@ import (
 const (
 	// MaxKeyLen is the longest idempotency key in bytes: Stripe's limit of 255
 	// characters, counted in bytes of UTF-8.
-	MaxKeyLen = core.MaxKeyLen
+	MaxKeyLen = idemcore.MaxKeyLen
 	// DefaultRetention is how long a record stays after it completes: Stripe
 	// and the IETF Idempotency-Key draft both suggest at least 24 hours.
 	DefaultRetention = 24 * time.Hour
@@ -28,38 +28,38 @@ const (
 	DefaultRetryAfter = time.Second
 	// DefaultReplayCacheBytes bounds the memory of the replay cache: 16 MiB of
 	// recently completed records (their keys, responses and errors).
-	DefaultReplayCacheBytes = core.DefaultReplayCacheBytes
+	DefaultReplayCacheBytes = idemcore.DefaultReplayCacheBytes
 	// DefaultMaxResponseSize is the largest response stored, in bytes (1 MiB).
 	DefaultMaxResponseSize = 1 << 20
 )
 
 // InFlightPolicy says what a call does while another call with the same key
 // runs in this process.
-type InFlightPolicy = core.InFlightPolicy
+type InFlightPolicy = idemcore.InFlightPolicy
 
 const (
 	// InFlightWait: wait for the running call and answer from its outcome.
-	InFlightWait = core.InFlightWait
+	InFlightWait = idemcore.InFlightWait
 	// InFlightFail: fail at once with ErrInProgress (the IETF draft's HTTP 409).
-	InFlightFail = core.InFlightFail
+	InFlightFail = idemcore.InFlightFail
 )
 
 // RecoveryPolicy says what to do with an interrupted execution: a started
 // record that no live call owns, after which fn may or may not have had its
 // effect.
-type RecoveryPolicy = core.RecoveryPolicy
+type RecoveryPolicy = idemcore.RecoveryPolicy
 
 const (
 	// RecoverReexecute runs fn again (at-least-once). fn sees CallFrom(ctx)
 	// with Recovered set and the attempt number, so it can reconcile with the
 	// downstream system, passing the same key on.
-	RecoverReexecute = core.RecoverReexecute
+	RecoverReexecute = idemcore.RecoverReexecute
 	// RecoverRefuse returns ErrIncomplete until an operator resolves the key
 	// (Engine.Resolve, Engine.Forget, or `idem resolve`). Such records never
 	// expire: each started record is written marked kept until resolved
 	// (Record.KeptUntilResolved), so a later Open with RecoverReexecute, or
 	// `idem prune`, keeps it too (and recovers it on the next call).
-	RecoverRefuse = core.RecoverRefuse
+	RecoverRefuse = idemcore.RecoverRefuse
 )
 
 // Options configure an engine: the engine's settings, the same for every
@@ -176,30 +176,30 @@ type BoltOptions struct {
 // call: the answer came from the stored record, or from the concurrent call
 // this one waited for. Attempt is the execution the answer comes from,
 // starting at 1. StartedAt and CompletedAt are the record's times (engine
-// clock). The type is the state machine's (internal/core), shared by every
+// clock). The type is the state machine's (idemcore), shared by every
 // backend.
-type Result = core.Result
+type Result = idemcore.Result
 
 func init() { bridge.EngineOptions = engineOptions }
 
 // engineOptions returns the engine settings of o (nil for defaults) as the
 // state machine takes them: the one conversion, for every backend (idempg
-// reaches it through internal/bridge). The zero values stay zero; core.New
+// reaches it through internal/bridge). The zero values stay zero; idemcore.New
 // fills in the defaults, which are the Default* constants here.
-func engineOptions(o *Options) core.Options {
+func engineOptions(o *Options) idemcore.Options {
 	if o == nil {
-		return core.Options{}
+		return idemcore.Options{}
 	}
-	return core.Options{
+	return idemcore.Options{
 		Retention: o.Retention, InFlight: o.InFlight, RetryAfter: o.RetryAfter, Recovery: o.Recovery,
 		MaxResponseSize: o.MaxResponseSize, ReplayCacheBytes: o.ReplayCacheBytes,
 		Now: o.Now, Logger: o.Logger, Observer: o.Observer,
-		PruneInterval: o.PruneInterval, Outbox: core.OutboxOptions(o.Outbox),
+		PruneInterval: o.PruneInterval, Outbox: idemcore.OutboxOptions(o.Outbox),
 	}
 }
 
 // validateOptions refuses o's settings that have no meaning (see
-// core.Options.Validate), and the bbolt file's: a negative Bolt.LockTimeout
+// idemcore.Options.Validate), and the bbolt file's: a negative Bolt.LockTimeout
 // or Bolt.InitialMmapSize. The error wraps ErrOptions.
 func validateOptions(o *Options) error {
 	if err := engineOptions(o).Validate(); err != nil {

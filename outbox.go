@@ -6,7 +6,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -14,24 +14,24 @@ import (
 // its field.
 const (
 	// DefaultOutboxWorkers bounds the handlers running at once.
-	DefaultOutboxWorkers = core.DefaultOutboxWorkers
+	DefaultOutboxWorkers = idemcore.DefaultOutboxWorkers
 	// DefaultOutboxBaseBackoff is the wait after a message's first failed attempt.
-	DefaultOutboxBaseBackoff = core.DefaultOutboxBaseBackoff
+	DefaultOutboxBaseBackoff = idemcore.DefaultOutboxBaseBackoff
 	// DefaultOutboxMaxBackoff caps the wait between two attempts.
-	DefaultOutboxMaxBackoff = core.DefaultOutboxMaxBackoff
+	DefaultOutboxMaxBackoff = idemcore.DefaultOutboxMaxBackoff
 	// DefaultOutboxMaxAttempts is the number of failed attempts after which a
 	// message becomes a dead letter. With the default backoff, the last
 	// attempt comes between about 53 minutes and 1 hour 47 minutes after the
 	// first.
-	DefaultOutboxMaxAttempts = core.DefaultOutboxMaxAttempts
+	DefaultOutboxMaxAttempts = idemcore.DefaultOutboxMaxAttempts
 	// DefaultOutboxDeadLetterRetention is how long a dead letter is kept.
-	DefaultOutboxDeadLetterRetention = core.DefaultOutboxDeadLetterRetention
+	DefaultOutboxDeadLetterRetention = idemcore.DefaultOutboxDeadLetterRetention
 	// DefaultOutboxPollInterval is the longest the dispatcher sleeps while a
 	// message waits for its backoff.
-	DefaultOutboxPollInterval = core.DefaultOutboxPollInterval
+	DefaultOutboxPollInterval = idemcore.DefaultOutboxPollInterval
 )
 
-const maxTopicLen = core.MaxTopicLen // bytes, as for keys
+const maxTopicLen = idemcore.MaxTopicLen // bytes, as for keys
 
 // OutboxOptions configure the outbox dispatcher (see Tx.Enqueue). The zero
 // value of every field means its default.
@@ -127,8 +127,8 @@ type OutboxStats struct {
 // downstream system's idempotency key. ctx is cancelled on Close and when
 // Dispatch's ctx ends; an error returned then does not count as an attempt.
 // A panic counts as a failed attempt. A handler must not call Close. The
-// type is the dispatcher's (internal/core), shared by every backend.
-type Handler = core.Handler
+// type is the dispatcher's (idemcore), shared by every backend.
+type Handler = idemcore.Handler
 
 // Enqueue stores a message for topic's handler in the outbox, in fn's
 // transaction: it commits with the call's record and fn's writes, or not at
@@ -149,7 +149,7 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if t.tx == nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
-	if err := core.ValidateMessage(topic, orderingKey); err != nil {
+	if err := idemcore.ValidateMessage(topic, orderingKey); err != nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	if orderingKey == "" {

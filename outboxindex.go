@@ -14,7 +14,7 @@ import (
 // outboxIndex is the bbolt backend's index of the pending outbox messages,
 // in memory, behind ClaimDue: the pending sequence numbers of every ordering
 // key in order, the claimed ones, and the unclaimed heads by next attempt.
-// The dispatcher (internal/core) never sees it; it only claims.
+// The dispatcher (idemcore) never sees it; it only claims.
 //
 // The outbox only grows at its end (bbolt's NextSequence, in commit order),
 // so after a commit the index reads only what follows the last sequence it

@@ -7,7 +7,7 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/layout"
 )
@@ -55,8 +55,8 @@ type deadKey struct {
 // prune is the slot pruner, the bbolt backend's Prune: it honours req (its
 // clock reading, retention window, KeepStarted and batch Limit), never the
 // engine's options.
-func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
-	var res core.PruneResult
+func (b *boltBackend) prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
+	var res idemcore.PruneResult
 	limit := req.Limit
 	if limit <= 0 {
 		limit = pruneBatch
@@ -141,7 +141,7 @@ func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.Pr
 
 // judgeSlot reads the records of slot bucket b, past its window at req.Now:
 // whether one is still live, and which ones are expired.
-func judgeSlot(sl layout.Slot, b *bbolt.Bucket, req core.PruneRequest) expiredSlot {
+func judgeSlot(sl layout.Slot, b *bbolt.Bucket, req idemcore.PruneRequest) expiredSlot {
 	s := expiredSlot{sl: sl}
 	c := b.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {

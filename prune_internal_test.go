@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -25,7 +25,7 @@ func (c *commitCounter) Observe(ev Event) {
 }
 
 // TestBoltPruneHonoursTheRequest: the slot pruner, the bbolt backend's
-// Prune, judges by the core.PruneRequest it gets, never by the engine's
+// Prune, judges by the idemcore.PruneRequest it gets, never by the engine's
 // options: the request's Now and Retention decide what expired, KeepStarted
 // keeps interrupted executions (and Interrupted counts those it deleted), and
 // Limit bounds the records deleted per commit.
@@ -49,26 +49,26 @@ func TestBoltPruneHonoursTheRequest(t *testing.T) {
 		}
 		return b.st.put(tx, &Record{Key: "started", State: StateStarted, Attempt: 1, StartedAt: t0}, nil)
 	}))
-	prune := func(req core.PruneRequest) core.PruneResult {
+	prune := func(req idemcore.PruneRequest) idemcore.PruneResult {
 		t.Helper()
 		res, err := b.Prune(ctx, req)
 		require.NoError(t, err)
 		return res
 	}
 	late := t0.Add(3 * time.Hour) // past the engine's window and a slot width
-	require.Zero(t, prune(core.PruneRequest{Now: t0.Add(30 * time.Minute), Retention: time.Hour, Limit: 10}),
+	require.Zero(t, prune(idemcore.PruneRequest{Now: t0.Add(30 * time.Minute), Retention: time.Hour, Limit: 10}),
 		"inside the window at the request's Now, whatever the engine's clock")
-	require.Zero(t, prune(core.PruneRequest{Now: late, Retention: 10 * time.Hour, Limit: 10}),
+	require.Zero(t, prune(idemcore.PruneRequest{Now: late, Retention: 10 * time.Hour, Limit: 10}),
 		"the request's longer retention keeps them")
 
 	before := commits.n.Load()
-	require.Equal(t, core.PruneResult{Deleted: 3}, prune(core.PruneRequest{Now: late, Retention: time.Hour, KeepStarted: true, Limit: 1}),
+	require.Equal(t, idemcore.PruneResult{Deleted: 3}, prune(idemcore.PruneRequest{Now: late, Retention: time.Hour, KeepStarted: true, Limit: 1}),
 		"KeepStarted keeps the interrupted execution; the done records go")
 	require.Equal(t, int64(3), commits.n.Load()-before, "Limit 1: one record per commit")
 	_, err = e.Get("started")
 	require.NoError(t, err, "the interrupted execution is still there")
 
-	require.Equal(t, core.PruneResult{Deleted: 1, Interrupted: 1}, prune(core.PruneRequest{Now: late, Retention: time.Hour, Limit: 10}))
+	require.Equal(t, idemcore.PruneResult{Deleted: 1, Interrupted: 1}, prune(idemcore.PruneRequest{Now: late, Retention: time.Hour, Limit: 10}))
 	st, err := e.ScanFile()
 	require.NoError(t, err)
 	require.Zero(t, st.Started+st.Done+st.ExpiredPending)

@@ -8,23 +8,23 @@ import (
 	"math"
 	"time"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // State is the state of a stored record; String gives "started" or "done".
-type State = core.State
+type State = idemcore.State
 
 const (
 	// StateStarted: the record was committed before fn ran and fn's outcome is
 	// not recorded yet. Without a live call that owns it, it is an interrupted
 	// execution.
-	StateStarted = core.StateStarted
+	StateStarted = idemcore.StateStarted
 	// StateDone: fn returned and its response and error are recorded.
-	StateDone = core.StateDone
+	StateDone = idemcore.StateDone
 )
 
 // Record is the stored outcome of one idempotency key, as Get returns it.
-// The type is the state machine's (internal/core), shared by every backend;
+// The type is the state machine's (idemcore), shared by every backend;
 // its fields:
 //
 //   - Key, State.
@@ -47,10 +47,10 @@ const (
 //     record is kept): it never expires, whatever a later Open passes; a
 //     recovering call, Resolve or Forget ends it. A recovering attempt that
 //     is interrupted in turn keeps the mark (and the longer window).
-type Record = core.Record
+type Record = idemcore.Record
 
-// expiresAt is when r leaves the retention window (core.Expiry).
-func expiresAt(r *Record, retention time.Duration) time.Time { return core.Expiry(r, retention) }
+// expiresAt is when r leaves the retention window (idemcore.Expiry).
+func expiresAt(r *Record, retention time.Duration) time.Time { return idemcore.Expiry(r, retention) }
 
 // Record encoding, version 2 (little endian):
 //

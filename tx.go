@@ -7,7 +7,7 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/layout"
 )
 
@@ -78,7 +78,7 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 // error, as in Do.
 //
 // DoTx's shape is the same for every backend of the state machine
-// (internal/core): fn receives the backend's own transaction, here *Tx (a
+// (idemcore): fn receives the backend's own transaction, here *Tx (a
 // bbolt write transaction; idempg's is a pgx.Tx), in which fn's writes, its
 // outbox messages and the done record commit together, with the outcomes
 // above whichever the backend.
@@ -90,5 +90,5 @@ func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn fu
 // on the committer goroutine: fn's panic value and the stack where it
 // panicked.
 //
-// The type is the state machine's (internal/core).
-type PanicError = core.PanicError
+// The type is the state machine's (idemcore).
+type PanicError = idemcore.PanicError

@@ -2,7 +2,7 @@
 // validation, fingerprints, the replay fast path, the per-key singleflight,
 // the decision table on a stored record, fn's context, the classification of
 // fn's outcome, and the replay cache. Storage sits behind Backend, so this
-// package imports no storage driver: `go list -deps ./internal/core` names no
+// package imports no storage driver: `go list -deps ./idemcore` names no
 // bbolt and no pgx.
 //
 // The models are River's riverdriver (Driver[TTx], generic over the

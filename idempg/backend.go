@@ -20,13 +20,13 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
 	"github.com/idemkit/idem/internal/layout"
 )
 
-// backend is the Postgres storage of one engine: core.Backend over pgx, with
+// backend is the Postgres storage of one engine: idemcore.Backend over pgx, with
 // fn's DoTx transaction a pgx.Tx.
 type backend struct {
 	pool     *pgxpool.Pool
@@ -57,7 +57,7 @@ type backend struct {
 	closeOnce sync.Once
 }
 
-var _ core.Backend[pgx.Tx] = (*backend)(nil)
+var _ idemcore.Backend[pgx.Tx] = (*backend)(nil)
 
 // newBackend returns the backend over pool with s; the schema must be at
 // SchemaVersion.
@@ -126,9 +126,9 @@ func (b *backend) leaseSQL() string {
 	return "(" + b.now() + " + interval '" + strconv.FormatInt(b.s.Lease.Microseconds(), 10) + " microseconds')"
 }
 
-// Info implements core.Backend.
-func (b *backend) Info() core.Info {
-	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
+// Info implements idemcore.Backend.
+func (b *backend) Info() idemcore.Info {
+	return idemcore.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
 		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
 }
 
@@ -151,7 +151,7 @@ func transient(err error) bool {
 
 // scanned is one record row as read.
 type scanned struct {
-	rec         core.Record
+	rec         idemcore.Record
 	fence       int64
 	owner       *string
 	leaseUntil  *time.Time
@@ -170,17 +170,17 @@ func (r *scanned) dest() []any {
 }
 
 // record finishes r's Record.
-func (r *scanned) record() (*core.Record, error) {
+func (r *scanned) record() (*idemcore.Record, error) {
 	rec := r.rec
 	rec.Fingerprint = uint64(r.fp)
 	rec.StartedAt = fromNs(r.startedNs)
 	rec.CompletedAt = fromNs(r.completedNs)
 	rec.Retention = time.Duration(r.retentionNs)
 	if r.hasError {
-		rec.Err = &core.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
+		rec.Err = &idemcore.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
 	}
-	if rec.State != core.StateStarted && rec.State != core.StateDone {
-		return &core.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", core.ErrCorrupt, rec.Key, rec.State)
+	if rec.State != idemcore.StateStarted && rec.State != idemcore.StateDone {
+		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, rec.State)
 	}
 	return &rec, nil
 }
@@ -202,12 +202,12 @@ func fromNs(n int64) time.Time {
 }
 
 // expiresNs is the end of r's own retention window, Unix ns; 0 for never.
-func expiresNs(r *core.Record) int64 {
-	if r.State == core.StateStarted && r.KeptUntilResolved {
+func expiresNs(r *idemcore.Record) int64 {
+	if r.State == idemcore.StateStarted && r.KeptUntilResolved {
 		return 0
 	}
 	at := r.StartedAt
-	if r.State == core.StateDone {
+	if r.State == idemcore.StateDone {
 		at = r.CompletedAt
 	}
 	return toNs(layout.Expiry(false, at, r.Retention, 0))
@@ -215,7 +215,7 @@ func expiresNs(r *core.Record) int64 {
 
 // errFields are the stored error columns of r: bytea, never NULL, so that
 // a code or message of any bytes (NUL, invalid UTF-8) is stored exactly.
-func errFields(r *core.Record) (has bool, code, msg []byte) {
+func errFields(r *idemcore.Record) (has bool, code, msg []byte) {
 	if r.Err == nil {
 		return false, []byte{}, []byte{}
 	}
@@ -227,8 +227,8 @@ func errFields(r *core.Record) (has bool, code, msg []byte) {
 // has no record here.
 func storable(key string) bool { return utf8.ValidString(key) && strings.IndexByte(key, 0) < 0 }
 
-// Lookup implements core.Backend: one SELECT by key.
-func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, error) {
+// Lookup implements idemcore.Backend: one SELECT by key.
+func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, error) {
 	if !storable(q.Key) {
 		return nil, nil
 	}
@@ -243,9 +243,9 @@ func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, erro
 	return r.record()
 }
 
-// Owner implements core.Backend: a started record is owned while its lease
+// Owner implements idemcore.Backend: a started record is owned while its lease
 // has not lapsed by the database's clock.
-func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
+func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Ownership, error) {
 	var (
 		owner  string
 		left   int64 // µs until the lease lapses; ≤ 0 once it has
@@ -256,19 +256,19 @@ func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, 
 		b.s.args(rec.Key, rec.Attempt, toNs(rec.StartedAt))...).Scan(&owner, &left)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The record changed since it was read: Claim says how.
-		return core.Ownership{}, nil
+		return idemcore.Ownership{}, nil
 	}
 	if err != nil {
-		return core.Ownership{}, err
+		return idemcore.Ownership{}, err
 	}
 	if left <= 0 || owner == b.owner {
 		// Lapsed; or claimed by this engine, whose calls the engine knows:
 		// none runs for the key while it asks (it holds the key), so the
 		// record is an interrupted execution of this engine's, recovered at
 		// once, as on bbolt.
-		return core.Ownership{Owner: owner}, nil
+		return idemcore.Ownership{Owner: owner}, nil
 	}
-	return core.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
+	return idemcore.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
 }
 
 // expiredSQL is the condition under which a stored row (its columns
@@ -281,8 +281,8 @@ const expiredSQL = `NOT (%[1]s.state = 1 AND %[1]s.kept_until_resolved)
 	AND (CASE WHEN %[1]s.state = 2 THEN %[1]s.completed_ns ELSE %[1]s.started_ns END) + GREATEST(%[1]s.retention_ns, %[2]s) <= %[3]s
 	AND (%[1]s.state = 2 OR %[1]s.lease_until <= {now} OR %[1]s.owner = %[4]s)`
 
-// Claim implements core.Backend.
-func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+// Claim implements idemcore.Backend.
+func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	st := req.Started
 	before := time.Now()
 	var (
@@ -310,8 +310,8 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 	switch {
 	case err == nil:
 		started := *st
-		return core.ClaimResult{Status: core.Claimed, Claim: &core.Claim{
-			Key: st.Key, Fingerprint: st.Fingerprint, Token: core.Fence(fence), Started: &started, Prev: req.Prev,
+		return idemcore.ClaimResult{Status: idemcore.Claimed, Claim: &idemcore.Claim{
+			Key: st.Key, Fingerprint: st.Fingerprint, Token: idemcore.Fence(fence), Started: &started, Prev: req.Prev,
 			LeaseUntil: before.Add(time.Duration(left) * time.Microsecond),
 		}}, nil
 	case isLockTimeout(err):
@@ -319,25 +319,25 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 		// nil: uncommitted, invisible to Lookup): the key is owned by a
 		// live owner, so that the engine waits or fails fast and never
 		// takes the key for free.
-		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true, Owner: txOwner}}, nil
+		return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true, Owner: txOwner}}, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return core.ClaimResult{}, err
+		return idemcore.ClaimResult{}, err
 	}
 	// Not claimed: say why, from the row now stored.
-	cur, err := b.Lookup(ctx, core.Lookup{Key: st.Key})
+	cur, err := b.Lookup(ctx, idemcore.Lookup{Key: st.Key})
 	if err != nil {
-		return core.ClaimResult{}, err
+		return idemcore.ClaimResult{}, err
 	}
-	if req.Prev != nil && cur != nil && cur.State == core.StateStarted && cur.Attempt == req.Prev.Attempt && cur.StartedAt.Equal(req.Prev.StartedAt) {
+	if req.Prev != nil && cur != nil && cur.State == idemcore.StateStarted && cur.Attempt == req.Prev.Attempt && cur.StartedAt.Equal(req.Prev.StartedAt) {
 		own, err := b.Owner(ctx, cur)
 		if err != nil {
-			return core.ClaimResult{}, err
+			return idemcore.ClaimResult{}, err
 		}
 		if own.Owned {
-			return core.ClaimResult{Status: core.ClaimOwned, Ownership: own}, nil
+			return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: own}, nil
 		}
 	}
-	return core.ClaimResult{Status: core.ClaimChanged, Current: cur}, nil
+	return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: cur}, nil
 }
 
 // maxStmtBatch is the most claims or completions one statement carries.
@@ -346,7 +346,7 @@ const maxStmtBatch = 64
 // claimReq is one claim of a free key (Claim with Prev nil), queued for or
 // running in a batch.
 type claimReq struct {
-	st     *core.Record
+	st     *idemcore.Record
 	before time.Time // just before the statement was sent
 	fence  int64
 	left   int64 // µs of lease left, by the database's clock
@@ -440,10 +440,10 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	}
 }
 
-// Renew implements core.Backend: it extends c's lease, fenced. A failure
+// Renew implements idemcore.Backend: it extends c's lease, fenced. A failure
 // other than the fence is tried again, every quarter of a heartbeat, until
 // the lease would lapse; then the last error is returned.
-func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *backend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	for {
 		before := time.Now()
 		var left int64
@@ -455,15 +455,15 @@ func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
 			return nil
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: renewing the lease", core.ErrFenced)
+			return fmt.Errorf("%w: renewing the lease", idemcore.ErrFenced)
 		}
 		wait := b.s.Heartbeat / 4
 		if time.Now().Add(wait).After(c.LeaseUntil) || ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+			return fmt.Errorf("%w: %w", idemcore.ErrLeaseLost, err)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+			return fmt.Errorf("%w: %w", idemcore.ErrLeaseLost, err)
 		case <-time.After(wait):
 		}
 	}
@@ -478,13 +478,13 @@ const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, l
 WHERE key = $1::text AND fence = $2::bigint AND state = 1`
 
 // doneArgs are completeSQL's arguments $3 on.
-func doneArgs(done *core.Record) []any {
+func doneArgs(done *idemcore.Record) []any {
 	has, code, msg := errFields(done)
 	return []any{done.Attempt, toNs(done.StartedAt), toNs(done.CompletedAt), int64(done.Retention),
 		expiresNs(done), done.Response, has, code, msg}
 }
 
-// Complete implements core.Backend: one fenced UPDATE. If its answer is
+// Complete implements idemcore.Backend: one fenced UPDATE. If its answer is
 // lost (the connection dropped after the statement, and so its COMMIT, was
 // sent), the record is read back by the claim's fencing token: done with
 // that token means the write committed; anything else that it did not.
@@ -496,15 +496,15 @@ func doneArgs(done *core.Record) []any {
 // a session ended by the server, a dropped TCP connection) is retried on a
 // fresh connection (see again), so that a live claim's outcome is stored,
 // not lost to a driver error.
-func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record) error {
+func (b *backend) Complete(ctx context.Context, c *idemcore.Claim, done *idemcore.Record) error {
 	return b.again(ctx, func() error {
 		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
 		b.completes.do(r, r.done)
 		if r.err == nil && !r.found {
-			return fmt.Errorf("%w: completing the call", core.ErrFenced)
+			return fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
 		}
 		return r.err
-	}, func(cause error) error { return b.readBack(ctx, c, core.StateDone, cause) })
+	}, func(cause error) error { return b.readBack(ctx, c, idemcore.StateDone, cause) })
 }
 
 // again runs the fenced write w, and runs it again while it fails because
@@ -520,7 +520,7 @@ func (b *backend) again(ctx context.Context, w func() error, readBack func(cause
 	p := connPace{lease: b.s.Lease}
 	for retried := false; ; retried = true {
 		err := w()
-		if retried && errors.Is(err, core.ErrFenced) {
+		if retried && errors.Is(err, idemcore.ErrFenced) {
 			// The write this one repeats arrived late and landed first
 			// (the read back came before it): done with this claim's
 			// token is the outcome; another token is a real fence.
@@ -530,7 +530,7 @@ func (b *backend) again(ctx context.Context, w func() error, readBack func(cause
 			return err
 		}
 		if ambiguous(err) {
-			if rerr := readBack(err); rerr == nil || errors.Is(rerr, core.ErrFenced) {
+			if rerr := readBack(err); rerr == nil || errors.Is(rerr, idemcore.ErrFenced) {
 				return rerr
 			}
 		}
@@ -566,8 +566,8 @@ func connLost(err error) bool {
 
 // completeReq is one completion, queued for or running in a batch.
 type completeReq struct {
-	c     *core.Claim
-	rec   *core.Record
+	c     *idemcore.Claim
+	rec   *idemcore.Record
 	found bool // the row held c's token and is done now
 	err   error
 	done  chan struct{}
@@ -639,19 +639,19 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 // key's row: with c's token and state want, the write committed (nil); with
 // c's token and another state, it did not (cause); with another token or
 // none, another owner took the key (ErrFenced).
-func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, cause error) error {
+func (b *backend) readBack(ctx context.Context, c *idemcore.Claim, want idemcore.State, cause error) error {
 	var (
 		fence int64
-		state core.State
+		state idemcore.State
 	)
 	err := b.readRow(ctx, `SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence, &state)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", core.ErrFenced, cause)
+		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", idemcore.ErrFenced, cause)
 	case err != nil:
 		return fmt.Errorf("the write's answer was lost (%w), and so was the read back: %v", cause, err)
-	case core.Fence(fence) != c.Token:
-		return fmt.Errorf("%w: the write's answer was lost: %v", core.ErrFenced, cause)
+	case idemcore.Fence(fence) != c.Token:
+		return fmt.Errorf("%w: the write's answer was lost: %v", idemcore.ErrFenced, cause)
 	case state == want:
 		return nil
 	}
@@ -768,15 +768,15 @@ func (b *backend) write(ctx context.Context, q string, args []any, read func(pgx
 	return err
 }
 
-// Release implements core.Backend. Like Complete, it is written again on
+// Release implements idemcore.Backend. Like Complete, it is written again on
 // a fresh connection when its connection dies (again).
-func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+func (b *backend) Release(ctx context.Context, c *idemcore.Claim, restore *idemcore.Record) error {
 	return b.again(ctx, func() error { return b.release(ctx, c, restore) },
 		func(cause error) error { return b.readBackGone(ctx, c, restore == nil, cause) })
 }
 
 // release is one attempt of Release.
-func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+func (b *backend) release(ctx context.Context, c *idemcore.Claim, restore *idemcore.Record) error {
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -796,7 +796,7 @@ func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Reco
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: releasing the key", core.ErrFenced)
+		return fmt.Errorf("%w: releasing the key", idemcore.ErrFenced)
 	}
 	return nil
 }
@@ -804,7 +804,7 @@ func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Reco
 // readBackGone resolves a Release whose answer was lost: the row is gone
 // (deleted) or no longer holds c's token (restored), or the write did not
 // happen (cause).
-func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool, cause error) error {
+func (b *backend) readBackGone(ctx context.Context, c *idemcore.Claim, deleted bool, cause error) error {
 	var fence int64
 	err := b.readRow(ctx, `SELECT fence FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence)
 	switch {
@@ -812,13 +812,13 @@ func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool,
 		if deleted {
 			return nil
 		}
-		return fmt.Errorf("%w: the key's record is gone", core.ErrFenced)
+		return fmt.Errorf("%w: the key's record is gone", idemcore.ErrFenced)
 	case err != nil:
 		return fmt.Errorf("the write's answer was lost (%w), and so was the read back: %v", cause, err)
-	case core.Fence(fence) == c.Token:
+	case idemcore.Fence(fence) == c.Token:
 		return cause
 	case deleted:
-		return fmt.Errorf("%w: the write's answer was lost: %v", core.ErrFenced, cause)
+		return fmt.Errorf("%w: the write's answer was lost: %v", idemcore.ErrFenced, cause)
 	}
 	// Restored (a new token), or another owner's: the restore is the only
 	// write that gives the row a token of no claim, and another owner's
@@ -841,7 +841,7 @@ func isLockWait(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "40P01")
 }
 
-// Holding implements core.Backend: true on a goroutine running a RunTx fn.
+// Holding implements idemcore.Backend: true on a goroutine running a RunTx fn.
 func (b *backend) Holding() bool {
 	if b.inFn.Load() == 0 {
 		return false
@@ -850,7 +850,7 @@ func (b *backend) Holding() bool {
 	return ok
 }
 
-// Forget implements core.Backend: a started row whose lease another engine
+// Forget implements idemcore.Backend: a started row whose lease another engine
 // holds, unlapsed, is not deleted (ErrInProgress).
 func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 	if !storable(key) {
@@ -871,7 +871,7 @@ func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 	case err != nil:
 		return false, err
 	case held:
-		return false, fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
+		return false, fmt.Errorf("%w: a live call of another engine holds the key", idemcore.ErrInProgress)
 	}
 	return false, nil
 }
@@ -881,22 +881,22 @@ func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 // lapsed: a call running elsewhere, which no operator write may touch.
 const liveElsewhereSQL = `(state = 1 AND lease_until > {now} AND owner IS DISTINCT FROM $2::text)`
 
-// Resolve implements core.Backend: fn runs with the row locked (FOR
+// Resolve implements idemcore.Backend: fn runs with the row locked (FOR
 // UPDATE); its record replaces the row with a new token, so that a claim
 // still running is fenced off. A started row whose lease another engine
 // holds, unlapsed, is refused with ErrInProgress before fn runs.
-func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Record) (*core.Record, error)) error {
+func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *idemcore.Record) (*idemcore.Record, error)) error {
 	if !storable(key) {
 		_, err := fn(nil)
 		if err == nil {
-			err = fmt.Errorf("%w: key %q cannot be stored in Postgres", core.ErrInvalidKey, key)
+			err = fmt.Errorf("%w: key %q cannot be stored in Postgres", idemcore.ErrInvalidKey, key)
 		}
 		return err
 	}
 	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var (
 			r   scanned
-			cur *core.Record
+			cur *idemcore.Record
 		)
 		var held bool
 		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, `+liveElsewhereSQL+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`),
@@ -906,7 +906,7 @@ func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Rec
 		case err != nil:
 			return err
 		case held:
-			return fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
+			return fmt.Errorf("%w: a live call of another engine holds the key", idemcore.ErrInProgress)
 		default:
 			if cur, err = r.record(); err != nil {
 				return err
@@ -926,10 +926,10 @@ func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Rec
 
 // put stores rec in tx in place of any row of its key, with a new token
 // and, for a started record, a lapsed lease (no live call holds it).
-func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *core.Record) error {
+func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *idemcore.Record) error {
 	has, code, msg := errFields(rec)
 	var owner, lease any
-	if rec.State == core.StateStarted {
+	if rec.State == idemcore.StateStarted {
 		owner, lease = b.owner, "epoch"
 	}
 	_, err := tx.Exec(ctx, b.sql(b.notifying(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
@@ -981,14 +981,14 @@ func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error
 // ms is d in whole milliseconds (at least 1), as a setting's text.
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
-// Prune implements core.Backend: DELETEs of at most req.Limit expired rows
+// Prune implements idemcore.Backend: DELETEs of at most req.Limit expired rows
 // each, by the expiry index, until none is left.
-func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+func (b *backend) Prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
 	limit := req.Limit
 	if limit <= 0 {
 		limit = b.s.PruneBatch
 	}
-	var res core.PruneResult
+	var res idemcore.PruneResult
 	now := toNs(req.Now)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -1015,7 +1015,7 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 		}
 		for _, s := range states {
 			res.Deleted++
-			if core.State(s) == core.StateStarted {
+			if idemcore.State(s) == idemcore.StateStarted {
 				res.Interrupted++
 			}
 		}
@@ -1025,8 +1025,8 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 	}
 }
 
-// Scan implements core.Backend: one REPEATABLE READ transaction, by key.
-func (b *backend) Scan(ctx context.Context, fn func(r *core.Record, err error) error) error {
+// Scan implements idemcore.Backend: one REPEATABLE READ transaction, by key.
+func (b *backend) Scan(ctx context.Context, fn func(r *idemcore.Record, err error) error) error {
 	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records ORDER BY key`), b.s.args()...)
 		if err != nil {
@@ -1046,7 +1046,7 @@ func (b *backend) Scan(ctx context.Context, fn func(r *core.Record, err error) e
 	})
 }
 
-// OnCommit implements core.Backend.
+// OnCommit implements idemcore.Backend.
 func (b *backend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
 
 // committed wakes the dispatcher after a commit that may have enqueued.
@@ -1059,7 +1059,7 @@ func (b *backend) committed() {
 // notifiedOutbox is the listener's callback for another process's enqueue.
 func (b *backend) notifiedOutbox() { b.committed() }
 
-// WaitChange implements core.Backend: a notification for key, or one poll
+// WaitChange implements idemcore.Backend: a notification for key, or one poll
 // period, or the end of ctx.
 //
 // Unless PollOnly, it subscribes to key's notifications, then marks the
@@ -1093,7 +1093,7 @@ func (b *backend) WaitChange(ctx context.Context, key string) error {
 	return nil
 }
 
-// Close implements core.Backend.
+// Close implements idemcore.Backend.
 //
 // The engine calls it after its last call returned, so every started record
 // this backend claimed is an interrupted execution: Close ends their leases

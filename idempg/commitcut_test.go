@@ -13,7 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -136,10 +136,10 @@ func TestDoTxCommitCut(t *testing.T) {
 				t.Fatalf("DoTx whose COMMIT committed: %v; want fn's answer", err)
 			case err != nil:
 				t.Logf("rolled back: %v", err)
-				if errors.Is(err, core.ErrFenced) {
+				if errors.Is(err, idemcore.ErrFenced) {
 					t.Fatalf("DoTx: %v; no other owner exists", err)
 				}
-				if _, gerr := check.Get("k"); !errors.Is(gerr, core.ErrNotFound) || effect() != 0 {
+				if _, gerr := check.Get("k"); !errors.Is(gerr, idemcore.ErrNotFound) || effect() != 0 {
 					t.Fatalf("the call failed (%v), yet the key has a record (%v) or the effect committed (%d)", err, gerr, effect())
 				}
 				if res, err = check.DoTx(ctx, "k", []byte("fp"), fn); err != nil || runs.Load() != 2 || res.Replayed {
@@ -151,7 +151,7 @@ func TestDoTxCommitCut(t *testing.T) {
 			}
 			// What the caller was told is what is stored.
 			rec, err := check.Get("k")
-			if err != nil || rec.State != core.StateDone || string(rec.Response) != "charged-7f3a" {
+			if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "charged-7f3a" {
 				t.Fatalf("record: %+v, %v; want done with the caller's answer", rec, err)
 			}
 			if n := effect(); n != 1 {
@@ -211,7 +211,7 @@ func TestDoCompleteCut(t *testing.T) {
 			)
 			fn := func(ctx context.Context) ([]byte, error) {
 				if runs.Add(1) > 1 {
-					c, _ := core.CallFrom(ctx)
+					c, _ := idemcore.CallFrom(ctx)
 					recovered.Store(c.Recovered && c.Attempt == 2)
 				}
 				return []byte("charged-7f3a"), nil
@@ -228,7 +228,7 @@ func TestDoCompleteCut(t *testing.T) {
 				t.Fatalf("Do whose write ran: %+v, %v; want fn's answer", res, err)
 			case err == nil && string(res.Response) != "charged-7f3a":
 				t.Fatalf("Do: %+v; want fn's answer", res)
-			case errors.Is(err, core.ErrFenced):
+			case errors.Is(err, idemcore.ErrFenced):
 				t.Fatalf("Do: %v; no other owner exists", err)
 			case err != nil:
 				t.Logf("unknown outcome: %v", err)
@@ -251,7 +251,7 @@ func TestDoCompleteCut(t *testing.T) {
 				t.Fatalf("fn ran %d times", runs.Load())
 			}
 			rec, err := st.open(t, nil).Get("k")
-			if err != nil || rec.State != core.StateDone || string(rec.Response) != "charged-7f3a" || rec.Attempt != int(runs.Load()) {
+			if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "charged-7f3a" || rec.Attempt != int(runs.Load()) {
 				t.Fatalf("record: %+v, %v; want done by the last execution", rec, err)
 			}
 		})

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
@@ -98,7 +98,7 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 		Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[pgx.Tx], error) {
 			return idempg.Open(context.Background(), h.connect(t), h.options(store), o.Engine())
 		},
-		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
+		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
 			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store), o.Engine(), wrap)
 		},
 		PutEffect: func(tx pgx.Tx, key, value string) error {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Handler delivers one outbox message: idem.Handler, with the same contract
@@ -20,7 +20,7 @@ type Handler = idem.Handler
 // ones are given back when a handler is registered or the dispatcher stops.
 func (e *Engine) Handle(topic string, h Handler) { e.c.Outbox().Handle(topic, h) }
 
-// Dispatch runs this process's dispatcher (the engine's, internal/core's,
+// Dispatch runs this process's dispatcher (the engine's, idemcore's,
 // shared with the bbolt engine) until ctx ends (ctx.Err()) or the engine
 // closes (ErrClosed). Dispatchers of several processes drain one outbox
 // together: each claims due heads of ordering keys (FOR UPDATE SKIP LOCKED,
@@ -30,7 +30,7 @@ func (e *Engine) Handle(topic string, h Handler) { e.c.Outbox().Handle(topic, h)
 // On return every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error {
 	err := e.c.Outbox().Run(ctx)
-	if errors.Is(err, core.ErrDispatcherRunning) {
+	if errors.Is(err, idemcore.ErrDispatcherRunning) {
 		return fmt.Errorf("idempg: dispatch: %w", err)
 	}
 	return err

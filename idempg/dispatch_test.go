@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -94,10 +94,10 @@ func TestDispatchAcrossEngines(t *testing.T) {
 			}
 			mu.Unlock()
 			// The poisoned message dies after 3 attempts.
-			var dead *core.Message
+			var dead *idemcore.Message
 			deadline := time.Now().Add(30 * time.Second) // a bound on a hang
 			for dead == nil && time.Now().Before(deadline) {
-				_ = a.Messages(func(m *core.Message, err error) error {
+				_ = a.Messages(func(m *idemcore.Message, err error) error {
 					if err == nil && m.Dead {
 						dead = m
 					}
@@ -116,7 +116,7 @@ func TestDispatchAcrossEngines(t *testing.T) {
 			if err := b.DropDead(dead.Seq); err != nil {
 				t.Fatal(err)
 			}
-			if err := b.DropDead(dead.Seq); !errors.Is(err, core.ErrMessageNotFound) {
+			if err := b.DropDead(dead.Seq); !errors.Is(err, idemcore.ErrMessageNotFound) {
 				t.Fatalf("second DropDead: %v", err)
 			}
 		})

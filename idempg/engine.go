@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/bridge"
 )
 
@@ -18,7 +18,7 @@ import (
 // engine, over records that several processes share. It is safe for
 // concurrent use.
 type Engine struct {
-	c         *core.Engine[pgx.Tx]
+	c         *idemcore.Engine[pgx.Tx]
 	b         *backend
 	closeOnce sync.Once
 }
@@ -42,11 +42,11 @@ func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Optio
 
 // engineOptions is the root package's one conversion of idem.Options into
 // the state machine's options (internal/bridge).
-var engineOptions = bridge.EngineOptions.(func(*idem.Options) core.Options)
+var engineOptions = bridge.EngineOptions.(func(*idem.Options) idemcore.Options)
 
 // open is Open with the state machine over wrap(backend) if wrap is set
 // (the conformance suite's test backends); the outbox uses the backend.
-func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
+func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (*Engine, error) {
 	if eo != nil && eo.Bolt != (idem.BoltOptions{}) {
 		return nil, fmt.Errorf("idempg: open: %w: idem.Options.Bolt holds the bbolt file's settings, and must be zero for Postgres", ErrOptions)
 	}
@@ -63,17 +63,17 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Optio
 	}
 	s.retention = o.Retention
 	if s.retention <= 0 {
-		s.retention = core.DefaultRetention
+		s.retention = idemcore.DefaultRetention
 	}
 	b, err := newBackend(ctx, pool, s, false)
 	if err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", err)
 	}
-	var cb core.Backend[pgx.Tx] = b
+	var cb idemcore.Backend[pgx.Tx] = b
 	if wrap != nil {
 		cb = wrap(b)
 	}
-	e := &Engine{b: b, c: core.New[pgx.Tx](cb, o)}
+	e := &Engine{b: b, c: idemcore.New[pgx.Tx](cb, o)}
 	e.c.Start()
 	return e, nil
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/internal/fault"
@@ -76,7 +76,7 @@ func TestDoReplays(t *testing.T) {
 			if runs.Load() != 1 {
 				t.Fatalf("fn ran %d times", runs.Load())
 			}
-			if _, err := e2.Do(ctx, "k1", []byte("other"), fn); !errors.Is(err, core.ErrFingerprintMismatch) {
+			if _, err := e2.Do(ctx, "k1", []byte("other"), fn); !errors.Is(err, idemcore.ErrFingerprintMismatch) {
 				t.Fatalf("other fingerprint: %v", err)
 			}
 			// nil and empty stay apart.
@@ -91,9 +91,9 @@ func TestDoReplays(t *testing.T) {
 			}
 			// A permanent error is stored and replayed with its code.
 			_, err = e.Do(ctx, "fail", nil, func(context.Context) ([]byte, error) {
-				return nil, core.WithCode(errors.New("declined"), "card_declined")
+				return nil, idemcore.WithCode(errors.New("declined"), "card_declined")
 			})
-			var ie *core.Error
+			var ie *idemcore.Error
 			if !errors.As(err, &ie) || ie.Code != "card_declined" {
 				t.Fatalf("permanent error: %v", err)
 			}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // txState is what Enqueue needs of the DoTx call whose transaction it is
@@ -38,16 +38,16 @@ func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error {
 	v, ok := txs.Load(tx)
 	if !ok {
-		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", core.ErrTxClosed)
+		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", idemcore.ErrTxClosed)
 	}
 	st := v.(*txState)
-	if err := core.ValidateMessage(topic, orderingKey); err != nil {
+	if err := idemcore.ValidateMessage(topic, orderingKey); err != nil {
 		return err
 	}
 	if orderingKey == "" {
 		orderingKey = st.key
 	}
-	m := &core.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey,
+	m := &idemcore.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey,
 		Payload: payload, EnqueuedAt: st.b.s.engineNow()}
 	if err := st.b.Enqueue(tx, m); err != nil {
 		return err

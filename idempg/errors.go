@@ -3,7 +3,7 @@ package idempg
 import (
 	"errors"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // ErrTxEnded is wrapped by the error of a DoTx whose fn ended the
@@ -27,15 +27,15 @@ var (
 	// this one's lease lapsed. Nothing was written: the new owner's record
 	// stands. fn may have had its effect (at least once, as for any
 	// takeover).
-	ErrFenced = core.ErrFenced
+	ErrFenced = idemcore.ErrFenced
 
 	// ErrLeaseLost is the cause (context.Cause) of fn's context when its
 	// claim could not be renewed: another process may take the key over, so
 	// fn should stop.
-	ErrLeaseLost = core.ErrLeaseLost
+	ErrLeaseLost = idemcore.ErrLeaseLost
 
 	// ErrDispatcherRunning is wrapped by the error of Dispatch while this
 	// engine's dispatcher already runs (one per engine; run one engine per
 	// process to drain the outbox from several).
-	ErrDispatcherRunning = core.ErrDispatcherRunning
+	ErrDispatcherRunning = idemcore.ErrDispatcherRunning
 )

@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // SetClockOffset makes the backends opened with o add offset() to the
@@ -18,6 +18,6 @@ func SetClockOffset(o *Options, offset func() time.Duration) { o.clockOffset = o
 
 // OpenWrapped is Open with the state machine over wrap(the backend), for
 // the conformance suite's test backends.
-func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
+func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (*Engine, error) {
 	return open(ctx, pool, opts, eo, wrap)
 }

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
@@ -21,7 +21,7 @@ func TestEndedFnLapsesLease(t *testing.T) {
 			st := newStore(t, pgtest.Env)
 			st.opts.Lease = 60e9 // a lease no test waits out
 			a := st.open(t, nil)
-			b := st.open(t, &idem.Options{InFlight: core.InFlightFail})
+			b := st.open(t, &idem.Options{InFlight: idemcore.InFlightFail})
 			ctx := context.Background()
 			switch how {
 			case "panic":
@@ -37,9 +37,9 @@ func TestEndedFnLapsesLease(t *testing.T) {
 					return nil, ctx.Err()
 				})
 			}
-			var call core.Call
+			var call idemcore.Call
 			res, err := b.Do(ctx, "k", []byte("fp"), func(ctx context.Context) ([]byte, error) {
-				call, _ = core.CallFrom(ctx)
+				call, _ = idemcore.CallFrom(ctx)
 				return []byte("B"), nil
 			})
 			if err != nil {

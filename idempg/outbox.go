@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Outbox columns, in the order scanMessage reads them.
@@ -17,9 +17,9 @@ const outboxColumns = `seq, key, idx, ordering_key, topic, payload, attempt, las
 // Dead letter columns, in the order scanDead reads them.
 const deadColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns`
 
-func scanMessage(row pgx.Row) (*core.Message, error) {
+func scanMessage(row pgx.Row) (*idemcore.Message, error) {
 	var (
-		m             core.Message
+		m             idemcore.Message
 		seq, enq, nxt int64
 		lastErr       []byte // bytea: any bytes (migration 3)
 	)
@@ -31,9 +31,9 @@ func scanMessage(row pgx.Row) (*core.Message, error) {
 	return &m, nil
 }
 
-func scanDead(row pgx.Row) (*core.Message, error) {
+func scanDead(row pgx.Row) (*idemcore.Message, error) {
 	var (
-		m                   core.Message
+		m                   idemcore.Message
 		seq, enq, dead, ret int64
 		lastErr             []byte // bytea: any bytes (migration 3)
 	)
@@ -48,10 +48,10 @@ func scanDead(row pgx.Row) (*core.Message, error) {
 // errBytes is a last error for its bytea column: never NULL, any bytes.
 func errBytes(s string) []byte { return append([]byte{}, s...) }
 
-// Enqueue implements core.Backend: an INSERT in fn's transaction, and a
+// Enqueue implements idemcore.Backend: an INSERT in fn's transaction, and a
 // notification (at its commit) that wakes the dispatchers of other
 // processes.
-func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
+func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 	ctx := context.Background()
 	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns)
 		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, $6::bigint, $7::bigint) RETURNING seq`
@@ -76,7 +76,7 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 	return nil
 }
 
-// ClaimDue implements core.Backend: the due heads of ordering keys (the
+// ClaimDue implements idemcore.Backend: the due heads of ordering keys (the
 // pending message of lowest seq of each, not held by a live claim), locked
 // with FOR UPDATE SKIP LOCKED so that dispatchers of several processes
 // never claim one message at once, then marked as claimed for one lease
@@ -87,9 +87,9 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 // only a dispatcher cut off from the database longer than a lease loses it
 // to another. Rows always decode: nothing is quarantined,
 // and Due.Next is left zero (the dispatcher polls).
-func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (core.Due, error) {
+func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (idemcore.Due, error) {
 	if limit <= 0 {
-		return core.Due{}, nil
+		return idemcore.Due{}, nil
 	}
 	rows, err := b.pool.Query(ctx, b.sql(`WITH heads AS (
 			SELECT o.seq FROM {schema}.idem_outbox AS o
@@ -104,18 +104,18 @@ func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (core.
 		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
 		b.s.args(toNs(now), limit, b.owner)...)
 	if err != nil {
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
-	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) { return scanMessage(row) })
+	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) { return scanMessage(row) })
 	if err != nil {
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
 	// RETURNING follows no order: deliver in seq order.
 	sortBySeq(ms)
-	return core.Due{Messages: ms}, nil
+	return idemcore.Due{Messages: ms}, nil
 }
 
-func sortBySeq(ms []*core.Message) {
+func sortBySeq(ms []*idemcore.Message) {
 	for i := 1; i < len(ms); i++ {
 		for j := i; j > 0 && ms[j].Seq < ms[j-1].Seq; j-- {
 			ms[j], ms[j-1] = ms[j-1], ms[j]
@@ -123,10 +123,10 @@ func sortBySeq(ms []*core.Message) {
 	}
 }
 
-// RenewClaims implements core.Backend: one UPDATE moves the claims of ms
+// RenewClaims implements idemcore.Backend: one UPDATE moves the claims of ms
 // that are still this engine's (claimed_by, and a claim not lapsed) to a
 // new lease from the database's clock.
-func (b *backend) RenewClaims(ctx context.Context, ms []*core.Message) error {
+func (b *backend) RenewClaims(ctx context.Context, ms []*idemcore.Message) error {
 	seqs := make([]int64, len(ms))
 	for i, m := range ms {
 		seqs[i] = int64(m.Seq)
@@ -136,22 +136,22 @@ func (b *backend) RenewClaims(ctx context.Context, ms []*core.Message) error {
 	return err
 }
 
-// Delivered implements core.Backend.
-func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
+// Delivered implements idemcore.Backend.
+func (b *backend) Delivered(ctx context.Context, m *idemcore.Message) error {
 	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint`, int64(m.Seq))
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d", idemcore.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }
 
-// Failed implements core.Backend: the message's new attempt count, error
+// Failed implements idemcore.Backend: the message's new attempt count, error
 // and next attempt, its claim dropped; or, if m.Dead, its move to the dead
 // letters in one statement.
-func (b *backend) Failed(ctx context.Context, m *core.Message) error {
+func (b *backend) Failed(ctx context.Context, m *idemcore.Message) error {
 	var n int64
 	var err error
 	if m.Dead {
@@ -173,17 +173,17 @@ func (b *backend) Failed(ctx context.Context, m *core.Message) error {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d", idemcore.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }
 
-// Messages implements core.Backend: one REPEATABLE READ snapshot.
-func (b *backend) Messages(ctx context.Context, fn func(m *core.Message, err error) error) error {
+// Messages implements idemcore.Backend: one REPEATABLE READ snapshot.
+func (b *backend) Messages(ctx context.Context, fn func(m *idemcore.Message, err error) error) error {
 	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		for _, part := range []struct {
 			q    string
-			scan func(pgx.Row) (*core.Message, error)
+			scan func(pgx.Row) (*idemcore.Message, error)
 		}{
 			{`SELECT ` + outboxColumns + ` FROM {schema}.idem_outbox ORDER BY seq`, scanMessage},
 			{`SELECT ` + deadColumns + ` FROM {schema}.idem_dead_letters ORDER BY seq`, scanDead},
@@ -212,13 +212,13 @@ func (b *backend) Messages(ctx context.Context, fn func(m *core.Message, err err
 	})
 }
 
-// RetryDead implements core.Backend: the dead letter, locked, revived, and
+// RetryDead implements idemcore.Backend: the dead letter, locked, revived, and
 // put back in the outbox under its old seq (its place in its ordering key).
-func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core.Message) error) error {
+func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *idemcore.Message) error) error {
 	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		m, err := scanDead(tx.QueryRow(ctx, b.sql(`SELECT `+deadColumns+` FROM {schema}.idem_dead_letters WHERE seq = $1::bigint FOR UPDATE`), b.s.args(int64(seq))...))
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
+			return fmt.Errorf("%w: dead letter %d", idemcore.ErrMessageNotFound, seq)
 		}
 		if err != nil {
 			return err
@@ -240,22 +240,22 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core
 	})
 }
 
-// DropDead implements core.Backend.
+// DropDead implements idemcore.Backend.
 func (b *backend) DropDead(ctx context.Context, seq uint64) error {
 	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_dead_letters WHERE seq = $1::bigint`, int64(seq))
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
+		return fmt.Errorf("%w: dead letter %d", idemcore.ErrMessageNotFound, seq)
 	}
 	return nil
 }
 
-// PruneDead implements core.Backend: batches of at most limit dead letters
+// PruneDead implements idemcore.Backend: batches of at most limit dead letters
 // by seq, each judged by expired and the expired ones deleted in the
 // batch's transaction.
-func (b *backend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
+func (b *backend) PruneDead(ctx context.Context, expired func(m *idemcore.Message) bool, limit int) (int, error) {
 	if limit <= 0 {
 		limit = b.s.PruneBatch
 	}
@@ -271,7 +271,7 @@ func (b *backend) PruneDead(ctx context.Context, expired func(m *core.Message) b
 			if err != nil {
 				return err
 			}
-			ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) { return scanDead(row) })
+			ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) { return scanDead(row) })
 			if err != nil {
 				return err
 			}

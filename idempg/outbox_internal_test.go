@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
@@ -48,7 +48,7 @@ func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uin
 	t.Helper()
 	var seqs []uint64
 	now := time.Now()
-	err := b.RunTx(context.Background(), &core.Claim{Key: key}, func(tx pgx.Tx) (*core.Record, error) {
+	err := b.RunTx(context.Background(), &idemcore.Claim{Key: key}, func(tx pgx.Tx) (*idemcore.Record, error) {
 		seqs = nil
 		for _, ok := range orderingKeys {
 			if err := EnqueueOrdered(tx, "topic", ok, []byte(key+"→"+ok)); err != nil {
@@ -57,7 +57,7 @@ func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uin
 			v, _ := txs.Load(tx)
 			seqs = append(seqs, uint64(v.(*txState).next)) // index, replaced below
 		}
-		return &core.Record{Key: key, State: core.StateDone, Attempt: 1, StartedAt: now, CompletedAt: now, Retention: time.Hour}, nil
+		return &idemcore.Record{Key: key, State: idemcore.StateDone, Attempt: 1, StartedAt: now, CompletedAt: now, Retention: time.Hour}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +80,7 @@ func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uin
 
 func sorted(s ...uint64) []uint64 { slices.Sort(s); return s }
 
-func seqsOf(ms []*core.Message) []uint64 {
+func seqsOf(ms []*idemcore.Message) []uint64 {
 	var s []uint64
 	for _, m := range ms {
 		s = append(s, m.Seq)
@@ -101,7 +101,7 @@ func TestOutboxHeads(t *testing.T) {
 	o2 := enqueue(t, a, "call-2", "o1", "o2") // o1: m1, o2: n1
 	m0, n0, m1, n1 := o1[0], o1[1], o2[0], o2[1]
 
-	var got [2][]*core.Message
+	var got [2][]*idemcore.Message
 	var wg sync.WaitGroup
 	for i, d := range bs {
 		wg.Go(func() {
@@ -122,7 +122,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("claimed %v while the heads are held", seqsOf(ms))
 	}
 	// m0 delivered: m1 is the head of o1; n0 is still held.
-	if err := a.Delivered(ctx, &core.Message{Seq: m0}); err != nil {
+	if err := a.Delivered(ctx, &idemcore.Message{Seq: m0}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := claimDue(b, ctx, time.Now(), 10)
@@ -136,7 +136,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("after the claims lapsed: %v, %v; want m1 and n0 again", seqsOf(ms), err)
 	}
 	// n0 dies: n1 overtakes it.
-	if err := b.Failed(ctx, &core.Message{Seq: n0, Failures: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
+	if err := b.Failed(ctx, &idemcore.Message{Seq: n0, Failures: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err = claimDue(a, ctx, time.Now(), 10)
@@ -144,7 +144,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("after n0 died: %v, %v; want n1", seqsOf(ms), err)
 	}
 	// Retried, n0 is o2's head again once n1's claim lapses.
-	if err := a.RetryDead(ctx, n0, func(m *core.Message) error { m.Failures = 0; return nil }); err != nil {
+	if err := a.RetryDead(ctx, n0, func(m *idemcore.Message) error { m.Failures = 0; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	offset.Add(int64(3 * time.Second))
@@ -154,7 +154,7 @@ func TestOutboxHeads(t *testing.T) {
 	}
 	// A failed attempt waits for its next attempt time.
 	later := time.Now().Add(time.Hour)
-	if err := a.Failed(ctx, &core.Message{Seq: m1, Failures: 1, LastError: "later", NextAttemptAt: later}); err != nil {
+	if err := a.Failed(ctx, &idemcore.Message{Seq: m1, Failures: 1, LastError: "later", NextAttemptAt: later}); err != nil {
 		t.Fatal(err)
 	}
 	if ms, _ := claimDue(b, ctx, time.Now(), 10); len(ms) != 0 {
@@ -228,23 +228,23 @@ func TestPruneBounded(t *testing.T) {
 	b := backends(t, 1, &offset)[0]
 	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
-	put := func(key string, st core.State, at time.Time, kept bool) {
+	put := func(key string, st idemcore.State, at time.Time, kept bool) {
 		t.Helper()
-		rec := &core.Record{Key: key, State: st, Attempt: 1, StartedAt: at, Retention: time.Hour, KeptUntilResolved: kept}
-		if st == core.StateDone {
+		rec := &idemcore.Record{Key: key, State: st, Attempt: 1, StartedAt: at, Retention: time.Hour, KeptUntilResolved: kept}
+		if st == idemcore.StateDone {
 			rec.CompletedAt = at
 		}
-		if err := b.Resolve(ctx, key, func(*core.Record) (*core.Record, error) { return rec, nil }); err != nil {
+		if err := b.Resolve(ctx, key, func(*idemcore.Record) (*idemcore.Record, error) { return rec, nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 7 {
-		put(fmt.Sprintf("old-%d", i), core.StateDone, t0, false)
+		put(fmt.Sprintf("old-%d", i), idemcore.StateDone, t0, false)
 	}
-	put("old-started", core.StateStarted, t0, false)
-	put("kept", core.StateStarted, t0, true)
-	put("young", core.StateDone, t0.Add(90*time.Minute), false)
-	res, err := b.Prune(ctx, core.PruneRequest{Now: t0.Add(2 * time.Hour), Retention: time.Hour, Limit: 3})
+	put("old-started", idemcore.StateStarted, t0, false)
+	put("kept", idemcore.StateStarted, t0, true)
+	put("young", idemcore.StateDone, t0.Add(90*time.Minute), false)
+	res, err := b.Prune(ctx, idemcore.PruneRequest{Now: t0.Add(2 * time.Hour), Retention: time.Hour, Limit: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,21 +252,21 @@ func TestPruneBounded(t *testing.T) {
 		t.Fatalf("pruned %+v, want 8 deleted, 1 of them started", res)
 	}
 	var left []string
-	if err := b.Scan(ctx, func(r *core.Record, err error) error { left = append(left, r.Key); return err }); err != nil {
+	if err := b.Scan(ctx, func(r *idemcore.Record, err error) error { left = append(left, r.Key); return err }); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(left, []string{"kept", "young"}) {
 		t.Fatalf("left %v", left)
 	}
 	// A longer window of the engine keeps a record its writer's would drop.
-	res, err = b.Prune(ctx, core.PruneRequest{Now: t0.Add(150 * time.Minute), Retention: 2 * time.Hour, Limit: 3})
+	res, err = b.Prune(ctx, idemcore.PruneRequest{Now: t0.Add(150 * time.Minute), Retention: 2 * time.Hour, Limit: 3})
 	if err != nil || res.Deleted != 0 {
 		t.Fatalf("prune with a longer window: %+v, %v; want nothing", res, err)
 	}
 }
 
 // claimDue is b.ClaimDue's messages.
-func claimDue(b *backend, ctx context.Context, now time.Time, limit int) ([]*core.Message, error) {
+func claimDue(b *backend, ctx context.Context, now time.Time, limit int) ([]*idemcore.Message, error) {
 	due, err := b.ClaimDue(ctx, now, limit)
 	return due.Messages, err
 }

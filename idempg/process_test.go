@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
@@ -68,7 +68,7 @@ func childMain(role string) int {
 	defer e.Close()
 	key := os.Getenv(envKey)
 	in := bufio.NewReader(os.Stdin)
-	var res core.Result
+	var res idemcore.Result
 	switch role {
 	case "do":
 		// fn says it started, then waits for a line on stdin (for ever,
@@ -92,7 +92,7 @@ func childMain(role string) int {
 		return 2
 	}
 	switch {
-	case errors.Is(err, core.ErrFenced):
+	case errors.Is(err, idemcore.ErrFenced):
 		fmt.Println("error fenced:", err)
 	case err != nil:
 		fmt.Println("error", err)
@@ -184,15 +184,15 @@ func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
 	c := startChild(t, st, "do", "k")
 	c.kill(t)
 
-	e := st.open(t, &idem.Options{InFlight: core.InFlightFail})
+	e := st.open(t, &idem.Options{InFlight: idemcore.InFlightFail})
 	var runs atomic.Int32
-	var call core.Call
+	var call idemcore.Call
 	fn := func(ctx context.Context) ([]byte, error) {
 		runs.Add(1)
-		call, _ = core.CallFrom(ctx)
+		call, _ = idemcore.CallFrom(ctx)
 		return []byte("parent"), nil
 	}
-	if _, err := e.Do(context.Background(), "k", []byte("fp"), fn); !errors.Is(err, core.ErrInProgress) {
+	if _, err := e.Do(context.Background(), "k", []byte("fp"), fn); !errors.Is(err, idemcore.ErrInProgress) {
 		t.Fatalf("while the dead child's lease lasts: %v, want ErrInProgress", err)
 	}
 	if runs.Load() != 0 {
@@ -315,7 +315,7 @@ func TestProcessStoppedInDoTx(t *testing.T) {
 		t.Fatalf("the effect: %d, %v; want once", n, err)
 	}
 	rec, err := e.Get("k")
-	if err != nil || rec.State != core.StateDone || string(rec.Response) != "parent" {
+	if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "parent" {
 		t.Fatalf("record: %+v, %v; want this process's outcome", rec, err)
 	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -75,7 +75,7 @@ func TestStarvedRenewalCancelsFn(t *testing.T) {
 	if alive {
 		t.Fatal("B's fn ran while A's fn's context was still live: A's starved renewal never ended it")
 	}
-	if !errors.Is(cause, core.ErrLeaseLost) {
+	if !errors.Is(cause, idemcore.ErrLeaseLost) {
 		t.Errorf("A's fn's context ended with cause %v, want ErrLeaseLost", cause)
 	}
 	if aErr == nil {

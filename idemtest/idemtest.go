@@ -39,7 +39,7 @@
 //	             outbox's deliveries checked for at least once, in order
 //	process      SIGKILL of a child process in fn or in a handler, and a store
 //	             held by a live process (see ChildMain)
-//	crash matrix every failpoint in the code (internal/core, this package,
+//	crash matrix every failpoint in the code (idemcore, this package,
 //	             the backend's module) × SIGKILL, panic and error, in a child
 //	             running concurrent Do, DoTx, outbox and prune traffic; the
 //	             parent reopens, retries every call and checks the promises
@@ -64,7 +64,7 @@ import (
 	"time"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Options are the contract's settings the suite opens engines with: each field
@@ -195,7 +195,7 @@ type Harness[T any] struct {
 	// change one backend operation, to exercise the engine's side of it.
 	// The suite closes every engine it opens. If nil, the ownership cases
 	// are skipped with a message.
-	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(core.Backend[T]) core.Backend[T]) (Engine[T], error)
+	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(idemcore.Backend[T]) idemcore.Backend[T]) (Engine[T], error)
 
 	// Check, if set, checks the store's consistency after the suite closed
 	// its engines (bbolt's Tx.Check).

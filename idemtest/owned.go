@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	core "github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // OwnedElsewhere is the suite's test backend for the ownership rule: it
@@ -22,25 +22,25 @@ import (
 // started row another process's transaction holds, not yet committed and
 // so invisible to Lookup. Everything else is b's. The engine must then wait for the record to change or refuse
 // with an *idem.InProgressError, never recover it.
-func OwnedElsewhere[T any](b core.Backend[T], owned func(key string) bool) core.Backend[T] {
+func OwnedElsewhere[T any](b idemcore.Backend[T], owned func(key string) bool) idemcore.Backend[T] {
 	return &ownedBackend[T]{Backend: b, owned: owned}
 }
 
 type ownedBackend[T any] struct {
-	core.Backend[T]
+	idemcore.Backend[T]
 	owned func(key string) bool
 }
 
-func (b *ownedBackend[T]) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
+func (b *ownedBackend[T]) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Ownership, error) {
 	if b.owned(rec.Key) {
-		return core.Ownership{Owned: true, Owner: "another process (idemtest)"}, nil
+		return idemcore.Ownership{Owned: true, Owner: "another process (idemtest)"}, nil
 	}
 	return b.Backend.Owner(ctx, rec)
 }
 
-func (b *ownedBackend[T]) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (b *ownedBackend[T]) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	if b.owned(req.Started.Key) {
-		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true}}, nil
+		return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true}}, nil
 	}
 	return b.Backend.Claim(ctx, req)
 }
@@ -68,7 +68,7 @@ func (s *suite[T]) owned(t *testing.T) {
 		if opts.Now == nil {
 			opts.Now = newClock().Now
 		}
-		e, err := s.h.OpenWrapped(t, store, opts, func(b core.Backend[T]) core.Backend[T] {
+		e, err := s.h.OpenWrapped(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
 			return OwnedElsewhere(b, func(key string) bool { return key == "k" && elsewhere.Load() })
 		})
 		require.NoError(t, err)
@@ -162,7 +162,7 @@ func (s *suite[T]) owned(t *testing.T) {
 		if opts.Now == nil {
 			opts.Now = newClock().Now
 		}
-		e, err := s.h.OpenWrapped(t, store, opts, func(b core.Backend[T]) core.Backend[T] {
+		e, err := s.h.OpenWrapped(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
 			return OwnedElsewhere(b, func(key string) bool { return key == "free" && elsewhere.Load() })
 		})
 		require.NoError(t, err)

@@ -1,5 +1,5 @@
 // Package goid reads the id of the calling goroutine, for the engine's
-// re-entrance checks (internal/core) and the commit pipeline's single writer
+// re-entrance checks (idemcore) and the commit pipeline's single writer
 // (internal/commit). It imports no storage driver.
 package goid
 
