@@ -15,20 +15,18 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/idemcore"
-	"github.com/idemkit/idem/internal/commit"
 	"github.com/idemkit/idem/internal/fault"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // boltBackend is the engine's storage in one bbolt file: idemcore.Backend over
 // the store's time slots (store.go), the commit pipeline's shared write
-// transactions (internal/commit), and the outbox buckets. DoTx's
+// transactions (commit.go), and the outbox buckets. DoTx's
 // transaction is *Tx, a bbolt write transaction.
 // The claim rule is in lock.go.
 type boltBackend struct {
 	db       *bbolt.DB
 	st       *store
-	pipe     *commit.Pipeline
+	pipe     *pipeline
 	e        *Engine // for the Tx a DoTx fn gets (Enqueue's clock)
 	readOnly bool
 	onCommit atomic.Pointer[func()]
@@ -88,7 +86,7 @@ func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Rec
 
 // RunTx runs fn in a write transaction of the commit pipeline, shared with
 // concurrent writers (group commit: fn may run again, at most
-// commit.MaxRuns times), and puts the done record fn returns in it. A claim
+// maxRuns times), and puts the done record fn returns in it. A claim
 // of Token zero needs no write of its own: the core holds the key, and the
 // file has one writer.
 func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
@@ -179,7 +177,7 @@ func (b *boltBackend) Enqueue(tx *Tx, m *idemcore.Message) error {
 		return err
 	}
 	m.Seq = seq
-	return ob.Put(layout.U64(seq), encodeMessage(nil, m))
+	return ob.Put(u64Key(seq), encodeMessage(nil, m))
 }
 
 // OnCommit registers the dispatcher's wake-up, called after every commit.
@@ -218,7 +216,7 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (ide
 	err = view(b.db, func(tx *bbolt.Tx) error {
 		ob := outboxBucket(tx)
 		for _, seq := range seqs {
-			v := ob.Get(layout.U64(seq))
+			v := ob.Get(u64Key(seq))
 			if v == nil {
 				ix.remove(seq) // gone since the load read it
 				continue
@@ -260,7 +258,7 @@ func (b *boltBackend) quarantine(seqs []uint64) (moved []uint64, err error) {
 	err = b.write(func(tx *bbolt.Tx) error {
 		moved = moved[:0]
 		for _, seq := range seqs {
-			k := layout.U64(seq)
+			k := u64Key(seq)
 			v := outboxBucket(tx).Get(k)
 			if v == nil {
 				continue
@@ -284,7 +282,7 @@ func (b *boltBackend) quarantine(seqs []uint64) (moved []uint64, err error) {
 // Delivered deletes pending message m and drops it from the index.
 func (b *boltBackend) Delivered(_ context.Context, m *idemcore.Message) error {
 	err := b.write(func(tx *bbolt.Tx) error {
-		ob, k := outboxBucket(tx), layout.U64(m.Seq)
+		ob, k := outboxBucket(tx), u64Key(m.Seq)
 		if ob.Get(k) == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 		}
@@ -310,14 +308,14 @@ func (b *boltBackend) Failed(_ context.Context, m *idemcore.Message) error {
 	same := false
 	if !m.Dead {
 		_ = view(b.db, func(tx *bbolt.Tx) error {
-			same = bytes.Equal(outboxBucket(tx).Get(layout.U64(m.Seq)), enc)
+			same = bytes.Equal(outboxBucket(tx).Get(u64Key(m.Seq)), enc)
 			return nil
 		})
 	}
 	var err error
 	if !same {
 		err = b.write(func(tx *bbolt.Tx) error {
-			ob, k := outboxBucket(tx), layout.U64(m.Seq)
+			ob, k := outboxBucket(tx), u64Key(m.Seq)
 			if ob.Get(k) == nil {
 				return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 			}
@@ -352,7 +350,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, e
 			}
 			c := bk.Cursor()
 			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, _ := layout.ParseU64(k)
+				seq, _ := parseU64Key(k)
 				m, err := decodeMessage(seq, v)
 				if err != nil {
 					m = &idemcore.Message{Seq: seq, Dead: dead}
@@ -372,7 +370,7 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, e
 // RetryDead moves dead letter seq back to the outbox, as revive leaves it.
 func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *idemcore.Message) error) error {
 	err := b.write(func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
+		k := u64Key(seq)
 		v := deadBucket(tx).Get(k)
 		if v == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
@@ -398,7 +396,7 @@ func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *id
 // DropDead deletes dead letter seq.
 func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 	return b.write(func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
+		k := u64Key(seq)
 		if deadBucket(tx).Get(k) == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
@@ -411,7 +409,7 @@ func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *idemcore.Me
 	var keys [][]byte
 	err := view(b.db, func(tx *bbolt.Tx) error {
 		return deadBucket(tx).ForEach(func(k, v []byte) error {
-			seq, ok := layout.ParseU64(k)
+			seq, ok := parseU64Key(k)
 			if !ok {
 				return nil
 			}
@@ -450,7 +448,7 @@ func (b *boltBackend) Close() error {
 }
 
 // write runs fn in the commit pipeline; its errors are mapped by storageErr.
-func (b *boltBackend) write(fn commit.Func) error {
+func (b *boltBackend) write(fn commitFunc) error {
 	return storageErr(b.pipe.Do(fn), b.e.opts.Bolt.MaxSize)
 }
 
@@ -462,9 +460,9 @@ func storageErr(err error, maxSize int) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, commit.ErrStopped):
+	case errors.Is(err, errPipelineStopped):
 		return ErrClosed
-	case errors.Is(err, commit.ErrFailed):
+	case errors.Is(err, errCommitFailed):
 		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
 	case errors.Is(err, bolterrors.ErrMaxSizeReached):
 		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
@@ -473,7 +471,7 @@ func storageErr(err error, maxSize int) error {
 	// is the core's *PanicError, re-raised in its caller): the transaction
 	// rolled back, the file is as it was.
 	// (A failpoint's injected panic stays what it is.)
-	if pe, ok := errors.AsType[*commit.PanicError](err); ok {
+	if pe, ok := errors.AsType[*commitPanic](err); ok {
 		if _, injected := pe.Value.(*fault.Panic); !injected {
 			return damaged(pe.Value)
 		}

@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/boltfile"
-	"github.com/idemkit/idem/internal/commit"
 )
 
 // Engine is an open idem file: the state machine of idemcore over the
@@ -27,7 +26,7 @@ type Engine struct {
 	db   *bbolt.DB
 	opts Options
 	st   store
-	pipe *commit.Pipeline
+	pipe *pipeline
 	log  *slog.Logger
 
 	closing  sync.Once
@@ -127,7 +126,7 @@ func open(path string, opts *Options, wrap func(idemcore.Backend[*Tx]) idemcore.
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
 	e.b = &boltBackend{db: db, st: &e.st, e: e, readOnly: o.Bolt.ReadOnly, ix: newOutboxIndex()}
-	e.pipe = commit.New(db, e.b.committed)
+	e.pipe = newPipeline(db, e.b.committed)
 	e.b.pipe = e.pipe
 	var b idemcore.Backend[*Tx] = e.b
 	if wrap != nil {

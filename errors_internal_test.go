@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/idemkit/idem/internal/layout"
 	"go.etcd.io/bbolt"
 )
 
@@ -20,7 +19,7 @@ import (
 func putCorrupt(t *testing.T, e *Engine, key string) {
 	t.Helper()
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		slot := layout.SlotAt(e.now(), e.st.width)
+		slot := slotAt(e.now(), e.st.width)
 		e.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
 		if err != nil {
@@ -178,7 +177,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		{"DoTx/reserved bucket", ErrReservedBucket, func(t *testing.T) error {
 			var inner error
 			_, err := open(t, nil).DoTx(t.Context(), "k", nil, func(ctx context.Context, tx *Tx) ([]byte, error) {
-				_, inner = tx.Bucket([]byte(layout.Root))
+				_, inner = tx.Bucket([]byte(rootName))
 				return nil, nil
 			})
 			require.NoError(t, err)

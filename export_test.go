@@ -7,3 +7,10 @@ import "github.com/idemkit/idem/idemcore"
 func OpenWrapped(path string, opts *Options, wrap func(idemcore.Backend[*Tx]) idemcore.Backend[*Tx]) (*Engine, error) {
 	return open(path, opts, wrap)
 }
+
+// The bbolt file's bucket names and sequence keys (layout.go), for the
+// external tests that damage a file by hand.
+var RootName, OutboxName, DeadName = rootName, outboxName, deadName
+
+// U64Key is u64Key: a message's key in the outbox and dead-letter buckets.
+func U64Key(n uint64) []byte { return u64Key(n) }

@@ -7,7 +7,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem/idemcore"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // Defaults for the zero values of OutboxOptions, each named DefaultOutbox and
@@ -195,7 +194,7 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	s.Delivered = ob.Delivered()
 	now := e.now()
 	err := outboxBucket(tx).ForEach(func(k, v []byte) error {
-		seq, _ := layout.ParseU64(k)
+		seq, _ := parseU64Key(k)
 		m, err := decodeMessage(seq, v)
 		if err != nil {
 			s.Corrupt++
@@ -214,7 +213,7 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 		return err
 	}
 	return deadBucket(tx).ForEach(func(k, v []byte) error {
-		seq, _ := layout.ParseU64(k)
+		seq, _ := parseU64Key(k)
 		m, err := decodeMessage(seq, v)
 		switch {
 		case err != nil:
@@ -226,8 +225,8 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 	})
 }
 
-func outboxBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(layout.Outbox) }
-func deadBucket(tx *bbolt.Tx) *bbolt.Bucket   { return rootBucket(tx).Bucket(layout.Dead) }
+func outboxBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(outboxName) }
+func deadBucket(tx *bbolt.Tx) *bbolt.Bucket   { return rootBucket(tx).Bucket(deadName) }
 
 // moveRaw moves pending message k, as it is, to the dead letters.
 func moveRaw(tx *bbolt.Tx, k []byte) error {

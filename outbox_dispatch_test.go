@@ -12,7 +12,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -35,7 +34,7 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(layout.Root).Bucket(layout.Outbox).Put(layout.U64(2), garbage)
+		return tx.Bucket(idem.RootName).Bucket(idem.OutboxName).Put(idem.U64Key(2), garbage)
 	}))
 	require.NoError(t, db.Close())
 
@@ -69,9 +68,9 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	require.ErrorIs(t, all[0].err, idem.ErrCorrupt)
 	require.Equal(t, idem.OutboxStats{Corrupt: 1, Delivered: 2}, obStats(t, e), "counted as corrupt, not as a dead letter")
 	require.NoError(t, e.View(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(layout.Root)
-		require.Nil(t, root.Bucket(layout.Outbox).Get(layout.U64(2)), "out of the outbox")
-		require.Equal(t, garbage, root.Bucket(layout.Dead).Get(layout.U64(2)), "moved as it was")
+		root := tx.Bucket(idem.RootName)
+		require.Nil(t, root.Bucket(idem.OutboxName).Get(idem.U64Key(2)), "out of the outbox")
+		require.Equal(t, garbage, root.Bucket(idem.DeadName).Get(idem.U64Key(2)), "moved as it was")
 		return nil
 	}))
 

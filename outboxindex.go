@@ -7,8 +7,6 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
-
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // outboxIndex is the bbolt backend's index of the pending outbox messages,
@@ -67,10 +65,10 @@ func (ix *outboxIndex) load(db *bbolt.DB) (corrupt []uint64, err error) {
 		c := outboxBucket(tx).Cursor()
 		k, v := c.First()
 		if !full {
-			k, v = c.Seek(layout.U64(ix.lastSeq + 1))
+			k, v = c.Seek(u64Key(ix.lastSeq + 1))
 		}
 		for ; k != nil; k, v = c.Next() {
-			seq, ok := layout.ParseU64(k)
+			seq, ok := parseU64Key(k)
 			if !ok {
 				continue
 			}

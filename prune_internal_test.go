@@ -12,7 +12,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem/idemcore"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // commitCounter counts the engine's commits (EventCommit).
@@ -89,15 +88,15 @@ func TestBoltClaimDueQuarantines(t *testing.T) {
 		require.NoError(t, err)
 	}
 	garbage := []byte("not a message")
-	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error { return outboxBucket(tx).Put(layout.U64(1), garbage) }))
+	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error { return outboxBucket(tx).Put(u64Key(1), garbage) }))
 	due, err := e.b.ClaimDue(ctx, e.now(), 10)
 	require.NoError(t, err)
 	require.Equal(t, []uint64{1}, due.Quarantined)
 	require.Len(t, due.Messages, 1)
 	require.Equal(t, uint64(2), due.Messages[0].Seq, "the next message of its ordering key is not held back")
 	require.NoError(t, e.View(func(tx *bbolt.Tx) error {
-		require.Nil(t, outboxBucket(tx).Get(layout.U64(1)))
-		require.Equal(t, garbage, deadBucket(tx).Get(layout.U64(1)))
+		require.Nil(t, outboxBucket(tx).Get(u64Key(1)))
+		require.Equal(t, garbage, deadBucket(tx).Get(u64Key(1)))
 		return nil
 	}))
 	due, err = e.b.ClaimDue(ctx, e.now(), 10)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/layout"
 	"os"
 	"strings"
 	"testing"
@@ -101,7 +100,7 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	require.NoError(t, err)
 	defer e.Close()
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		slot := layout.SlotAt(e.now(), e.st.width)
+		slot := slotAt(e.now(), e.st.width)
 		e.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
 		if err != nil {
@@ -201,7 +200,7 @@ func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
 	defer e.Close()
 	_, err = e.Do(t.Context(), "k", nil, func(context.Context) ([]byte, error) { return []byte("v"), nil })
 	require.NoError(t, err)
-	stray := layout.Slot{Start: 1, End: 2}.Name() // 1970: expired long ago
+	stray := timeSlot{Start: 1, End: 2}.Name() // 1970: expired long ago
 	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
 		return rootBucket(tx).Put(stray, []byte("not a bucket"))
 	}))

@@ -8,7 +8,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem/idemcore"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // Tx is the write transaction a DoTx fn runs in: the same bbolt transaction
@@ -28,7 +27,7 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 	if t.tx == nil {
 		return nil, &OpError{Op: "bucket", Key: t.key, Err: ErrTxClosed}
 	}
-	if bytes.Equal(name, layout.Root) {
+	if bytes.Equal(name, rootName) {
 		return nil, &OpError{Op: "bucket", Key: t.key, Err: fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)}
 	}
 	b, err := t.tx.CreateBucketIfNotExists(name)

@@ -360,19 +360,23 @@ func (a *app) openEngine() (*idem.Engine, error) {
 
 // preflight checks, without writing, that path is an existing idem file that
 // no program holds: idem.Open would create a missing file, or add the
-// engine's buckets to any other bbolt file.
+// engine's buckets to any other bbolt file. A read-only open of the engine
+// refuses both, and changes nothing.
 func preflight(path string) error {
-	db, err := openReadOnly(path)
-	if err != nil {
+	if err := mustExist(path); err != nil {
 		return err
 	}
-	defer db.Close()
-	return db.View(func(tx *bbolt.Tx) error {
-		if tx.Bucket(layout.Root) == nil {
-			return fmt.Errorf("idem: %s: not an idem file (no %q bucket)", path, layout.Root)
-		}
-		return nil
+	if err := checkFile(path); err != nil {
+		return err
+	}
+	e, err := idem.Open(path, &idem.Options{
+		Bolt:          idem.BoltOptions{ReadOnly: true, LockTimeout: lockTimeout},
+		PruneInterval: -1,
 	})
+	if err != nil {
+		return openError(path, err)
+	}
+	return e.Close()
 }
 
 // openReadOnly opens path with bbolt read-only (a shared lock), failing on a

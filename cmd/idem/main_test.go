@@ -17,7 +17,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // base is the engine clock of the fixture's live records: an hour ago, whole
@@ -82,8 +81,8 @@ func corrupt(t *testing.T, path, key string) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, db.Close()) }()
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(layout.Root)
-		name, _ := root.Cursor().Seek(layout.SlotPrefix) // a slot bucket: the tests write in one slot
+		root := tx.Bucket(rootBucket)
+		name, _ := root.Cursor().Seek(slotPrefix) // a slot bucket: the tests write in one slot
 		return root.Bucket(name).Put([]byte(key), []byte("not a record at all"))
 	}))
 }
@@ -514,7 +513,7 @@ func TestCheckNotAnIdemFile(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
-		require.Nil(t, tx.Bucket(layout.Root))
+		require.Nil(t, tx.Bucket(rootBucket))
 		return nil
 	}))
 }
@@ -707,7 +706,7 @@ func TestCheckFindsCorruptOutboxMessages(t *testing.T) {
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(layout.Root).Bucket(layout.Outbox).Put(layout.U64(77), []byte("not a message"))
+		return tx.Bucket(rootBucket).Bucket(outboxBucket).Put(seqKey(77), []byte("not a message"))
 	}))
 	require.NoError(t, db.Close())
 	r := idemDB(t, path, "check")

@@ -1,4 +1,4 @@
-package commit_test
+package idem
 
 import (
 	"errors"
@@ -11,15 +11,13 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
-
-	"github.com/idemkit/idem/internal/commit"
 )
 
-func open(t *testing.T) (*bbolt.DB, *commit.Pipeline) {
+func openPipeline(t *testing.T) (*bbolt.DB, *pipeline) {
 	t.Helper()
 	db, err := bbolt.Open(filepath.Join(t.TempDir(), "c.db"), 0o600, &bbolt.Options{NoSync: true})
 	require.NoError(t, err)
-	p := commit.New(db, nil)
+	p := newPipeline(db, nil)
 	t.Cleanup(func() {
 		p.Stop()
 		require.NoError(t, db.Close())
@@ -27,7 +25,7 @@ func open(t *testing.T) (*bbolt.DB, *commit.Pipeline) {
 	return db, p
 }
 
-func put(key string) commit.Func {
+func putKey(key string) commitFunc {
 	return func(tx *bbolt.Tx) error {
 		b, err := tx.CreateBucketIfNotExists([]byte("b"))
 		if err != nil {
@@ -37,7 +35,7 @@ func put(key string) commit.Func {
 	}
 }
 
-func keys(t *testing.T, db *bbolt.DB) map[string]bool {
+func pipelineKeys(t *testing.T, db *bbolt.DB) map[string]bool {
 	got := map[string]bool{}
 	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
 		if b := tx.Bucket([]byte("b")); b != nil {
@@ -49,21 +47,21 @@ func keys(t *testing.T, db *bbolt.DB) map[string]bool {
 }
 
 func TestConcurrentCallersShareCommits(t *testing.T) {
-	db, p := open(t)
+	db, p := openPipeline(t)
 	const n = 500
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { assert.NoError(t, p.Do(put(fmt.Sprint(i)))) })
+		wg.Go(func() { assert.NoError(t, p.Do(putKey(fmt.Sprint(i)))) })
 	}
 	wg.Wait()
-	require.Len(t, keys(t, db), n)
+	require.Len(t, pipelineKeys(t, db), n)
 	commits, requests := p.Stats()
 	require.EqualValues(t, n, requests)
 	require.Less(t, commits, uint64(n), "some commits carried more than one request")
 }
 
 func TestFailingAndPanickingFunctionsRollBackAlone(t *testing.T) {
-	db, p := open(t)
+	db, p := openPipeline(t)
 	errNo := errors.New("no")
 	var wg sync.WaitGroup
 	for i := range 300 {
@@ -71,10 +69,10 @@ func TestFailingAndPanickingFunctionsRollBackAlone(t *testing.T) {
 			key := fmt.Sprint(i)
 			switch i % 3 {
 			case 0:
-				assert.NoError(t, p.Do(put(key)))
+				assert.NoError(t, p.Do(putKey(key)))
 			case 1:
 				err := p.Do(func(tx *bbolt.Tx) error {
-					if err := put(key)(tx); err != nil {
+					if err := putKey(key)(tx); err != nil {
 						return err
 					}
 					return errNo
@@ -82,10 +80,10 @@ func TestFailingAndPanickingFunctionsRollBackAlone(t *testing.T) {
 				assert.ErrorIs(t, err, errNo)
 			case 2:
 				err := p.Do(func(tx *bbolt.Tx) error {
-					_ = put(key)(tx)
+					_ = putKey(key)(tx)
 					panic("boom " + key)
 				})
-				var pe *commit.PanicError
+				var pe *commitPanic
 				if assert.ErrorAs(t, err, &pe) {
 					assert.Equal(t, "boom "+key, pe.Value)
 					assert.NotEmpty(t, pe.Stack)
@@ -94,33 +92,33 @@ func TestFailingAndPanickingFunctionsRollBackAlone(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	got := keys(t, db)
+	got := pipelineKeys(t, db)
 	for i := range 300 {
 		require.Equal(t, i%3 == 0, got[fmt.Sprint(i)], "key %d", i)
 	}
 }
 
 func TestStopDrainsThenRefuses(t *testing.T) {
-	db, p := open(t)
+	db, p := openPipeline(t)
 	var wg sync.WaitGroup
 	for i := range 50 {
-		wg.Go(func() { _ = p.Do(put(fmt.Sprint(i))) })
+		wg.Go(func() { _ = p.Do(putKey(fmt.Sprint(i))) })
 	}
 	wg.Wait()
 	p.Stop()
 	p.Stop() // idempotent
-	require.ErrorIs(t, p.Do(put("late")), commit.ErrStopped)
-	require.Len(t, keys(t, db), 50)
+	require.ErrorIs(t, p.Do(putKey("late")), errPipelineStopped)
+	require.Len(t, pipelineKeys(t, db), 50)
 }
 
 func TestStopWaitsForACallersOwnCommit(t *testing.T) {
-	_, p := open(t)
+	_, p := openPipeline(t)
 	entered, release := make(chan struct{}), make(chan struct{})
 	go func() {
 		_ = p.Do(func(tx *bbolt.Tx) error {
 			close(entered)
 			<-release
-			return put("lone")(tx)
+			return putKey("lone")(tx)
 		})
 	}()
 	<-entered
@@ -133,29 +131,29 @@ func TestStopWaitsForACallersOwnCommit(t *testing.T) {
 func TestGoexitInAFunctionLeavesThePipelineWorking(t *testing.T) {
 	for _, name := range []string{"alone", "in a batch"} {
 		t.Run(name, func(t *testing.T) {
-			db, p := open(t)
+			db, p := openPipeline(t)
 			var wg sync.WaitGroup
 			if name == "in a batch" {
 				for i := range 20 {
-					wg.Go(func() { assert.NoError(t, p.Do(put(fmt.Sprint(i)))) })
+					wg.Go(func() { assert.NoError(t, p.Do(putKey(fmt.Sprint(i)))) })
 				}
 			}
 			exited := make(chan struct{})
 			go func() {
 				defer close(exited)
 				err := p.Do(func(tx *bbolt.Tx) error {
-					_ = put("goexit")(tx)
+					_ = putKey("goexit")(tx)
 					runtime.Goexit() // what t.FailNow does
 					return nil
 				})
 				// Run on the committer goroutine (in a batch), the function
 				// ended that goroutine, not this one: Do reports it.
-				assert.ErrorIs(t, err, commit.ErrGoexit)
+				assert.ErrorIs(t, err, errCommitGoexit)
 			}()
 			<-exited
 			wg.Wait()
-			require.NoError(t, p.Do(put("after")))
-			got := keys(t, db)
+			require.NoError(t, p.Do(putKey("after")))
+			got := pipelineKeys(t, db)
 			require.False(t, got["goexit"], "the exited function's writes are rolled back")
 			require.True(t, got["after"])
 			if name == "in a batch" {
@@ -166,7 +164,7 @@ func TestGoexitInAFunctionLeavesThePipelineWorking(t *testing.T) {
 }
 
 func TestHoldingIsTrueOnlyInsideAFunction(t *testing.T) {
-	_, p := open(t)
+	_, p := openPipeline(t)
 	require.False(t, p.Holding())
 	var inside bool
 	require.NoError(t, p.Do(func(*bbolt.Tx) error { inside = p.Holding(); return nil }))

@@ -1,4 +1,4 @@
-package commit
+package idem
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 )
 
 // queueFull returns once n requests wait in p's queue.
-func queueFull(p *Pipeline, n int) {
+func queueFull(p *pipeline, n int) {
 	for {
 		p.mu.Lock()
 		queued := len(p.queue)
@@ -26,7 +26,7 @@ func queueFull(p *Pipeline, n int) {
 	}
 }
 
-// No function runs more than MaxRuns times, whatever fails around it: a
+// No function runs more than maxRuns times, whatever fails around it: a
 // batch of n requests, queued behind a commit that holds the writer so they
 // share the next transactions, where fails decides (from the request's index
 // and its run, and the failures so far) which runs fail.
@@ -47,7 +47,7 @@ func TestReRunsAreBounded(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			db, err := bbolt.Open(filepath.Join(t.TempDir(), "c.db"), 0o600, &bbolt.Options{NoSync: true})
 			require.NoError(t, err)
-			p := New(db, nil)
+			p := newPipeline(db, nil)
 			defer func() {
 				p.Stop()
 				require.NoError(t, db.Close())
@@ -94,7 +94,7 @@ func TestReRunsAreBounded(t *testing.T) {
 			for i := range n {
 				r := int(runs[i].Load())
 				total += r
-				require.LessOrEqual(t, r, MaxRuns, "request %d ran %d times", i, r)
+				require.LessOrEqual(t, r, maxRuns, "request %d ran %d times", i, r)
 				require.GreaterOrEqual(t, r, 1)
 				if errs[i] != nil {
 					require.ErrorIs(t, errs[i], errFail)

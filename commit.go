@@ -1,31 +1,4 @@
-// Package commit is the engine's write path: a commit pipeline in which
-// concurrent writers share bbolt write transactions (group commit).
-//
-// One writer at a time: a caller that finds the pipeline idle commits its own
-// request on its own goroutine (a lone caller pays no handoff, and no delay,
-// unlike bbolt's Batch whose timer costs it up to MaxBatchDelay); requests
-// that arrive meanwhile queue, and the committer goroutine takes them all in
-// the next commit, so under load one fsync serves many calls.
-//
-// bbolt has no savepoints: when a request's function fails or panics, the
-// whole transaction is rolled back, that request gets its own error, and the
-// others are run again in fresh transactions. A function may therefore run
-// more than once (at most MaxRuns times) and must touch nothing but the
-// transaction it is given.
-//
-// A panic on the committer goroutine outside a request's function (the
-// failpoints commit-shared-before and commit-shared-after, or a bug of this
-// package) is not recovered: like any unrecovered panic on a goroutine of its
-// own, it ends the process, and no caller of the shared commit is answered.
-// The file then holds that commit or not (after tx.Commit it does; before, the
-// clean-up that unwinds with the panic hands the requests back to a new
-// committer, which may commit them before the process exits), as after a
-// SIGKILL around a commit: callers never answered, records as committed. A
-// panic inside a request's function (a DoTx fn, the failpoints do-done-commit
-// and dotx-before-commit) is recovered: it fails that request only, with a
-// *PanicError, and the others of the batch run again without it. The crash
-// matrix (idemtest) runs both.
-package commit
+package idem
 
 import (
 	"errors"
@@ -42,46 +15,74 @@ import (
 	"github.com/idemkit/idem/internal/goid"
 )
 
-// ErrStopped is returned by Do after Stop.
-var ErrStopped = errors.New("commit pipeline stopped")
+// The commit pipeline, the bbolt engine's write path: a commit pipeline in which
+// concurrent writers share bbolt write transactions (group commit).
+//
+// One writer at a time: a caller that finds the pipeline idle commits its own
+// request on its own goroutine (a lone caller pays no handoff, and no delay,
+// unlike bbolt's Batch whose timer costs it up to MaxBatchDelay); requests
+// that arrive meanwhile queue, and the committer goroutine takes them all in
+// the next commit, so under load one fsync serves many calls.
+//
+// bbolt has no savepoints: when a request's function fails or panics, the
+// whole transaction is rolled back, that request gets its own error, and the
+// others are run again in fresh transactions. A function may therefore run
+// more than once (at most maxRuns times) and must touch nothing but the
+// transaction it is given.
+//
+// A panic on the committer goroutine outside a request's function (the
+// failpoints commit-shared-before and commit-shared-after, or a bug of this
+// package) is not recovered: like any unrecovered panic on a goroutine of its
+// own, it ends the process, and no caller of the shared commit is answered.
+// The file then holds that commit or not (after tx.Commit it does; before, the
+// clean-up that unwinds with the panic hands the requests back to a new
+// committer, which may commit them before the process exits), as after a
+// SIGKILL around a commit: callers never answered, records as committed. A
+// panic inside a request's function (a DoTx fn, the failpoints do-done-commit
+// and dotx-before-commit) is recovered: it fails that request only, with a
+// *commitPanic, and the others of the batch run again without it. The crash
+// matrix (idemtest) runs both.
 
-// ErrFailed is wrapped, beside the cause, by the error of a commit that failed
+// errPipelineStopped is returned by Do after Stop.
+var errPipelineStopped = errors.New("commit pipeline stopped")
+
+// errCommitFailed is wrapped, beside the cause, by the error of a commit that failed
 // to write or sync the file, and by every Do after it: the kernel may have
 // dropped the pages it could not write, so what the file holds is unknown and
 // the pipeline refuses to commit again (it fails closed, as PostgreSQL does
 // after an fsync error). Only a new pipeline, on a reopened file, commits
 // again. bbolt's ErrMaxSizeReached is not such a failure: it is raised before
 // anything is written, and the pipeline goes on.
-var ErrFailed = errors.New("commit failed")
+var errCommitFailed = errors.New("commit failed")
 
-// ErrGoexit is the error of a request whose function called runtime.Goexit
+// errCommitGoexit is the error of a request whose function called runtime.Goexit
 // (t.FailNow does): its transaction is rolled back and the other requests of
 // the batch are committed without it.
-var ErrGoexit = errors.New("commit: function called runtime.Goexit")
+var errCommitGoexit = errors.New("commit: function called runtime.Goexit")
 
-// MaxRuns is the most times one request's function runs. A function that
-// has run MaxRuns-1 times in transactions rolled back for others' failures
+// maxRuns is the most times one request's function runs. A function that
+// has run maxRuns-1 times in transactions rolled back for others' failures
 // runs its last time in a transaction of its own, so no other function's
 // failure can roll it back again; whatever it returns then is its outcome.
 // DESIGN.md: "no fn runs more than 3 times per call, whatever fails around
 // it".
-const MaxRuns = 3
+const maxRuns = 3
 
-// Func writes into tx. A non-nil error rolls back every write of its batch;
+// commitFunc writes into tx. A non-nil error rolls back every write of its batch;
 // the pipeline re-runs the other functions of the batch without it.
-type Func func(tx *bbolt.Tx) error
+type commitFunc func(tx *bbolt.Tx) error
 
-// PanicError is the error a Func's panic becomes, with its value and the stack
+// commitPanic is the error a commitFunc's panic becomes, with its value and the stack
 // of the goroutine that panicked. The engine re-raises it in the caller.
-type PanicError struct {
+type commitPanic struct {
 	Value any
 	Stack []byte
 }
 
-func (p *PanicError) Error() string { return fmt.Sprintf("panic: %v\n\n%s", p.Value, p.Stack) }
+func (p *commitPanic) Error() string { return fmt.Sprintf("panic: %v\n\n%s", p.Value, p.Stack) }
 
-// Pipeline serialises writers into shared transactions.
-type Pipeline struct {
+// pipeline serialises writers into shared transactions.
+type pipeline struct {
 	db       *bbolt.DB
 	onCommit func()
 
@@ -90,7 +91,7 @@ type Pipeline struct {
 	spare   []*request
 	busy    bool // a commit is running, on a caller or on the committer
 	stopped bool
-	failed  error // the first failed commit's error, wrapping ErrFailed
+	failed  error // the first failed commit's error, wrapping errCommitFailed
 
 	// writer is the id of the goroutine that runs the functions of the
 	// current commit, 0 when none: a call from inside one is re-entrant.
@@ -110,7 +111,7 @@ type Pipeline struct {
 }
 
 type request struct {
-	fn   Func
+	fn   commitFunc
 	err  error
 	runs int // times fn ran, in transactions of any batch
 	done chan struct{}
@@ -118,8 +119,8 @@ type request struct {
 
 // New starts a pipeline over db. onCommit, if not nil, runs on the committer
 // after every successful commit (it must not block).
-func New(db *bbolt.DB, onCommit func()) *Pipeline {
-	p := &Pipeline{
+func newPipeline(db *bbolt.DB, onCommit func()) *pipeline {
+	p := &pipeline{
 		db:       db,
 		onCommit: onCommit,
 		wake:     make(chan struct{}, 1),
@@ -134,15 +135,15 @@ var requestPool = sync.Pool{New: func() any { return &request{done: make(chan st
 
 // Do runs fn in a write transaction shared with other callers and returns once
 // that transaction has committed (and synced, unless the DB is NoSync), or the
-// error of fn, of the commit, or ErrStopped.
-func (p *Pipeline) Do(fn Func) error {
+// error of fn, of the commit, or errPipelineStopped.
+func (p *pipeline) Do(fn commitFunc) error {
 	r := requestPool.Get().(*request)
 	r.fn, r.err, r.runs = fn, nil, 0
 	p.mu.Lock()
 	if p.stopped {
 		p.mu.Unlock()
 		requestPool.Put(r)
-		return ErrStopped
+		return errPipelineStopped
 	}
 	if err := p.failed; err != nil {
 		p.mu.Unlock()
@@ -170,8 +171,8 @@ func (p *Pipeline) Do(fn Func) error {
 }
 
 // Stop commits what is queued, stops the committer and waits for it. Later
-// calls of Do return ErrStopped. Stop is idempotent.
-func (p *Pipeline) Stop() {
+// calls of Do return errPipelineStopped. Stop is idempotent.
+func (p *pipeline) Stop() {
 	p.mu.Lock()
 	if !p.stopped {
 		p.stopped = true
@@ -182,8 +183,8 @@ func (p *Pipeline) Stop() {
 }
 
 // Failed returns the error of the commit that failed the pipeline (it wraps
-// ErrFailed and the cause), or nil while commits succeed.
-func (p *Pipeline) Failed() error {
+// errCommitFailed and the cause), or nil while commits succeed.
+func (p *pipeline) Failed() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.failed
@@ -191,21 +192,21 @@ func (p *Pipeline) Failed() error {
 
 // fail records a failed commit's error and returns the error its requests
 // get: the first failure's, so every caller sees the one cause.
-func (p *Pipeline) fail(err error) error {
+func (p *pipeline) fail(err error) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.failed == nil {
-		p.failed = fmt.Errorf("%w: %w", ErrFailed, err)
+		p.failed = fmt.Errorf("%w: %w", errCommitFailed, err)
 	}
 	return p.failed
 }
 
 // Stats reports the commits made and the requests they carried.
-func (p *Pipeline) Stats() (commits, requests uint64) {
+func (p *pipeline) Stats() (commits, requests uint64) {
 	return p.commits.Load(), p.requests.Load()
 }
 
-func (p *Pipeline) signal() {
+func (p *pipeline) signal() {
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -213,7 +214,7 @@ func (p *Pipeline) signal() {
 }
 
 // release ends a commit and hands what queued meanwhile to the committer.
-func (p *Pipeline) release() {
+func (p *pipeline) release() {
 	p.mu.Lock()
 	p.busy = false
 	wake := len(p.queue) > 0 || p.stopped // Stop may be waiting for this commit
@@ -225,19 +226,19 @@ func (p *Pipeline) release() {
 
 // Holding reports whether the calling goroutine is running a function of
 // the current commit: a Do from there would wait for itself.
-func (p *Pipeline) Holding() bool {
+func (p *pipeline) Holding() bool {
 	w := p.writer.Load()
-	return w != 0 && w == GoroutineID()
+	return w != 0 && w == goid.ID()
 }
 
 // runAndRelease runs batch and releases the writer, also when a function
 // calls runtime.Goexit on this goroutine.
-func (p *Pipeline) runAndRelease(batch []*request) {
+func (p *pipeline) runAndRelease(batch []*request) {
 	defer p.release()
 	p.run(batch)
 }
 
-func (p *Pipeline) loop() {
+func (p *pipeline) loop() {
 	exited := true
 	defer func() {
 		if exited {
@@ -273,7 +274,7 @@ func (p *Pipeline) loop() {
 // take claims the writer and swaps the queue out, reusing the previous
 // batch's backing array. ok is false while a caller commits (its release
 // signals the committer again).
-func (p *Pipeline) take() (batch []*request, ok bool) {
+func (p *pipeline) take() (batch []*request, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.busy {
@@ -285,11 +286,11 @@ func (p *Pipeline) take() (batch []*request, ok bool) {
 	return batch, true
 }
 
-func (p *Pipeline) run(batch []*request) {
+func (p *pipeline) run(batch []*request) {
 	if len(batch) == 0 {
 		return
 	}
-	p.writer.Store(GoroutineID())
+	p.writer.Store(goid.ID())
 	var (
 		tx      *bbolt.Tx
 		pending = batch
@@ -314,7 +315,7 @@ func (p *Pipeline) run(batch []*request) {
 			p.queue = append(rest, p.queue...)
 			p.mu.Unlock()
 			if current != nil {
-				finish([]*request{current}, ErrGoexit)
+				finish([]*request{current}, errCommitGoexit)
 			}
 		}
 		clear(batch)
@@ -328,7 +329,7 @@ func (p *Pipeline) run(batch []*request) {
 	// transaction rolls back and the failing request gets its error; the
 	// requests before it, which ran clean, run again in a transaction of
 	// their own (deterministic functions then commit on their second run),
-	// and the rest follow. A request on its last run (MaxRuns) runs alone.
+	// and the rest follow. A request on its last run (maxRuns) runs alone.
 	upTo := len(pending)
 	for len(pending) > 0 {
 		group := pending[:groupSize(pending, upTo)]
@@ -409,7 +410,7 @@ func groupSize(pending []*request, upTo int) int {
 		n = len(pending)
 	}
 	for i, r := range pending[:n] {
-		if r.runs >= MaxRuns-1 {
+		if r.runs >= maxRuns-1 {
 			return max(i, 1)
 		}
 	}
@@ -422,15 +423,11 @@ func commit(tx *bbolt.Tx) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			_ = tx.Rollback()
-			err = &PanicError{Value: v, Stack: debug.Stack()}
+			err = &commitPanic{Value: v, Stack: debug.Stack()}
 		}
 	}()
 	return tx.Commit()
 }
-
-// GoroutineID is the id of the calling goroutine (goid.ID: never 0, one
-// runtime.Stack call; read once per commit, never per replay).
-func GoroutineID() uint64 { return goid.ID() }
 
 func finish(rs []*request, err error) {
 	for _, r := range rs {
@@ -439,18 +436,18 @@ func finish(rs []*request, err error) {
 	}
 }
 
-// call runs fn, turning a panic into a *PanicError.
-func call(fn Func, tx *bbolt.Tx) (err error) {
+// call runs fn, turning a panic into a *commitPanic.
+func call(fn commitFunc, tx *bbolt.Tx) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			err = &PanicError{Value: v, Stack: debug.Stack()}
+			err = &commitPanic{Value: v, Stack: debug.Stack()}
 		}
 	}()
 	return fn(tx)
 }
 
 // observeStart is when a commit starts, for Observe: zero without it.
-func (p *Pipeline) observeStart() time.Time {
+func (p *pipeline) observeStart() time.Time {
 	if p.Observe == nil {
 		return time.Time{}
 	}
@@ -458,7 +455,7 @@ func (p *Pipeline) observeStart() time.Time {
 }
 
 // observe reports a successful commit of n requests that started at t0.
-func (p *Pipeline) observe(t0 time.Time, n int, err error) {
+func (p *pipeline) observe(t0 time.Time, n int, err error) {
 	if p.Observe != nil && err == nil {
 		p.Observe(n, time.Since(t0))
 	}
