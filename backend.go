@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -22,22 +23,58 @@ import (
 // the store's time slots (store.go), the commit pipeline's shared write
 // transactions (commit.go), and the outbox buckets. DoTx's
 // transaction is *Tx, a bbolt write transaction.
-// The claim rule is in lock.go.
+// The claim rule is in lock.go. It knows nothing of the engine above it: the
+// engine calls it, never the reverse.
 type boltBackend struct {
 	db       *bbolt.DB
 	st       *store
 	pipe     *pipeline
-	e        *Engine // for the Tx a DoTx fn gets (Enqueue's clock)
 	readOnly bool
+	maxSize  int              // BoltOptions.MaxSize, for ErrFileFull's text
+	now      func() time.Time // the engine clock, for Tx.Enqueue
+	log      *slog.Logger
 	onCommit atomic.Pointer[func()]
 	ix       *outboxIndex // pending messages, for ClaimDue (outboxindex.go)
+	reads    readGuard    // goroutines inside Records, View and Messages callbacks
 }
 
 var _ idemcore.Backend[*Tx] = (*boltBackend)(nil)
 
+// newBoltBackend returns the backend over db, opened with f, for an engine
+// with options o (defaults filled in): its clock, its logger, its observer
+// (which gets an EventCommit for every commit of the pipeline).
+func newBoltBackend(db *bbolt.DB, st *store, f *BoltOptions, o *Options) *boltBackend {
+	clock := o.Now
+	b := &boltBackend{db: db, st: st, readOnly: f.ReadOnly, maxSize: f.MaxSize,
+		now: func() time.Time { return clock().Round(0) }, log: o.Logger, ix: newOutboxIndex()}
+	b.pipe = newPipeline(db, b.committed)
+	if ob := o.Observer; ob != nil {
+		b.pipe.Observe = func(n int, d time.Duration) {
+			ob.Observe(idemcore.Event{Kind: idemcore.EventCommit, N: n, Duration: d})
+		}
+	}
+	return b
+}
+
 // Info: no heartbeat, no poll: a bbolt claim never lapses and is never
-// owned elsewhere.
-func (b *boltBackend) Info() idemcore.Info { return idemcore.Info{Name: "bbolt", ReadOnly: b.readOnly} }
+// owned elsewhere. The commits are the pipeline's.
+func (b *boltBackend) Info() idemcore.Info {
+	return idemcore.Info{Name: "bbolt", ReadOnly: b.readOnly, Commits: b.pipe.Stats}
+}
+
+// Guard refuses a call from inside a Records, View or Messages callback
+// (errInsideRead), and fails closed after a failed commit
+// (ErrStorageFailed): every call, replays from the cache too, is refused
+// until a reopen.
+func (b *boltBackend) Guard() error {
+	if b.reads.holding() {
+		return errInsideRead
+	}
+	if err := b.pipe.Failed(); err != nil {
+		return storageErr(err, b.maxSize)
+	}
+	return nil
+}
 
 // Lookup reads the key's newest version in one read transaction; a live
 // done record of another fingerprint is refused from its header alone.
@@ -91,7 +128,7 @@ func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Rec
 // file has one writer.
 func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
 	return b.write(func(btx *bbolt.Tx) error {
-		tx := &Tx{tx: btx, e: b.e, key: c.Key}
+		tx := &Tx{tx: btx, b: b, key: c.Key}
 		done, err := fn(tx)
 		tx.tx = nil
 		if err != nil {
@@ -151,7 +188,7 @@ func (b *boltBackend) Prune(ctx context.Context, req idemcore.PruneRequest) (ide
 // Scan walks every stored record in one read transaction, slot by slot from
 // the oldest, by key within a slot.
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
-	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
+	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
 	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
 		return b.st.forEach(tx, func(r *Record, err error) error {
@@ -202,7 +239,7 @@ func (b *boltBackend) committed() {
 // what did.
 func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (idemcore.Due, error) {
 	if err := b.pipe.Failed(); err != nil {
-		return idemcore.Due{}, storageErr(err, b.e.opts.Bolt.MaxSize)
+		return idemcore.Due{}, storageErr(err, b.maxSize)
 	}
 	ix := b.ix
 	ix.mu.Lock()
@@ -245,7 +282,7 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (ide
 		due.Quarantined, err = b.quarantine(corrupt)
 		if err != nil {
 			ix.rescan.Store(true)
-			b.e.log.Warn("idem: outbox: moving corrupt messages to the dead letters failed", "err", err)
+			b.log.Warn("idem: outbox: moving corrupt messages to the dead letters failed", "err", err)
 		}
 	}
 	return due, nil
@@ -340,7 +377,7 @@ func (b *boltBackend) Failed(_ context.Context, m *idemcore.Message) error {
 
 // Messages walks the pending messages, then the dead letters, by Seq.
 func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, err error) error) error {
-	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
+	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
 	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
@@ -449,7 +486,7 @@ func (b *boltBackend) Close() error {
 
 // write runs fn in the commit pipeline; its errors are mapped by storageErr.
 func (b *boltBackend) write(fn commitFunc) error {
-	return storageErr(b.pipe.Do(fn), b.e.opts.Bolt.MaxSize)
+	return storageErr(b.pipe.Do(fn), b.maxSize)
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,
@@ -465,7 +502,7 @@ func storageErr(err error, maxSize int) error {
 	case errors.Is(err, errCommitFailed):
 		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
 	case errors.Is(err, bolterrors.ErrMaxSizeReached):
-		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
+		return fmt.Errorf("%w (BoltOptions.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
 	}
 	// A write's panic is bbolt's on a damaged page (a DoTx fn's own panic
 	// is the core's *PanicError, re-raised in its caller): the transaction

@@ -45,7 +45,7 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 		}
 		return due.Messages, topics, due.Next
 	}
-	now := e.now()
+	now := e.c.Now()
 	limited, topics, _ := claim(now, 1)
 	require.Equal(t, []string{"a1"}, topics, "the lowest Seq first, up to limit")
 	bs, topics, _ := claim(now, 10)
@@ -101,7 +101,7 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 // also when a head due again after its backoff is claimed beside a fresh one
 // (the index keeps heads by next attempt).
 func TestBoltClaimDueBySeq(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1, Bolt: BoltOptions{NoSync: true}})
+	e, err := OpenFile(filepath.Join(t.TempDir(), "idem.db"), &BoltOptions{NoSync: true}, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	defer e.Close()
 	ctx := context.Background()
@@ -109,7 +109,7 @@ func TestBoltClaimDueBySeq(t *testing.T) {
 		_, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *Tx) ([]byte, error) { return nil, tx.Enqueue("t", nil) })
 		require.NoError(t, err)
 	}
-	now := e.now()
+	now := e.c.Now()
 	enqueue("x")
 	due, err := e.b.ClaimDue(ctx, now, 10)
 	require.NoError(t, err)

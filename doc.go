@@ -34,7 +34,7 @@
 //     error code and message, after a restart too. A caller can tell a replay only
 //     by Result.Replayed.
 //   - Durability: when Do returns, its record is on disk (fsync), unless
-//     Options.Bolt.NoSync is set. Concurrent calls share commits (group commit).
+//     BoltOptions.NoSync is set. Concurrent calls share commits (group commit).
 //   - A crash at any point leaves either no record (fn did not run), a done record
 //     (replayed), or a started record: an interrupted execution, whose effect is
 //     unknown. The RecoveryPolicy decides: re-execute (the default, at-least-once;
@@ -69,7 +69,7 @@
 // # Caveats
 //
 //   - One process holds the file (bbolt's exclusive lock); a second Open, even
-//     in the same process, fails after Options.Bolt.LockTimeout. Dedupe across
+//     in the same process, fails after BoltOptions.LockTimeout. Dedupe across
 //     processes or machines needs a shared backend, which this package is not.
 //   - Exactly once is impossible for an effect on another system: after a crash
 //     between the effect and the done record, fn runs again (or the key is
@@ -78,7 +78,7 @@
 //   - A DoTx fn may run more than once (shared transactions are retried without
 //     a failing member), never more than 3 times per call, and must touch only
 //     its Tx: no I/O, no shared memory.
-//   - Options.Bolt.NoSync gives up durability: after a machine crash a started record
+//   - BoltOptions.NoSync gives up durability: after a machine crash a started record
 //     may be missing and fn may run twice. For tests and benchmarks.
 //   - The fingerprint is a 64-bit xxhash: two different requests collide with
 //     probability 2^-64, and only matter within one key.

@@ -18,9 +18,9 @@ import (
 // putCorrupt stores bytes that are no record under key.
 func putCorrupt(t *testing.T, e *Engine, key string) {
 	t.Helper()
-	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		slot := slotAt(e.now(), e.st.width)
-		e.st.addSlot(slot)
+	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+		slot := slotAt(e.c.Now(), e.b.st.width)
+		e.b.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
 		if err != nil {
 			return err
@@ -251,7 +251,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		{"Open/format", ErrFormat, func(t *testing.T) error {
 			path := filepath.Join(dir, "empty.db")
 			require.NoError(t, os.WriteFile(path, nil, 0o600))
-			_, err := Open(path, &Options{Bolt: BoltOptions{ReadOnly: true}})
+			_, err := OpenFile(path, &BoltOptions{ReadOnly: true}, nil)
 			return err
 		}},
 		{"Open/in use", bolterrors.ErrTimeout, func(t *testing.T) error {
@@ -259,7 +259,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 			e, err := Open(path, nil)
 			require.NoError(t, err)
 			defer e.Close()
-			_, err = Open(path, &Options{Bolt: BoltOptions{LockTimeout: 10 * time.Millisecond}})
+			_, err = OpenFile(path, &BoltOptions{LockTimeout: 10 * time.Millisecond}, nil)
 			return err
 		}},
 		{"RetryDead/not found", ErrMessageNotFound, func(t *testing.T) error {

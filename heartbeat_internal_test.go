@@ -41,7 +41,7 @@ func (b *leasedBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 // record stays, for recovery.
 func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 	lb := &leasedBackend{failAt: 3}
-	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
+	e, err := open(filepath.Join(t.TempDir(), "idem.db"), nil, &Options{PruneInterval: -1},
 		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { lb.Backend = b; return lb })
 	require.NoError(t, err)
 	defer e.Close()
@@ -105,7 +105,7 @@ func (b *hangingBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 // cancels fn's context then with cause ErrLeaseLost (trial finding 1).
 func TestHangingRenewalCancelsFnAtLeaseEnd(t *testing.T) {
 	hb := &hangingBackend{}
-	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
+	e, err := open(filepath.Join(t.TempDir(), "idem.db"), nil, &Options{PruneInterval: -1},
 		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { hb.Backend = b; return hb })
 	require.NoError(t, err)
 	defer e.Close()

@@ -10,7 +10,7 @@ import (
 
 // The bbolt claim rule. One process holds the file: bbolt's file lock
 // (flock), taken by Open and held until Close, which a second Open, in this
-// process or another, waits for until Options.Bolt.LockTimeout. And within the
+// process or another, waits for until BoltOptions.LockTimeout. And within the
 // process the engine's per-key singleflight (idemcore) holds a key while
 // it claims it. So a started record found by the leader of its key is owned
 // by nobody: an interrupted execution, recovered at once (no lease to wait

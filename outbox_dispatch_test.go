@@ -22,8 +22,8 @@ import (
 func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	clock := testkit.NewClock(obStart)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1}
-	e, err := idem.Open(path, opts)
+	file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1}
+	e, err := idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	for _, key := range []string{"order-1", "order-2", "order-3"} {
 		require.NoError(t, obEnqueue(e, key, obMsg{"charge", "customer-9", key}))
@@ -41,7 +41,7 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	var rec testkit.Recorder
 	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
 		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.Open(path, opts)
+	e, err = idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
 

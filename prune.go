@@ -30,7 +30,7 @@ const pruneBatch = 1000
 // Readers treat expired records as absent whether or not Prune has run. Prune
 // stops early with ctx.Err().
 func (e *Engine) Prune(ctx context.Context) (int, error) {
-	return e.core.Prune(ctx)
+	return e.c.Prune(ctx)
 }
 
 // expiredSlot is a slot the pruner found past its window.

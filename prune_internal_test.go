@@ -32,8 +32,8 @@ func TestBoltPruneHonoursTheRequest(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	clock := &jumpClock{now: t0}
 	var commits commitCounter
-	e, err := Open(filepath.Join(t.TempDir(), "idem.db"), &Options{Now: clock.Now, PruneInterval: -1,
-		Retention: time.Hour, Observer: &commits, Bolt: BoltOptions{NoSync: true}})
+	e, err := OpenFile(filepath.Join(t.TempDir(), "idem.db"), &BoltOptions{NoSync: true}, &Options{Now: clock.Now, PruneInterval: -1,
+		Retention: time.Hour, Observer: &commits})
 	require.NoError(t, err)
 	defer e.Close()
 	b := e.b
@@ -77,19 +77,19 @@ func TestBoltPruneHonoursTheRequest(t *testing.T) {
 // never claimed; ClaimDue moves it, byte for byte, to the dead letters and
 // reports its Seq in Due.Quarantined, once, and it holds back nothing.
 func TestBoltClaimDueQuarantines(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1, Bolt: BoltOptions{NoSync: true}})
+	e, err := OpenFile(filepath.Join(t.TempDir(), "idem.db"), &BoltOptions{NoSync: true}, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	defer e.Close()
 	ctx := context.Background()
 	for range 2 {
-		_, err := e.DoTx(ctx, "k-"+fmt.Sprint(e.now().UnixNano()), nil, func(_ context.Context, tx *Tx) ([]byte, error) {
+		_, err := e.DoTx(ctx, "k-"+fmt.Sprint(e.c.Now().UnixNano()), nil, func(_ context.Context, tx *Tx) ([]byte, error) {
 			return nil, tx.EnqueueOrdered("t", "one key", nil)
 		})
 		require.NoError(t, err)
 	}
 	garbage := []byte("not a message")
 	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error { return outboxBucket(tx).Put(u64Key(1), garbage) }))
-	due, err := e.b.ClaimDue(ctx, e.now(), 10)
+	due, err := e.b.ClaimDue(ctx, e.c.Now(), 10)
 	require.NoError(t, err)
 	require.Equal(t, []uint64{1}, due.Quarantined)
 	require.Len(t, due.Messages, 1)
@@ -99,7 +99,7 @@ func TestBoltClaimDueQuarantines(t *testing.T) {
 		require.Equal(t, garbage, deadBucket(tx).Get(u64Key(1)))
 		return nil
 	}))
-	due, err = e.b.ClaimDue(ctx, e.now(), 10)
+	due, err = e.b.ClaimDue(ctx, e.c.Now(), 10)
 	require.NoError(t, err)
 	require.Empty(t, due.Quarantined, "reported once")
 	require.Empty(t, due.Messages, "seq 2 is claimed")

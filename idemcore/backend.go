@@ -1,15 +1,3 @@
-// Package core is idem's state machine, written once for every backend: key
-// validation, fingerprints, the replay fast path, the per-key singleflight,
-// the decision table on a stored record, fn's context, the classification of
-// fn's outcome, and the replay cache. Storage sits behind Backend, so this
-// package imports no storage driver: `go list -deps ./idemcore` names no
-// bbolt and no pgx.
-//
-// The models are River's riverdriver (Driver[TTx], generic over the
-// transaction a job's work runs in) and litestream's ReplicaClient (a narrow
-// interface that each storage fills); each implementation pins itself with
-//
-//	var _ core.Backend[*idem.Tx] = (*boltBackend)(nil)
 package idemcore
 
 import (
@@ -18,19 +6,28 @@ import (
 	"time"
 )
 
-// Backend is the storage of one engine: records, claims of keys, DoTx's
-// transaction, expiry, scans, and the outbox. T is the transaction a DoTx fn
-// receives: *idem.Tx (a bbolt write transaction) for the root package's
-// engine, pgx.Tx for idempg's.
+// Backend is the storage of one engine: its records (Records), its outbox
+// (Outbox) and its waits for other processes (Waiter), split by role as
+// River's riverdriver splits Driver, Executor and Listener. T is the
+// transaction a DoTx fn receives: *idem.Tx (a bbolt write transaction) for
+// the bbolt engine, pgx.Tx for idempg's. Each implementation pins itself
+// with
 //
-// The engine (this package) calls a Backend only for storage. It owns every
-// decision: what a record means, when fn runs, what is recorded. In one
-// process at most one call per key runs the state machine at a time (the
-// engine's singleflight), so a Backend sees at most one Claim, Complete,
-// Release, RunTx, Forget or Resolve per key at a time from one engine;
-// Lookup, Scan and the outbox methods run concurrently with everything. A
-// backend shared by several processes (Postgres) must make Claim, Complete,
-// Release and RunTx atomic against the other processes' on the same key.
+//	var _ idemcore.Backend[*idem.Tx] = (*boltBackend)(nil)
+//
+// and runs the conformance suite, github.com/idemkit/idem/idemtest, which
+// takes any Backend. A backend outside this module may implement it; the
+// interface may grow between minor versions of this module (as
+// riverdriver's does), with the change in its CHANGELOG.
+//
+// The engine calls a Backend only for storage. It owns every decision: what
+// a record means, when fn runs, what is recorded. In one process at most one
+// call per key runs the state machine at a time (the engine's singleflight),
+// so a Backend sees at most one Claim, Complete, Release, RunTx, Forget or
+// Resolve per key at a time from one engine; Lookup, Scan and the outbox
+// methods run concurrently with everything. A backend shared by several
+// processes (Postgres) must make Claim, Complete, Release and RunTx atomic
+// against the other processes' on the same key.
 //
 // Times passed in are the engine clock's readings (Options.Now, monotonic
 // reading stripped); retention is judged by the engine clock. Lease expiry
@@ -42,11 +39,36 @@ import (
 // error is a storage failure that the engine returns inside an *OpError.
 // After Close every method may fail.
 type Backend[T any] interface {
-	// Info describes the backend; it is called once, at engine start.
+	Records[T]
+	Outbox[T]
+	Waiter
+
+	// Info describes the backend; it is called once, by New.
 	Info() Info
 
+	// Guard is called as every call enters the engine (Do, DoTx, the
+	// operator and outbox calls, and Engine.Enter), after the re-entrance
+	// checks: a non-nil error refuses the call, wrapped in an *OpError, and
+	// nothing is read or written. bbolt refuses a call from inside a
+	// Records, View or Messages callback, which holds a read transaction
+	// (ErrReentrant), and every call after a failed commit
+	// (ErrStorageFailed). A backend without such states returns nil. It is
+	// called on the replay path, so it must be cheap.
+	Guard() error
+
+	// Close releases the backend's resources (bbolt: the file and its
+	// lock; Postgres: its connections, unless the pool was given). The
+	// engine calls it once, from Shutdown, after the last call returned,
+	// and returns its error.
+	Close() error
+}
+
+// Records is the part of a Backend that stores idempotency records: their
+// lookup, the ownership rule, claims and their renewal, completion and
+// release, DoTx's transaction, the operator's writes, pruning and scans.
+type Records[T any] interface {
 	// Lookup returns the stored record of q.Key, or nil if none is stored,
-	// without judging expiry (the engine does, with Record.Live). When
+	// without judging expiry (the engine does, with Engine.Live). When
 	// q.CheckFingerprint is set and the stored record is done, has another
 	// fingerprint than q.Fingerprint and completed less than q.Retention
 	// before q.Now, Lookup may return (nil, ErrFingerprintMismatch),
@@ -150,13 +172,6 @@ type Backend[T any] interface {
 	// returns false. It is called before every write, so it must be cheap.
 	Holding() bool
 
-	// WaitChange blocks until key's record may have changed (Postgres:
-	// LISTEN/NOTIFY, else one poll period, Info().Poll), or ctx ends (it
-	// then returns ctx.Err()). The engine calls it between Lookups while a
-	// live owner elsewhere holds the key under InFlightWait. A backend
-	// whose Owner never answers Owned may just sleep Info().Poll.
-	WaitChange(ctx context.Context, key string) error
-
 	// Forget deletes every stored version of key, in any state, and
 	// reports whether there was one. The engine holds the key meanwhile. A
 	// started record that a live owner elsewhere holds (Owner's rule:
@@ -190,7 +205,12 @@ type Backend[T any] interface {
 	// Record with only Key set, beside an error wrapping ErrCorrupt. An
 	// error from fn stops the walk and is returned.
 	Scan(ctx context.Context, fn func(r *Record, err error) error) error
+}
 
+// Outbox is the part of a Backend that stores outbox messages: enqueued in
+// DoTx's transaction, claimed by the engine's dispatcher, moved on after
+// each delivery attempt, and the dead letters.
+type Outbox[T any] interface {
 	// Enqueue stores m (Seq zero; the other fields set by the engine) as a
 	// pending outbox message in tx, which must be a transaction of this
 	// backend's RunTx: it commits with fn's writes and the done record, or
@@ -266,11 +286,17 @@ type Backend[T any] interface {
 	// limit per write transaction, until none is left or ctx ends, and
 	// returns how many it deleted.
 	PruneDead(ctx context.Context, expired func(m *Message) bool, limit int) (int, error)
+}
 
-	// Close releases the backend's resources (bbolt: the file and its
-	// lock; Postgres: its connections, unless the pool was given). The
-	// engine calls it once, after the last call returned.
-	Close() error
+// Waiter is the part of a Backend that waits for a record that another
+// process holds to change.
+type Waiter interface {
+	// WaitChange blocks until key's record may have changed (Postgres:
+	// LISTEN/NOTIFY, else one poll period, Info().Poll), or ctx ends (it
+	// then returns ctx.Err()). The engine calls it between Lookups while a
+	// live owner elsewhere holds the key under InFlightWait. A backend
+	// whose Owner never answers Owned may just sleep Info().Poll.
+	WaitChange(ctx context.Context, key string) error
 }
 
 // Info describes a Backend to the engine.
@@ -306,6 +332,10 @@ type Info struct {
 	// Retryable: the transaction rolls back and no outcome is stored. nil:
 	// none is (bbolt).
 	Transient func(err error) bool
+	// Commits, if set, returns the commits the backend made and the writes
+	// they carried since it opened, for Engine.Stats (bbolt: its group
+	// commit's counts). nil: Stats reports zero.
+	Commits func() (commits, writes uint64)
 }
 
 // Due is the answer of a Backend.ClaimDue.
@@ -390,6 +420,7 @@ const (
 	ClaimChanged
 )
 
+// String names the status: "claimed", "owned" or "changed".
 func (s ClaimStatus) String() string {
 	switch s {
 	case Claimed:
@@ -446,14 +477,16 @@ type PruneResult struct {
 	Deleted, Interrupted int
 }
 
-// PanicError is the value the engine re-raises in DoTx's caller when fn
-// panicked: fn's panic value and the stack where it panicked (idem.PanicError
-// is this type).
+// PanicError is the panic value DoTx re-raises in its caller when fn
+// panicked, wherever fn ran (bbolt may run it on its committer goroutine).
 type PanicError struct {
+	// Value is fn's panic value.
 	Value any
+	// Stack is the stack of the goroutine where fn panicked.
 	Stack []byte
 }
 
+// Error gives the panic value and the stack.
 func (p *PanicError) Error() string {
 	return fmt.Sprintf("DoTx fn panicked: %v\n\n%s", p.Value, p.Stack)
 }

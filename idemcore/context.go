@@ -69,11 +69,6 @@ func (e *Engine[T]) reentrant(ctx context.Context, key string) error {
 	return nil
 }
 
-// Reentrant is the check of calls from fn's context, for the embedding
-// engine's methods that take a ctx (Dispatch): ErrReentrant from inside a
-// DoTx fn, or for key from the fn that runs it.
-func (e *Engine[T]) Reentrant(ctx context.Context, key string) error { return e.reentrant(ctx, key) }
-
 // selfWait refuses a wait that would never end: on the flight of the fn that
 // runs on this goroutine (a call with fn's own key, whatever its context), or
 // from inside a DoTx fn, whose writer every leader needs. It is checked only

@@ -11,124 +11,46 @@ import (
 	"time"
 )
 
-// Defaults for the zero values of Options, as idem's Default* constants.
-const (
-	DefaultRetention       = 24 * time.Hour
-	DefaultRetryAfter      = time.Second
-	DefaultMaxResponseSize = 1 << 20
-	DefaultPruneInterval   = time.Minute
-)
-
-// InFlightPolicy says what a call does while another call with the same key
-// runs (idem.InFlightPolicy).
-type InFlightPolicy uint8
-
-const (
-	// InFlightWait: wait for the running call and answer from its outcome.
-	InFlightWait InFlightPolicy = iota
-	// InFlightFail: fail at once with an *InProgressError.
-	InFlightFail
-)
-
-// RecoveryPolicy says what to do with an interrupted execution
-// (idem.RecoveryPolicy).
-type RecoveryPolicy uint8
-
-const (
-	// RecoverReexecute runs fn again, with CallFrom's Recovered set.
-	RecoverReexecute RecoveryPolicy = iota
-	// RecoverRefuse returns ErrIncomplete until an operator resolves the key.
-	RecoverRefuse
-)
-
-// Options are the engine settings every backend shares; each field means what
-// the idem.Options field of the same name means, zero values included.
-type Options struct {
-	Retention        time.Duration
-	InFlight         InFlightPolicy
-	RetryAfter       time.Duration
-	Recovery         RecoveryPolicy
-	MaxResponseSize  int
-	ReplayCacheBytes int
-	Now              func() time.Time
-	Logger           *slog.Logger
-	Observer         Observer
-
-	// PruneInterval is the period of the background pruner (Start); zero
-	// means DefaultPruneInterval, negative disables it.
-	PruneInterval time.Duration
-	// Outbox configures the dispatcher (Start runs it if Outbox.Dispatch).
-	Outbox OutboxOptions
-
-	// Guard, if set, is checked by every call before it enters (Do, DoTx
-	// and Enter, after the re-entrance checks): a non-nil error refuses the
-	// call, wrapped in an *OpError. bbolt's refuses a call from inside a
-	// Records, View or Messages callback, which holds a read transaction.
-	Guard func() error
-}
-
-// Validate refuses settings that have no meaning, instead of reading them as
-// a default: a negative Retention or RetryAfter, a policy value that is not
-// one of the constants, and negative outbox counts and periods. Zero values
-// and the negatives the fields document (PruneInterval, MaxResponseSize,
-// ReplayCacheBytes, Outbox.MaxAttempts) are valid. The error wraps
-// ErrOptions and names the field.
-func (o Options) Validate() error {
-	bad := func(field string, v any, rule string) error {
-		return fmt.Errorf("%w: %s is %v; %s", ErrOptions, field, v, rule)
-	}
-	ob := o.Outbox
-	switch {
-	case o.Retention < 0:
-		return bad("Retention", o.Retention, "zero means the default, a window cannot be negative")
-	case o.RetryAfter < 0:
-		return bad("RetryAfter", o.RetryAfter, "zero means the default, a wait cannot be negative")
-	case o.InFlight > InFlightFail:
-		return bad("InFlight", uint8(o.InFlight), "it must be InFlightWait or InFlightFail")
-	case o.Recovery > RecoverRefuse:
-		return bad("Recovery", uint8(o.Recovery), "it must be RecoverReexecute or RecoverRefuse")
-	case ob.Workers < 0:
-		return bad("Outbox.Workers", ob.Workers, "zero means the default")
-	case ob.BaseBackoff < 0:
-		return bad("Outbox.BaseBackoff", ob.BaseBackoff, "zero means the default")
-	case ob.MaxBackoff < 0:
-		return bad("Outbox.MaxBackoff", ob.MaxBackoff, "zero means the default")
-	case ob.DeadLetterRetention < 0:
-		return bad("Outbox.DeadLetterRetention", ob.DeadLetterRetention, "zero means the default")
-	case ob.PollInterval < 0:
-		return bad("Outbox.PollInterval", ob.PollInterval, "zero means the default")
-	}
-	return nil
-}
-
-// Result describes the answer of Do or DoTx (idem.Result). It is returned
-// beside a non-nil error too.
+// Result describes the answer of Do or DoTx. It is returned beside a non-nil
+// error too.
 type Result struct {
-	Response    []byte
-	Replayed    bool
-	Attempt     int
+	// Response is fn's response (nil and empty differ): the caller whose fn
+	// ran gets the slice fn returned (a copy for DoTx); every other caller
+	// gets a copy of its own.
+	Response []byte
+	// Replayed is true when fn did not run in this call: the answer came
+	// from the stored record, or from the concurrent call this one waited
+	// for.
+	Replayed bool
+	// Attempt is the execution the answer comes from, starting at 1.
+	Attempt int
+	// StartedAt and CompletedAt are the record's times (engine clock);
+	// CompletedAt is zero when no outcome was recorded.
 	StartedAt   time.Time
 	CompletedAt time.Time
 }
 
-// Counters are the engine's work since it started, for Stats.
-type Counters struct {
+// counters are the engine's work since it started, for Stats.
+type counters struct {
 	Replays, Executions, Conflicts, Pruned atomic.Uint64
 }
 
-// Engine is the state machine over one Backend. It is safe for concurrent
-// use. T is the backend's DoTx transaction.
+// Engine is the state machine over one Backend: idem's engine, whichever
+// the storage. It is safe for concurrent use. T is the transaction a DoTx fn
+// receives from the backend (Backend.RunTx). A backend's package wraps it in
+// an engine type of its own (idem.Engine over a bbolt file, idempg.Engine
+// over Postgres), which forwards these methods and adds the backend's own.
 type Engine[T any] struct {
 	b     Backend[T]
 	info  Info
 	opts  Options
 	cache *replayCache
 	locks *keyLocks
-	ob    *Outbox[T]
+	ob    *dispatcher[T]
 	now   func() time.Time
 	log   *slog.Logger
 
-	// ctx is cancelled by Stop; every fn's context ends with it.
+	// ctx is cancelled by Shutdown; every fn's context ends with it.
 	ctx    context.Context
 	cancel context.CancelFunc
 
@@ -138,28 +60,26 @@ type Engine[T any] struct {
 
 	pruneMu sync.Mutex // one prune at a time
 
-	n Counters
+	closing  sync.Once
+	shutDone chan struct{} // closed once the backend is closed
+	closeErr error
+
+	n counters
 }
 
 // New returns an engine over b with the zero values of o replaced by their
-// defaults. The engine does not close b: the caller does, after Stop and
-// Wait.
-func New[T any](b Backend[T], o Options) *Engine[T] {
-	if o.Retention <= 0 {
-		o.Retention = DefaultRetention
+// defaults (Options.WithDefaults, and the outbox's), and starts its
+// background work, unless b is read only (Info.ReadOnly): the pruner every
+// PruneInterval (unless negative) and, if Outbox.Dispatch, the dispatcher.
+// Settings that fail Options.Validate give an error wrapping ErrOptions, and
+// no engine. From then on the engine owns b: Shutdown closes it.
+func New[T any](b Backend[T], o Options) (*Engine[T], error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
 	}
-	if o.RetryAfter <= 0 {
-		o.RetryAfter = DefaultRetryAfter
-	}
-	if o.MaxResponseSize == 0 {
-		o.MaxResponseSize = DefaultMaxResponseSize
-	}
-	if o.Now == nil {
-		o.Now = time.Now
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
+	o = o.WithDefaults()
+	handlers := o.Outbox.Handlers
+	o.Outbox = o.Outbox.withDefaults()
 	clock := o.Now
 	e := &Engine[T]{
 		b:     b,
@@ -168,65 +88,82 @@ func New[T any](b Backend[T], o Options) *Engine[T] {
 		cache: newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
 		locks: newKeyLocks(),
 		// Records carry wall-clock times only: strip the monotonic reading.
-		now: func() time.Time { return clock().Round(0) },
-		log: o.Logger,
+		now:      func() time.Time { return clock().Round(0) },
+		log:      o.Logger,
+		shutDone: make(chan struct{}),
 	}
 	e.ctx, e.cancel = context.WithCancel(context.Background())
-	e.ob = newOutbox(e, o.Outbox)
-	return e
+	e.ob = newDispatcher(e, o.Outbox, handlers)
+	e.start()
+	return e, nil
 }
 
-// Start starts the engine's background work, unless the backend is read
-// only: the pruner every PruneInterval (unless negative) and, if
-// Outbox.Dispatch, the dispatcher. Both end with Stop; Wait waits for them.
-// Call it once, after New.
-func (e *Engine[T]) Start() {
+// start starts the background work New describes.
+func (e *Engine[T]) start() {
 	if e.info.ReadOnly {
 		return
 	}
-	if every := cmp.Or(e.opts.PruneInterval, DefaultPruneInterval); every > 0 && e.enter() == nil {
+	if every := e.opts.PruneInterval; every > 0 && e.enter() == nil {
 		go func() {
 			defer e.calls.Done()
 			e.pruneLoop(every)
 		}()
 	}
 	if e.opts.Outbox.Dispatch {
-		go func() { _ = e.ob.Run(e.ctx) }() // Run registers itself, as a call
+		go func() { _ = e.ob.run(e.ctx) }() // run registers itself, as a call
 	}
 }
 
-// Options returns the engine's options, defaults filled in.
-func (e *Engine[T]) Options() Options { return e.opts }
+// Retention is the retention window the engine was opened with, wall-clock:
+// how long a completed record is replayed.
+func (e *Engine[T]) Retention() time.Duration { return e.opts.Retention }
 
-// Now reads the engine clock, monotonic reading stripped.
-func (e *Engine[T]) Now() time.Time { return e.now() }
+// Close is Shutdown without a deadline.
+func (e *Engine[T]) Close() error { return e.Shutdown(context.Background()) }
 
-// Counters returns the engine's counters; the caller may add to Pruned.
-func (e *Engine[T]) Counters() *Counters { return &e.n }
-
-// Backend returns the engine's backend.
-func (e *Engine[T]) Backend() Backend[T] { return e.b }
-
-// Stop refuses new calls (ErrClosed), cancels the contexts of running fns
-// and ends the pruner and the dispatchers (their handlers' contexts too).
-// Wait then waits for all of them. Stop is idempotent.
-func (e *Engine[T]) Stop() {
-	e.mu.Lock()
-	e.closed = true
-	e.mu.Unlock()
-	e.cancel()
+// Shutdown closes the engine: new calls fail with ErrClosed, the contexts
+// given to running fns and handlers are cancelled, and Shutdown waits for
+// running calls, the pruner and the dispatcher, then closes the backend and
+// returns its error. If ctx ends first, Shutdown returns ctx.Err() and the
+// engine finishes closing in the background when the last call returns. It
+// is idempotent: later calls wait the same way and return the first close's
+// result.
+func (e *Engine[T]) Shutdown(ctx context.Context) error {
+	e.closing.Do(func() {
+		e.mu.Lock()
+		e.closed = true
+		e.mu.Unlock()
+		e.cancel()
+		go func() {
+			e.calls.Wait() // the calls, the pruner and the dispatcher
+			e.closeErr = e.b.Close()
+			close(e.shutDone)
+		}()
+	})
+	select {
+	case <-e.shutDone:
+		return e.closeErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-// Wait waits for the calls that entered before Stop, and for the background
-// work Start started.
-func (e *Engine[T]) Wait() { e.calls.Wait() }
+// The methods below are for the engine type of a backend's package, which
+// wraps this one: its own operator calls (bbolt's ScanFile, View, Backup)
+// register as calls of the engine, read its clock, and judge records by its
+// rules.
 
-// Done is closed by Stop.
-func (e *Engine[T]) Done() <-chan struct{} { return e.ctx.Done() }
+// Options returns the engine's options, defaults filled in (the outbox's
+// too, but Handlers, which Handler reads).
+func (e *Engine[T]) Options() Options { return e.opts }
 
-// Enter registers an operator call of the embedding engine (for its Stats,
-// Backup, outbox methods): it fails with ErrReentrant from inside a DoTx fn,
-// and with ErrClosed after Stop. Exit ends the call.
+// Now reads the engine clock (Options.Now), monotonic reading stripped.
+func (e *Engine[T]) Now() time.Time { return e.now() }
+
+// Enter registers a call of the wrapping engine's own, so that Shutdown
+// waits for it: it fails with ErrReentrant from inside a DoTx fn, with
+// ErrClosed after Shutdown, and with the error of Backend.Guard. Exit ends
+// the call.
 func (e *Engine[T]) Enter() error {
 	if e.b.Holding() {
 		return errInsideDoTx
@@ -241,18 +178,13 @@ func (e *Engine[T]) Enter() error {
 	return nil
 }
 
-// guard runs Options.Guard.
-func (e *Engine[T]) guard() error {
-	if g := e.opts.Guard; g != nil {
-		return g()
-	}
-	return nil
-}
+// guard is Backend.Guard, checked by every call as it enters.
+func (e *Engine[T]) guard() error { return e.b.Guard() }
 
 // Exit ends a call registered by Enter.
 func (e *Engine[T]) Exit() { e.calls.Done() }
 
-// enter registers a call, or fails after Stop.
+// enter registers a call, or fails after Shutdown.
 func (e *Engine[T]) enter() error {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -263,10 +195,10 @@ func (e *Engine[T]) enter() error {
 	return nil
 }
 
-// Live reports whether r is live at now: a started record kept until
-// resolved, or any started record while this engine refuses, always; any
-// other record inside the longer of the window it was written under and this
-// engine's.
+// Live reports whether r is live at now for this engine: a started record
+// kept until resolved, or any started record while this engine refuses
+// (RecoverRefuse), always; any other record until Expiry(r, the engine's
+// Retention). Every reader treats a record that is not live as absent.
 func (e *Engine[T]) Live(r *Record, now time.Time) bool {
 	if r.State == StateStarted && (r.KeptUntilResolved || e.opts.Recovery == RecoverRefuse) {
 		return true
@@ -282,13 +214,9 @@ var (
 	errOwnKey     = fmt.Errorf("%w: fn called the engine with its own key", ErrReentrant)
 )
 
-// ErrNilFn refuses a nil fn before anything is stored: running it would
+// errNilFn refuses a nil fn before anything is stored: running it would
 // leave a started record for a function that never existed.
-var ErrNilFn = errors.New("nil fn: Do and DoTx need a function to run")
-
-// ErrInsideDoTx is ErrReentrant as returned from inside a DoTx fn, for the
-// embedding engine's own checks.
-var ErrInsideDoTx = errInsideDoTx
+var errNilFn = errors.New("nil fn: Do and DoTx need a function to run")
 
 // errRedecide tells the leader's decision loop that the backend's answer
 // changed what it knows of the key (a claim raced another process): decide
@@ -301,6 +229,3 @@ func cloneBytes(b []byte) []byte {
 	}
 	return append(make([]byte, 0, len(b)), b...)
 }
-
-// CloneBytes copies b, keeping nil and empty apart.
-func CloneBytes(b []byte) []byte { return cloneBytes(b) }

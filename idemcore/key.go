@@ -6,13 +6,18 @@ import (
 	"unicode/utf8"
 )
 
-// The key rules, documented on idem.ErrInvalidKey: ValidateKey for new calls,
-// ValidateStoredKey (the rules of every earlier version) for operator calls,
+// The key rules, documented on ErrInvalidKey: ValidateKey for new calls,
+// validateStoredKey (the rules of every earlier version) for operator calls,
 // so that records stored under keys the later rules refuse stay reachable.
 
-// ValidateKey checks a key for a new call (Do, DoTx): every key rule.
+// ValidateKey checks key by the rules Do and DoTx apply to a new call's key
+// (listed on ErrInvalidKey): nil, or an error wrapping ErrInvalidKey that
+// names the rule broken. Adapters that store a hash of a client's key
+// (KeyOf, a scope) check the client's key with it first, so that a key the
+// engine refuses is refused in their hands too rather than hidden in the
+// hash.
 func ValidateKey(key string) error {
-	if err := ValidateStoredKey(key); err != nil {
+	if err := validateStoredKey(key); err != nil {
 		return err
 	}
 	first, _ := utf8.DecodeRuneInString(key)
@@ -28,10 +33,10 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// ValidateStoredKey checks a key for an operator call (Get, Forget,
+// validateStoredKey checks a key for an operator call (Get, Forget,
 // Resolve): the rules any stored record's key meets, non-empty, at most
 // MaxKeyLen bytes, valid UTF-8.
-func ValidateStoredKey(key string) error {
+func validateStoredKey(key string) error {
 	switch {
 	case key == "":
 		return fmt.Errorf("%w: empty", ErrInvalidKey)
@@ -44,5 +49,5 @@ func ValidateStoredKey(key string) error {
 }
 
 // MaxKeyLen is the longest idempotency key in bytes: Stripe's limit of 255
-// characters, counted in bytes of UTF-8 (idem.MaxKeyLen).
+// characters, counted in bytes of UTF-8.
 const MaxKeyLen = 255

@@ -6,7 +6,7 @@ import (
 )
 
 // Observer receives the engine's events, for metrics: Options.Observer.
-// (idem.Observer is this type.) github.com/idemkit/idem/idemprom implements it for Prometheus.
+// github.com/idemkit/idem/idemprom implements it for Prometheus.
 //
 // Observe is called synchronously, on the goroutine of the call, the
 // committer, the pruner or a dispatcher worker, so it must be fast, must not
@@ -16,6 +16,7 @@ import (
 // error's text: only its Kind, the operation ("do", "dotx"), an outbox
 // topic, a count and a duration.
 type Observer interface {
+	// Observe receives one event.
 	Observe(Event)
 }
 
@@ -75,6 +76,7 @@ func (k EventKind) String() string {
 
 // Event is one thing the engine did. Fields a kind does not use are zero.
 type Event struct {
+	// Kind says what happened.
 	Kind EventKind
 	// Op is "do" or "dotx" for the events of a call.
 	Op string

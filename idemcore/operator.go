@@ -7,10 +7,14 @@ import (
 )
 
 // Get returns key's live record without side effects: no execution, no
-// recovery, no lock (idem.Engine.Get). A key with no live record gives
-// ErrNotFound.
+// recovery, no lock. A key with no record, or an expired one, gives
+// ErrNotFound; an undecodable one ErrCorrupt.
+//
+// Get, Forget and Resolve take any key an earlier version could store (1 to
+// MaxKeyLen bytes of UTF-8), also one that Do now refuses for white space at
+// an end or an invisible character, so such records stay reachable.
 func (e *Engine[T]) Get(key string) (*Record, error) {
-	if err := ValidateStoredKey(key); err != nil {
+	if err := validateStoredKey(key); err != nil {
 		return nil, &OpError{Op: "get", Key: key, Err: err}
 	}
 	if err := e.Enter(); err != nil {
@@ -27,9 +31,11 @@ func (e *Engine[T]) Get(key string) (*Record, error) {
 	return rec, nil
 }
 
-// Forget deletes key's record in any state (idem.Engine.Forget). An expired
-// record that the pruner has not reached yet is deleted too, but reported as
-// ErrNotFound: it is absent to every reader, as for Get and Resolve.
+// Forget deletes key's record in any state, so the next call runs fn as new.
+// It fails with ErrInProgress while a call with the key runs (on a backend
+// shared by processes, in any of them), and with ErrNotFound if key has no
+// live record: an expired record the pruner has not reached yet is deleted
+// too, but absent, as for Get.
 func (e *Engine[T]) Forget(key string) error {
 	return e.operate("forget", key, func(ctx context.Context) error {
 		e.cache.forget(key) // under the key: no call can cache it again meanwhile
@@ -46,9 +52,12 @@ func (e *Engine[T]) Forget(key string) error {
 	})
 }
 
-// Resolve completes an interrupted execution by hand (idem.Engine.Resolve):
-// done with response and, if outcome is not nil, a stored *Error with its
-// Code and Message.
+// Resolve completes an interrupted execution by hand: key's started record
+// becomes done with response and, if outcome is not nil, a stored *Error
+// with outcome's Code and Message (its Replayed is ignored), as if fn had
+// returned them. It fails with ErrNotFound if key has no live record, with
+// ErrState if its record is done, and with ErrInProgress while a call with
+// the key runs.
 func (e *Engine[T]) Resolve(key string, response []byte, outcome *Error) error {
 	return e.operate("resolve", key, func(ctx context.Context) error {
 		return e.b.Resolve(ctx, key, func(rec *Record) (*Record, error) {
@@ -79,7 +88,7 @@ func (e *Engine[T]) Resolve(key string, response []byte, outcome *Error) error {
 // operate runs an operator write on key while holding the key, so it never
 // races a running call of this engine.
 func (e *Engine[T]) operate(op, key string, fn func(ctx context.Context) error) error {
-	if err := ValidateStoredKey(key); err != nil {
+	if err := validateStoredKey(key); err != nil {
 		return &OpError{Op: op, Key: key, Err: err}
 	}
 	if err := e.Enter(); err != nil {
@@ -100,7 +109,7 @@ func (e *Engine[T]) operate(op, key string, fn func(ctx context.Context) error) 
 	return nil
 }
 
-// Records calls fn for every live record (idem.Engine.Records), in the
+// Records calls fn for every live record, in one snapshot, in the
 // backend's Scan order. A corrupt record is passed as a Record with only Key
 // set, beside an ErrCorrupt error. An error from fn stops the walk.
 func (e *Engine[T]) Records(fn func(r *Record, err error) error) error {
@@ -125,7 +134,3 @@ func (e *Engine[T]) Records(fn func(r *Record, err error) error) error {
 	}
 	return OpErr("records", "", err)
 }
-
-// Uncache drops key's entry from the replay cache, so the next replay reads
-// the backend (tests that change a stored record behind the engine's back).
-func (e *Engine[T]) Uncache(key string) { e.cache.forget(key) }

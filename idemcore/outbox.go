@@ -1,50 +1,17 @@
 package idemcore
 
 import (
-	"cmp"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"runtime/debug"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/idemkit/idem/internal/fault"
 )
-
-// Defaults for the zero values of OutboxOptions (idem.DefaultOutbox*).
-const (
-	DefaultOutboxWorkers             = 16
-	DefaultOutboxBaseBackoff         = time.Second
-	DefaultOutboxMaxBackoff          = 10 * time.Minute
-	DefaultOutboxMaxAttempts         = 20
-	DefaultOutboxDeadLetterRetention = 7 * 24 * time.Hour
-	DefaultOutboxPollInterval        = time.Second
-)
-
-// MaxLastErrLen is the most bytes of a handler's error kept with a message
-// (Message.LastError), cut at a rune boundary (TruncateError).
-const MaxLastErrLen = 4096
-
-// Handler delivers one outbox message (idem.Handler is this type).
-type Handler func(ctx context.Context, m Message) error
-
-// OutboxOptions configure the dispatcher; each field means what the
-// idem.OutboxOptions field of the same name means, zero values included.
-type OutboxOptions struct {
-	Dispatch                bool
-	Handlers                map[string]Handler
-	Workers                 int
-	BaseBackoff, MaxBackoff time.Duration
-	MaxAttempts             int
-	DeadLetterRetention     time.Duration
-	PollInterval            time.Duration
-}
 
 // withDefaults returns o with its zero values replaced by the defaults and
 // MaxBackoff raised to BaseBackoff; Handlers is left out (the Outbox copies
@@ -73,24 +40,12 @@ func (o OutboxOptions) withDefaults() OutboxOptions {
 	return o
 }
 
-// DownstreamKey is the key a message passes on to the downstream system
-// (idem.DownstreamKey gives the rule): key + "/" + index, or, past
-// MaxKeyLen bytes, "sha256:" + the hex SHA-256 of key + "/" + index.
-func DownstreamKey(key string, index int) string {
-	s := key + "/" + strconv.Itoa(index)
-	if len(s) <= MaxKeyLen {
-		return s
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "sha256:" + hex.EncodeToString(sum[:]) + "/" + strconv.Itoa(index)
-}
-
-// Outbox is an engine's outbox: the dispatcher, written once for every
+// dispatcher is an engine's outbox dispatcher, written once for every
 // backend and driven only through the Backend's outbox methods (ClaimDue,
-// Delivered, Failed, OnCommit), and the operator's calls on it (Messages,
-// RetryDead, DropDead, over the Backend's methods of the same names).
+// Delivered, Failed, OnCommit); the engine's calls on the outbox (Messages,
+// RetryDead, DropDead) go to the Backend's methods of the same names.
 //
-// The dispatcher (Run) claims due heads of ordering keys with ClaimDue, up
+// The dispatcher (run) claims due heads of ordering keys with ClaimDue, up
 // to Workers at a time, and hands each to its topic's handler on a goroutine
 // of its own. A handler's nil marks the message Delivered; its error (or
 // panic) counts a failed attempt: Failed with the next attempt after an
@@ -101,7 +56,7 @@ func DownstreamKey(key string, index int) string {
 // unchanged). The dispatcher wakes on every commit (Backend.OnCommit), when
 // a worker ends, at the earliest next attempt the backend reports
 // (Due.Next), and at least every PollInterval.
-type Outbox[T any] struct {
+type dispatcher[T any] struct {
 	e    *Engine[T]
 	opts OutboxOptions // defaults filled in, Handlers nil
 
@@ -115,51 +70,43 @@ type Outbox[T any] struct {
 	loops     atomic.Uint64
 }
 
-func newOutbox[T any](e *Engine[T], o OutboxOptions) *Outbox[T] {
-	ob := &Outbox[T]{e: e, opts: o.withDefaults(), handlers: make(map[string]Handler, len(o.Handlers)),
+// newDispatcher returns e's dispatcher with options o (defaults filled in)
+// and handlers, which it copies.
+func newDispatcher[T any](e *Engine[T], o OutboxOptions, handlers map[string]Handler) *dispatcher[T] {
+	ob := &dispatcher[T]{e: e, opts: o, handlers: make(map[string]Handler, len(handlers)),
 		parked: make(map[uint64]*Message), wake: make(chan struct{}, 1)}
-	for topic, h := range o.Handlers {
+	for topic, h := range handlers {
 		if h != nil {
 			ob.handlers[topic] = h
 		}
 	}
-	e.b.OnCommit(ob.Wake)
+	e.b.OnCommit(ob.wakeUp)
 	return ob
 }
 
-// Outbox returns the engine's outbox.
-func (e *Engine[T]) Outbox() *Outbox[T] { return e.ob }
-
-// Options returns the outbox's options, defaults filled in, Handlers nil.
-func (ob *Outbox[T]) Options() OutboxOptions { return ob.opts }
-
-// Wake makes the dispatcher look for due messages now; it never blocks.
-func (ob *Outbox[T]) Wake() {
+// wakeUp makes the dispatcher look for due messages now; it never blocks.
+func (ob *dispatcher[T]) wakeUp() {
 	select {
 	case ob.wake <- struct{}{}:
 	default:
 	}
 }
 
-// Delivered counts the messages delivered and removed since the engine
-// started.
-func (ob *Outbox[T]) Delivered() uint64 { return ob.delivered.Load() }
-
-// Loops counts the passes of the dispatcher's loop (tests check it does not
-// spin).
-func (ob *Outbox[T]) Loops() uint64 { return ob.loops.Load() }
-
 // Handler returns topic's handler, nil if it has none.
-func (ob *Outbox[T]) Handler(topic string) Handler {
+func (e *Engine[T]) Handler(topic string) Handler {
+	ob := e.ob
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	return ob.handlers[topic]
 }
 
-// Handle registers h for topic's messages, replacing the previous handler;
-// a nil h removes it. Parked messages of topic are given back, to be
-// claimed again.
-func (ob *Outbox[T]) Handle(topic string, h Handler) {
+// Handle registers h for topic's messages, replacing the previous handler
+// (OutboxOptions.Handlers at open); a nil h removes it. Messages of a topic
+// without a handler wait in the outbox, holding back the later messages of
+// their ordering key; claimed ones are given back when a handler is
+// registered or the dispatcher stops.
+func (e *Engine[T]) Handle(topic string, h Handler) {
+	ob := e.ob
 	ob.mu.Lock()
 	if h == nil {
 		delete(ob.handlers, topic)
@@ -175,12 +122,12 @@ func (ob *Outbox[T]) Handle(topic string, h Handler) {
 	}
 	ob.mu.Unlock()
 	ob.giveBack(back)
-	ob.Wake()
+	ob.wakeUp()
 }
 
 // giveBack returns the claims of ms, unchanged, so that a dispatcher claims
 // them again.
-func (ob *Outbox[T]) giveBack(ms []*Message) {
+func (ob *dispatcher[T]) giveBack(ms []*Message) {
 	for _, m := range ms {
 		if err := ob.e.b.Failed(context.Background(), m); err != nil && !errors.Is(err, ErrMessageNotFound) {
 			ob.e.log.Warn("idem: outbox: giving a claimed message back failed", "topic", m.Topic, "seq", m.Seq, "err", err)
@@ -188,20 +135,15 @@ func (ob *Outbox[T]) giveBack(ms []*Message) {
 	}
 }
 
-// DeadExpired reports whether dead letter m is past its retention at now:
-// the longer of the one it died under (DefaultOutboxDeadLetterRetention if
-// the store did not record it) and this engine's DeadLetterRetention.
-func (ob *Outbox[T]) DeadExpired(m *Message, now time.Time) bool {
-	return !now.Before(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, DefaultOutboxDeadLetterRetention), ob.opts.DeadLetterRetention)))
+// deadExpired reports whether dead letter m is past its retention at now
+// (DeadLetterExpiry, with this engine's DeadLetterRetention).
+func (ob *dispatcher[T]) deadExpired(m *Message, now time.Time) bool {
+	return !now.Before(DeadLetterExpiry(m, ob.opts.DeadLetterRetention))
 }
 
-// Backoff is the wait after the failed attempt number n (from 1):
+// backoff is the wait after the failed attempt number n (from 1):
 // BaseBackoff doubled n-1 times, capped at MaxBackoff, jittered into
 // [w/2, w) by jitter in [0, 1).
-func (ob *Outbox[T]) Backoff(n int, jitter float64) time.Duration {
-	return backoff(ob.opts, n, jitter)
-}
-
 func backoff(o OutboxOptions, n int, jitter float64) time.Duration {
 	w := o.MaxBackoff
 	if n-1 < 62 && o.BaseBackoff <= o.MaxBackoff>>(n-1) {
@@ -210,13 +152,28 @@ func backoff(o OutboxOptions, n int, jitter float64) time.Duration {
 	return w/2 + time.Duration(jitter*float64(w/2))
 }
 
-// Run is the dispatcher: it delivers due messages until ctx ends (it then
-// returns ctx.Err()) or the engine stops (ErrClosed). A second Run at once
-// fails with ErrDispatcherRunning. Handlers get a context that ends with
-// Run; an attempt cut short that way does not count, and its claim is given
-// back. On return every handler it started has returned, and every parked
-// claim is given back.
-func (ob *Outbox[T]) Run(ctx context.Context) error {
+// Dispatch runs the engine's dispatcher (see OutboxOptions.Dispatch, which
+// runs it from open) until ctx ends (ctx.Err()) or the engine closes (an
+// error wrapping ErrClosed). A second Dispatch while one runs, or while
+// OutboxOptions.Dispatch runs one, fails with an error wrapping
+// ErrDispatcherRunning: one dispatcher per engine. Handlers get a context
+// that ends with Dispatch; an attempt cut short that way does not count, and
+// its claim is given back. On return every handler it started has returned.
+// On a store shared by processes (idempg), the dispatchers of several
+// engines drain one outbox together.
+func (e *Engine[T]) Dispatch(ctx context.Context) error {
+	err := e.ob.run(ctx)
+	if errors.Is(err, ErrClosed) || errors.Is(err, ErrDispatcherRunning) {
+		return &OpError{Op: "dispatch", Err: err}
+	}
+	return err
+}
+
+// run is the dispatcher: it delivers due messages until ctx ends (it then
+// returns ctx.Err()) or the engine stops (ErrClosed). A second run at once
+// fails with ErrDispatcherRunning. On return every handler it started has
+// returned, and every parked claim is given back.
+func (ob *dispatcher[T]) run(ctx context.Context) error {
 	if err := ob.e.enter(); err != nil {
 		return err
 	}
@@ -314,7 +271,7 @@ func (ob *Outbox[T]) Run(ctx context.Context) error {
 // claim is one ClaimDue, bounded by Info().ClaimTimeout and not cut short by
 // ctx: a claim that committed but whose answer was dropped would hold its
 // messages for a lease.
-func (ob *Outbox[T]) claim(ctx context.Context, limit int) (Due, error) {
+func (ob *dispatcher[T]) claim(ctx context.Context, limit int) (Due, error) {
 	cctx := context.WithoutCancel(ctx)
 	if d := ob.e.info.ClaimTimeout; d > 0 {
 		var cancel context.CancelFunc
@@ -325,7 +282,7 @@ func (ob *Outbox[T]) claim(ctx context.Context, limit int) (Due, error) {
 }
 
 // handlerOrPark returns m's handler, or parks m if its topic has none.
-func (ob *Outbox[T]) handlerOrPark(m *Message) Handler {
+func (ob *dispatcher[T]) handlerOrPark(m *Message) Handler {
 	ob.mu.Lock()
 	defer ob.mu.Unlock()
 	h := ob.handlers[m.Topic]
@@ -337,7 +294,7 @@ func (ob *Outbox[T]) handlerOrPark(m *Message) Handler {
 
 // deliver runs on a worker goroutine: the handler, then Delivered or
 // Failed.
-func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
+func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
 	b, wctx := ob.e.b, context.WithoutCancel(ctx)
 	hm := *m
 	hm.Attempt = m.Failures + 1 // the one in progress
@@ -368,7 +325,7 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			// Still stored: delivered again after a backoff, not counted
 			// as a failure.
 			ob.e.log.Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
-			m.NextAttemptAt = ob.e.now().Add(ob.Backoff(1, rand.Float64()))
+			m.NextAttemptAt = ob.e.now().Add(backoff(ob.opts, 1, rand.Float64()))
 			_ = b.Failed(wctx, m)
 		}
 	case ctx.Err() != nil:
@@ -377,14 +334,14 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			ob.e.log.Warn("idem: outbox: giving a claimed message back failed", "topic", m.Topic, "seq", m.Seq, "err", err)
 		}
 	default:
-		msg := TruncateError(herr.Error(), MaxLastErrLen)
+		msg := truncateError(herr.Error(), maxLastErrLen)
 		now := ob.e.now()
 		m.Failures++
 		m.LastError = msg
 		if o := ob.opts; o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
 			m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = time.Time{}, true, now, o.DeadLetterRetention
 		} else {
-			m.NextAttemptAt = now.Add(ob.Backoff(m.Failures, rand.Float64()))
+			m.NextAttemptAt = now.Add(backoff(ob.opts, m.Failures, rand.Float64()))
 		}
 		err := b.Failed(wctx, m)
 		if err == nil {
@@ -402,7 +359,7 @@ func (ob *Outbox[T]) deliver(ctx context.Context, h Handler, m *Message) {
 
 // call runs the handler, turning a panic into an error with its value and
 // stack.
-func (ob *Outbox[T]) call(ctx context.Context, h Handler, m Message) (err error) {
+func (ob *dispatcher[T]) call(ctx context.Context, h Handler, m Message) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			ob.e.log.Warn("idem: outbox handler panicked", "topic", m.Topic, "seq", m.Seq)
@@ -416,7 +373,7 @@ func (ob *Outbox[T]) call(ctx context.Context, h Handler, m Message) (err error)
 // returned stop is called (which waits for a renewal in flight), so that a
 // handler slower than the claim's lease keeps its message. A failed renewal
 // is logged; the next one tries again.
-func (ob *Outbox[T]) renewWhileRunning(ctx context.Context, m *Message) (stop func()) {
+func (ob *dispatcher[T]) renewWhileRunning(ctx context.Context, m *Message) (stop func()) {
 	every := ob.e.info.ClaimRenew
 	if every <= 0 {
 		return func() {}
@@ -446,12 +403,11 @@ func (ob *Outbox[T]) renewWhileRunning(ctx context.Context, m *Message) (stop fu
 }
 
 // Messages calls fn for every pending message by Seq, then every dead letter
-// inside its retention by Seq, in the backend's one snapshot
-// (idem.Engine.Messages). A message that fails to decode comes with only Seq
-// and Dead set, beside an error wrapping ErrCorrupt. An error from fn stops
-// the walk and is returned as it is.
-func (ob *Outbox[T]) Messages(fn func(m *Message, err error) error) error {
-	e := ob.e
+// inside its retention by Seq, in the backend's one snapshot. A message that
+// fails to decode comes with only Seq and Dead set, beside an error wrapping
+// ErrCorrupt. An error from fn stops the walk and is returned as it is.
+func (e *Engine[T]) Messages(fn func(m *Message, err error) error) error {
+	ob := e.ob
 	if err := e.Enter(); err != nil {
 		return &OpError{Op: "messages", Err: err}
 	}
@@ -462,7 +418,7 @@ func (ob *Outbox[T]) Messages(fn func(m *Message, err error) error) error {
 		if err != nil {
 			err = OpErr("messages", "", err)
 		} else {
-			if m.Dead && ob.DeadExpired(m, now) {
+			if m.Dead && ob.deadExpired(m, now) {
 				return nil
 			}
 			m.DownstreamKey = DownstreamKey(m.Key, m.Index)
@@ -476,13 +432,16 @@ func (ob *Outbox[T]) Messages(fn func(m *Message, err error) error) error {
 	return OpErr("messages", "", err)
 }
 
-// RetryDead puts dead letter seq back among the pending messages under its
-// old Seq, its failures reset and its LastError kept (idem.Engine.RetryDead); an expired or missing
-// one gives ErrMessageNotFound.
-func (ob *Outbox[T]) RetryDead(seq uint64) error {
+// RetryDead puts dead letter seq back in the outbox at its old place: its
+// failure count starts again from 0 (its LastError is kept), and as the
+// oldest message of its ordering key it is delivered before that key's later
+// pending messages. It fails with ErrMessageNotFound if seq is not a dead
+// letter (or expired), with ErrCorrupt if it does not decode.
+func (e *Engine[T]) RetryDead(seq uint64) error {
+	ob := e.ob
 	err := ob.operate("retry dead", func(ctx context.Context) error {
 		return ob.e.b.RetryDead(ctx, seq, func(m *Message) error {
-			if ob.DeadExpired(m, ob.e.now()) {
+			if ob.deadExpired(m, ob.e.now()) {
 				return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
 			}
 			m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0
@@ -490,18 +449,19 @@ func (ob *Outbox[T]) RetryDead(seq uint64) error {
 		})
 	})
 	if err == nil {
-		ob.Wake()
+		ob.wakeUp()
 	}
 	return err
 }
 
-// DropDead deletes dead letter seq, also one that fails to decode, or fails
-// with ErrMessageNotFound (idem.Engine.DropDead).
-func (ob *Outbox[T]) DropDead(seq uint64) error {
+// DropDead deletes dead letter seq, also one that fails to decode. It fails
+// with ErrMessageNotFound if seq is not a dead letter.
+func (e *Engine[T]) DropDead(seq uint64) error {
+	ob := e.ob
 	return ob.operate("drop dead", func(ctx context.Context) error { return ob.e.b.DropDead(ctx, seq) })
 }
 
-func (ob *Outbox[T]) operate(op string, fn func(ctx context.Context) error) error {
+func (ob *dispatcher[T]) operate(op string, fn func(ctx context.Context) error) error {
 	if err := ob.e.Enter(); err != nil {
 		return &OpError{Op: op, Err: err}
 	}

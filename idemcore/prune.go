@@ -22,12 +22,17 @@ func (q PruneRequest) Expired(r *Record) bool {
 	return !q.Now.Before(Expiry(r, q.Retention))
 }
 
-// Prune reclaims the space of expired records now through Backend.Prune,
-// then of the dead letters past their retention through Backend.PruneDead,
-// and returns how many records it removed (idem.Engine.Prune). When
-// interrupted executions were among them, their count (never their keys) is
-// logged at warn level: their keys are new again. A failure to prune dead
-// letters is logged, not returned.
+// Prune reclaims the space of expired records now (Backend.Prune), then of
+// the dead letters past their retention (Backend.PruneDead), and returns how
+// many records it removed. A record expires the longer of the retention
+// window it was written under and Options.Retention after it completed
+// (after it started, while started: Expiry); a started record written under
+// RecoverRefuse, or any started record while this engine refuses, never
+// expires. When interrupted executions were among the records removed, their
+// count (never their keys) is logged at warn level: their keys are new
+// again. A failure to prune dead letters is logged, not returned. Readers
+// treat expired records as absent whether or not Prune has run; Prune stops
+// early with ctx.Err().
 func (e *Engine[T]) Prune(ctx context.Context) (int, error) {
 	if err := e.Enter(); err != nil {
 		return 0, &OpError{Op: "prune", Err: err}
@@ -58,7 +63,7 @@ func (e *Engine[T]) prune(ctx context.Context) (int, error) {
 	if err != nil {
 		return r.Deleted, OpErr("prune", "", err)
 	}
-	n, err := e.b.PruneDead(ctx, func(m *Message) bool { return e.ob.DeadExpired(m, now) }, limit)
+	n, err := e.b.PruneDead(ctx, func(m *Message) bool { return e.ob.deadExpired(m, now) }, limit)
 	switch {
 	case err != nil && ctx.Err() == nil:
 		e.log.Warn("idem: pruning dead letters failed", "err", err)

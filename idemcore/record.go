@@ -3,12 +3,9 @@ package idemcore
 import (
 	"fmt"
 	"time"
-
-	"github.com/idemkit/idem/internal/layout"
 )
 
-// State is the state of a stored record. The root package re-exports it as
-// idem.State.
+// State is the state of a stored record; String gives "started" or "done".
 type State uint8
 
 const (
@@ -20,6 +17,7 @@ const (
 	StateDone State = 2
 )
 
+// String gives "started" or "done".
 func (s State) String() string {
 	switch s {
 	case StateStarted:
@@ -31,9 +29,12 @@ func (s State) String() string {
 }
 
 // Record is the stored outcome of one idempotency key: what a Backend stores
-// and returns, and what the engine's Get returns (idem.Record is this type).
+// and returns, and what Engine.Get returns.
 type Record struct {
-	Key   string
+	// Key is the idempotency key, as the call gave it.
+	Key string
+	// State is started while fn runs (or after it was interrupted), done
+	// once its outcome is recorded.
 	State State
 	// Fingerprint is the 64-bit xxhash of the fingerprint bytes of the call
 	// that created the record.
@@ -50,34 +51,44 @@ type Record struct {
 	// Err is the stored permanent error, nil if fn succeeded.
 	Err *Error
 	// Retention is the retention window in force when the record was written
-	// (the writer's Options.Retention). The record lives at least this long
-	// after it completed (after it started, while started), whatever window a
-	// later Open passes; a longer one lengthens it. A backend stores it with
-	// the record and returns it as written.
+	// (the writer's Options.Retention; for a record of a bbolt file of
+	// format 1, the width of the time slot it sits in, which was that
+	// window). The record lives at least this long after it completed (after
+	// it started, while started), whatever window a later open passes; a
+	// longer one lengthens it. A backend stores it with the record and
+	// returns it as written.
 	Retention time.Duration
-	// KeptUntilResolved marks a started record written under RecoverRefuse:
-	// it never expires, whatever a later Open passes; a recovering call,
-	// Resolve or Forget ends it. A backend stores it with the record.
+	// KeptUntilResolved marks a started record written under RecoverRefuse
+	// (or read from a bbolt file of format 1, which did not record the
+	// policy, so the record is kept): it never expires, whatever a later
+	// open passes; a recovering call, Resolve or Forget ends it. A
+	// recovering attempt that is interrupted in turn keeps the mark (and the
+	// longer window). A backend stores it with the record.
 	KeptUntilResolved bool
 }
 
-// Expiry is when r leaves the retention window (layout.Expiry): the longer
-// of r.Retention and retention (pass 0 for the record's own) after it
-// completed, or after it started for a started record; the zero time (never)
-// for a started record kept until resolved. It is a function, not a method,
-// so that idem.Record (this type) keeps no ExpiresAt in its API.
+// Expiry is when r leaves the retention window, the one rule every engine,
+// the CLI and the admin handler share: the longer of r.Retention and
+// retention (the reader's Options.Retention; 0 for the record's own) after
+// it completed, or after it started for a started record; the zero time
+// (never) for a started record kept until resolved. (A started record is
+// also kept by an engine that refuses, whatever its mark: Engine.Live.)
 func Expiry(r *Record, retention time.Duration) time.Time {
+	if r.State == StateStarted && r.KeptUntilResolved {
+		return time.Time{}
+	}
 	at := r.StartedAt
 	if r.State == StateDone {
 		at = r.CompletedAt
 	}
-	return layout.Expiry(r.State == StateStarted && r.KeptUntilResolved, at, r.Retention, retention)
+	return at.Add(max(r.Retention, retention))
 }
 
 // Error is the outcome of a call whose fn returned a permanent error, as
 // stored in a Record and returned by Do. The first call's Error wraps fn's own
 // error, so errors.Is works on the user's sentinels; a replay (also after a
 // restart, and from any backend) carries only the stored Code and Message.
+// Error.Is matches ErrResponseTooLarge for a stored oversized outcome.
 type Error struct {
 	// Code is the machine-readable code: from WithCode, or from the first
 	// error in fn's chain with a Code() string method; empty otherwise.
@@ -90,6 +101,7 @@ type Error struct {
 	err error // fn's error; nil on replays
 }
 
+// Error is "Code: Message", or Message alone without a code.
 func (e *Error) Error() string {
 	if e.Code == "" {
 		return e.Message
@@ -109,48 +121,3 @@ func (e *Error) Is(target error) bool {
 // CodeResponseTooLarge is the Code of the Error stored when fn's response
 // exceeds the engine's MaxResponseSize.
 const CodeResponseTooLarge = "idem_response_too_large"
-
-// Message is an outbox message, as a Backend stores it and the dispatcher
-// delivers it (idem.Message is this type).
-type Message struct {
-	// Seq names the message in its store (RetryDead, DropDead, the CLI): the
-	// backend assigns it at Enqueue; it is unique and increases in enqueue
-	// order (bbolt: the bucket's sequence; Postgres: a bigserial).
-	Seq uint64
-	// Topic selects the handler.
-	Topic string
-	// Key is the idempotency key of the DoTx call that enqueued the message.
-	Key string
-	// Index is the message's position among the messages of that call,
-	// from 0.
-	Index int
-	// DownstreamKey is the key to pass on to the downstream system: a
-	// function of Key and Index only (idem.DownstreamKey). Backends need not
-	// store it; the engine fills it in.
-	DownstreamKey string
-	// OrderingKey groups the messages delivered in enqueue order, one at a
-	// time: by default Key.
-	OrderingKey string
-	// Payload is the bytes given to Enqueue (nil and empty differ).
-	Payload []byte
-	// Attempt is, in a handler, the delivery attempt in progress
-	// (Failures+1); zero as stored.
-	Attempt int
-	// Failures counts the failed delivery attempts recorded so far.
-	Failures int
-	// EnqueuedAt is when the call enqueued it (engine clock).
-	EnqueuedAt time.Time
-	// NextAttemptAt is when a message that failed may be tried again
-	// (engine clock); zero for at once.
-	NextAttemptAt time.Time
-	// LastError is the text of the last failed attempt's error (its first
-	// 4 KiB), empty if none.
-	LastError string
-	// Dead is true for a dead letter, DeadAt when it died (engine clock).
-	Dead   bool
-	DeadAt time.Time
-	// DeadLetterRetention is the dead-letter retention in force when the
-	// message died, stored with it: a dead letter lives at least this long
-	// after DeadAt. Zero for a message that is not dead.
-	DeadLetterRetention time.Duration
-}

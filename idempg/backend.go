@@ -23,7 +23,6 @@ import (
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // backend is the Postgres storage of one engine: idemcore.Backend over pgx, with
@@ -132,6 +131,10 @@ func (b *backend) Info() idemcore.Info {
 		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
 }
 
+// Guard admits every call: no state of this backend refuses calls as a
+// whole (a failed statement fails its call only).
+func (b *backend) Guard() error { return nil }
+
 // transient reports whether err carries a SQLSTATE that means "try again"
 // rather than an outcome of fn: 55P03 lock_not_available (the engine's own
 // lock_timeout), 40001 serialization_failure, 40P01 deadlock_detected. A
@@ -201,17 +204,9 @@ func fromNs(n int64) time.Time {
 	return time.Unix(0, n)
 }
 
-// expiresNs is the end of r's own retention window, Unix ns; 0 for never.
-func expiresNs(r *idemcore.Record) int64 {
-	if r.State == idemcore.StateStarted && r.KeptUntilResolved {
-		return 0
-	}
-	at := r.StartedAt
-	if r.State == idemcore.StateDone {
-		at = r.CompletedAt
-	}
-	return toNs(layout.Expiry(false, at, r.Retention, 0))
-}
+// expiresNs is the end of r's own retention window (idemcore.Expiry), Unix
+// ns; 0 for never.
+func expiresNs(r *idemcore.Record) int64 { return toNs(idemcore.Expiry(r, 0)) }
 
 // errFields are the stored error columns of r: bytea, never NULL, so that
 // a code or message of any bytes (NUL, invalid UTF-8) is stored exactly.

@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -36,7 +35,7 @@ func proxiedEngine(t *testing.T, st *store) (*idempg.Engine, *pgtest.Proxy) {
 	}
 	t.Cleanup(pool.Close)
 	o := st.opts
-	e, err := idempg.Open(context.Background(), pool, &o, &idem.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+	e, err := idempg.Open(context.Background(), pool, &o, &idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +127,7 @@ func TestDoTxCommitCut(t *testing.T) {
 				}
 				return n
 			}
-			check := st.open(t, &idem.Options{ReplayCacheBytes: -1})
+			check := st.open(t, &idemcore.Options{ReplayCacheBytes: -1})
 			switch {
 			case err == nil && tc.want == aborted:
 				t.Fatalf("DoTx whose COMMIT never arrived answered %+v", res)

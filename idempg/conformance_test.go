@@ -18,7 +18,6 @@ import (
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -121,7 +120,7 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 			return m, err
 		},
 		Enqueue:              func(tx pgx.Tx, topic string, payload []byte) error { return idempg.Enqueue(tx, topic, payload) },
-		Hook:                 hookVia(fault.Set),
+		Hook:                 idemtest.CoreHook,
 		OwnedAcrossProcesses: true,
 		ExpireOwners: func(t testing.TB, store string) {
 			h.offset(store).Add(int64(suiteLease + time.Second))
@@ -153,17 +152,5 @@ func TestConformancePgBouncer(t *testing.T) {
 	idemtest.Run(t, bouncer.harness())
 }
 
-// hookVia adapts a failpoint setter to Harness.Hook, whichever form its hook
-// takes: func(), or func() error.
-func hookVia[H func() | func() error](set func(point string, hook H) (unset func())) func(string, func()) func() {
-	return func(point string, fn func()) func() {
-		var h H
-		switch any(h).(type) {
-		case func():
-			h = any(fn).(H)
-		case func() error:
-			h = any(func() error { fn(); return nil }).(H)
-		}
-		return set(point, h)
-	}
-}
+// The Postgres engine offers every engine's methods, as the bbolt engine does.
+var _ idemtest.Engine[pgx.Tx] = (*idempg.Engine)(nil)

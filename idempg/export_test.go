@@ -7,7 +7,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 )
 
@@ -18,6 +17,6 @@ func SetClockOffset(o *Options, offset func() time.Duration) { o.clockOffset = o
 
 // OpenWrapped is Open with the state machine over wrap(the backend), for
 // the conformance suite's test backends.
-func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (*Engine, error) {
+func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (*Engine, error) {
 	return open(ctx, pool, opts, eo, wrap)
 }

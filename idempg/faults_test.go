@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -53,7 +52,7 @@ func faultEngine(t *testing.T, pool *pgxpool.Pool, schema string, pollOnly bool)
 	t.Helper()
 	e, err := idempg.Open(context.Background(), pool,
 		&idempg.Options{Schema: schema, PollOnly: pollOnly, Lease: 5 * time.Second, PollInterval: 20 * time.Millisecond},
-		&idem.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+		&idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -21,7 +20,7 @@ func TestEndedFnLapsesLease(t *testing.T) {
 			st := newStore(t, pgtest.Env)
 			st.opts.Lease = 60e9 // a lease no test waits out
 			a := st.open(t, nil)
-			b := st.open(t, &idem.Options{InFlight: idemcore.InFlightFail})
+			b := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail})
 			ctx := context.Background()
 			switch how {
 			case "panic":

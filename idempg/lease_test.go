@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -17,13 +16,13 @@ import (
 
 // openWith opens an engine on st's schema with o's backend settings, and its
 // database clock offset by offset.
-func (st *store) openWith(t *testing.T, o idempg.Options, offset time.Duration, eo *idem.Options) *idempg.Engine {
+func (st *store) openWith(t *testing.T, o idempg.Options, offset time.Duration, eo *idemcore.Options) *idempg.Engine {
 	t.Helper()
 	o.Schema = st.opts.Schema
 	o.PollOnly = st.opts.PollOnly
 	idempg.SetClockOffset(&o, func() time.Duration { return time.Duration(st.offset.Load()) + offset })
 	if eo == nil {
-		eo = &idem.Options{}
+		eo = &idemcore.Options{}
 	}
 	eo.PruneInterval = -1
 	e, err := idempg.Open(context.Background(), st.pool, &o, eo)
@@ -52,7 +51,7 @@ func TestOwnedElsewhere(t *testing.T) {
 		t.Run(env, func(t *testing.T) {
 			st := newStore(t, env)
 			a := st.open(t, nil)
-			bFail := st.open(t, &idem.Options{InFlight: idemcore.InFlightFail, RetryAfter: 3 * time.Second})
+			bFail := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail, RetryAfter: 3 * time.Second})
 			bWait := st.open(t, nil)
 			ctx := context.Background()
 			started, release := make(chan context.Context, 1), make(chan struct{})
@@ -127,7 +126,7 @@ func TestTakeoverFencesStalledOwner(t *testing.T) {
 		t.Fatalf("takeover: %+v, call %+v; want B's answer, attempt 2, recovered", res, call)
 	}
 	close(release)
-	if err := <-aDone; !errors.Is(err, idem.ErrFenced) || !errors.Is(err, idempg.ErrFenced) {
+	if err := <-aDone; !errors.Is(err, idemcore.ErrFenced) || !errors.Is(err, idempg.ErrFenced) {
 		t.Fatalf("the stalled owner's completion: %v, want ErrFenced", err)
 	}
 	rec, err := a.Get("k")
@@ -159,7 +158,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 	if _, err := b.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("B"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	if c := <-cause; !errors.Is(c, idem.ErrLeaseLost) || !errors.Is(c, idempg.ErrLeaseLost) {
+	if c := <-cause; !errors.Is(c, idemcore.ErrLeaseLost) || !errors.Is(c, idempg.ErrLeaseLost) {
 		t.Fatalf("fn's context ended with cause %v, want ErrLeaseLost", c)
 	}
 	if err := <-aDone; err == nil {
@@ -178,7 +177,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	a := st.open(t, nil)
-	b := st.openWith(t, idempg.Options{LockTimeout: 50 * time.Millisecond}, 0, &idem.Options{InFlight: idemcore.InFlightFail})
+	b := st.openWith(t, idempg.Options{LockTimeout: 50 * time.Millisecond}, 0, &idemcore.Options{InFlight: idemcore.InFlightFail})
 	ctx := context.Background()
 	started, release := make(chan struct{}), make(chan struct{})
 	aDone := make(chan error, 1)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -35,7 +34,7 @@ func TestSharedOwnerLabel(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			st := newStore(t, pgtest.Env)
 			a := st.openWith(t, idempg.Options{Owner: "orders"}, 0, nil)
-			bFail := st.openWith(t, idempg.Options{Owner: "orders"}, 0, &idem.Options{InFlight: idemcore.InFlightFail})
+			bFail := st.openWith(t, idempg.Options{Owner: "orders"}, 0, &idemcore.Options{InFlight: idemcore.InFlightFail})
 			bWait := st.openWith(t, idempg.Options{Owner: "orders"}, 0, nil)
 			ctx := context.Background()
 			started, release, free := gate(t)

@@ -21,7 +21,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -60,7 +59,7 @@ func childMain(role string) int {
 	if d, err := time.ParseDuration(os.Getenv(envLease)); err == nil {
 		opts.Lease, opts.Heartbeat = d, 0 // the lease, and the idle-in-transaction timeout with it
 	}
-	e, err := idempg.Open(ctx, pool, opts, &idem.Options{PruneInterval: -1})
+	e, err := idempg.Open(ctx, pool, opts, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -184,7 +183,7 @@ func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
 	c := startChild(t, st, "do", "k")
 	c.kill(t)
 
-	e := st.open(t, &idem.Options{InFlight: idemcore.InFlightFail})
+	e := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail})
 	var runs atomic.Int32
 	var call idemcore.Call
 	fn := func(ctx context.Context) ([]byte, error) {

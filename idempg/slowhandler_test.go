@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -23,7 +23,7 @@ func TestSlowHandlerKeepsItsClaim(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	var attempts atomic.Int32
 	entered, release := make(chan struct{}, 8), make(chan struct{})
-	handler := func(ctx context.Context, m idem.Message) error {
+	handler := func(ctx context.Context, m idemcore.Message) error {
 		attempts.Add(1)
 		entered <- struct{}{}
 		select {
@@ -32,9 +32,9 @@ func TestSlowHandlerKeepsItsClaim(t *testing.T) {
 		}
 		return nil
 	}
-	eo := func() *idem.Options {
-		return &idem.Options{Outbox: idem.OutboxOptions{Dispatch: true, Workers: 4,
-			Handlers: map[string]idem.Handler{"slow": handler}, PollInterval: 10 * time.Millisecond}}
+	eo := func() *idemcore.Options {
+		return &idemcore.Options{Outbox: idemcore.OutboxOptions{Dispatch: true, Workers: 4,
+			Handlers: map[string]idemcore.Handler{"slow": handler}, PollInterval: 10 * time.Millisecond}}
 	}
 	a, _ := st.open(t, eo()), st.open(t, eo())
 	ctx := context.Background()

@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -32,7 +31,7 @@ func TestStarvedRenewalCancelsFn(t *testing.T) {
 	}
 	t.Cleanup(poolA.Close)
 	oa := idempg.Options{Schema: st.opts.Schema, Lease: 2 * time.Second, PollInterval: 20 * time.Millisecond}
-	a, err := idempg.Open(context.Background(), poolA, &oa, &idem.Options{PruneInterval: -1})
+	a, err := idempg.Open(context.Background(), poolA, &oa, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -62,7 +62,7 @@ func fixture(t *testing.T) string {
 // recovering fn's panics, and closes it.
 func doAll(t *testing.T, path string, now time.Time, fns map[string]func(context.Context) ([]byte, error)) {
 	t.Helper()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Now: func() time.Time { return now }})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Now: func() time.Time { return now }})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	for key, fn := range fns {
@@ -371,7 +371,7 @@ func TestResolve(t *testing.T) {
 			require.Equal(t, tt.wantGet.Error, g.Error)
 
 			// The engine replays the resolution.
-			e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+			e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 			require.NoError(t, err)
 			defer e.Close()
 			res, err := e.Do(context.Background(), "order-3", []byte("args of order-3"), func(context.Context) ([]byte, error) {
@@ -544,7 +544,7 @@ func TestFileInUseByAnotherProgram(t *testing.T) {
 // with --json, the error object on stdout.
 func requireInUse(t *testing.T, path string, commands map[string][]string) {
 	t.Helper()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 

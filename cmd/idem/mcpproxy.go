@@ -83,8 +83,7 @@ func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFl
 		}
 	}
 	recovery, _ := a.recoveryPolicy()
-	e, err := idem.Open(a.db, &idem.Options{
-		Bolt:      idem.BoltOptions{LockTimeout: lockTimeout},
+	e, err := idem.OpenFile(a.db, &idem.BoltOptions{LockTimeout: lockTimeout}, &idem.Options{
 		Retention: a.retention,
 		Recovery:  recovery,
 		InFlight:  inFlight,

@@ -65,7 +65,7 @@ func outboxFixture(t *testing.T) string {
 func outboxSession(t *testing.T, path string, ob idem.OutboxOptions, calls func(*idem.Engine), done func(idem.OutboxStats) bool) {
 	t.Helper()
 	ob.Dispatch = true
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	calls(e)
@@ -517,7 +517,7 @@ func TestReadOnlyCommands(t *testing.T) {
 	path := outboxFixture(t)
 	before, err := os.ReadFile(path)
 	require.NoError(t, err)
-	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: time.Second, ReadOnly: true}})
+	ro, err := idem.OpenFile(path, &idem.BoltOptions{LockTimeout: time.Second, ReadOnly: true}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, ro.Close()) }()
 

@@ -25,7 +25,7 @@ const testToken = "operator-token"
 // testToken. It returns the handler's URL and the engine.
 func serveAdmin(t *testing.T, path string, show bool) (string, *idem.Engine) {
 	t.Helper()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/admin/idem/", http.StripPrefix("/admin/idem", idemhttp.Admin(e, &idemhttp.AdminOptions{

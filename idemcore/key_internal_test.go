@@ -1,4 +1,4 @@
-package idem
+package idemcore
 
 import (
 	"errors"
@@ -24,7 +24,7 @@ func FuzzValidateKey(f *testing.F) {
 			name  string
 			err   error
 			valid bool
-		}{{"validateStoredKey", validateStoredKey(key), stored}, {"validateKey", validateKey(key), fresh}} {
+		}{{"validateStoredKey", validateStoredKey(key), stored}, {"ValidateKey", ValidateKey(key), fresh}} {
 			if c.valid != (c.err == nil) {
 				t.Fatalf("%s(%q) = %v", c.name, key, c.err)
 			}
