@@ -117,10 +117,6 @@ func opError(op, key string, err error) error { return idemcore.OpErr(op, key, e
 // fn's own error; a replay carries only the stored Code and Message.
 type Error = idemcore.Error
 
-// codeResponseTooLarge is the Code of the Error stored for an oversized
-// outcome (idemcore.CodeResponseTooLarge).
-const codeResponseTooLarge = idemcore.CodeResponseTooLarge
-
 // Retryable marks err as one whose effect did not happen: the engine deletes
 // the started record and frees the key (idemcore.Retryable gives the rule for
 // a recovering call). Retryable(nil) is nil.

@@ -435,6 +435,7 @@ func (s ClaimStatus) String() string {
 
 // ClaimResult is the answer of a Backend.Claim.
 type ClaimResult struct {
+	// Status says which of the fields below holds the answer.
 	Status ClaimStatus
 	// Claim is the key's claim when Status is Claimed.
 	Claim *Claim

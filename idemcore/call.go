@@ -678,7 +678,7 @@ func (e *Engine[T]) doneRecord(started *Record, resp []byte, ferr error) *Record
 	// The limit covers what is stored: the response and the error's text.
 	if max, n := e.opts.MaxResponseSize, len(resp)+len(code)+len(msg); max > 0 && n > max {
 		done.Response = nil
-		done.Err = &Error{Code: CodeResponseTooLarge,
+		done.Err = &Error{Code: codeResponseTooLarge,
 			Message: fmt.Sprintf("response and error of %d bytes exceed the limit of %d bytes", n, max)}
 	} else if ferr != nil {
 		done.Err = &Error{Code: code, Message: msg}
@@ -694,7 +694,7 @@ func (e *Engine[T]) firstAnswer(done *Record, resp []byte, ferr error) (Result, 
 		return res, nil
 	}
 	out := *done.Err
-	if out.Code != CodeResponseTooLarge {
+	if out.Code != codeResponseTooLarge {
 		out.err = ferr
 	}
 	return res, &out

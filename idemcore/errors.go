@@ -310,14 +310,14 @@ func (e *codedError) Code() string  { return e.code }
 
 // errorCode returns the code of the first error in err's chain that has a
 // Code() string method; for an error without one that wraps
-// ErrResponseTooLarge, CodeResponseTooLarge, so its replays match it too.
+// ErrResponseTooLarge, codeResponseTooLarge, so its replays match it too.
 func errorCode(err error) string {
 	var c interface{ Code() string }
 	if errors.As(err, &c) {
 		return c.Code()
 	}
 	if errors.Is(err, ErrResponseTooLarge) {
-		return CodeResponseTooLarge
+		return codeResponseTooLarge
 	}
 	return ""
 }

@@ -115,9 +115,9 @@ func (e *Error) Unwrap() error { return e.err }
 // Is reports ErrResponseTooLarge for the stored outcome of an oversized
 // response, so the replay matches the sentinel as the first answer did.
 func (e *Error) Is(target error) bool {
-	return target == ErrResponseTooLarge && e.Code == CodeResponseTooLarge
+	return target == ErrResponseTooLarge && e.Code == codeResponseTooLarge
 }
 
-// CodeResponseTooLarge is the Code of the Error stored when fn's response
+// codeResponseTooLarge is the Code of the Error stored when fn's response
 // exceeds the engine's MaxResponseSize.
-const CodeResponseTooLarge = "idem_response_too_large"
+const codeResponseTooLarge = "idem_response_too_large"
