@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -33,9 +32,9 @@ type boltBackend struct {
 	maxSize  int              // BoltOptions.MaxSize, for ErrFileFull's text
 	now      func() time.Time // the engine clock, for Tx.Enqueue
 	log      *slog.Logger
-	onCommit atomic.Pointer[func()]
-	ix       *outboxIndex // pending messages, for ClaimDue (outboxindex.go)
-	reads    readGuard    // goroutines inside Records, View and Messages callbacks
+	commits  chan struct{} // Committed's: capacity 1
+	ix       *outboxIndex  // pending messages, for ClaimDue (outboxindex.go)
+	reads    readGuard     // goroutines inside Records, View and Messages callbacks
 }
 
 var _ idemcore.Backend[*Tx] = (*boltBackend)(nil)
@@ -46,7 +45,8 @@ var _ idemcore.Backend[*Tx] = (*boltBackend)(nil)
 func newBoltBackend(db *bbolt.DB, st *store, f *BoltOptions, o *Options) *boltBackend {
 	clock := o.Now
 	b := &boltBackend{db: db, st: st, readOnly: f.ReadOnly, maxSize: f.MaxSize,
-		now: func() time.Time { return clock().Round(0) }, log: o.Logger, ix: newOutboxIndex()}
+		now: func() time.Time { return clock().Round(0) }, log: o.Logger, ix: newOutboxIndex(),
+		commits: make(chan struct{}, 1)}
 	b.pipe = newPipeline(db, b.committed)
 	if ob := o.Observer; ob != nil {
 		b.pipe.Observe = func(n int, d time.Duration) {
@@ -217,15 +217,17 @@ func (b *boltBackend) Enqueue(tx *Tx, m *idemcore.Message) error {
 	return ob.Put(u64Key(seq), encodeMessage(nil, m))
 }
 
-// OnCommit registers the dispatcher's wake-up, called after every commit.
-func (b *boltBackend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
+// Committed is signalled after every commit of the pipeline.
+func (b *boltBackend) Committed() <-chan struct{} { return b.commits }
 
 // committed runs after every commit of the pipeline: the outbox index
-// reads what it may have enqueued at the next ClaimDue.
+// reads what it may have enqueued at the next ClaimDue, and the dispatcher
+// is woken (Committed), without blocking.
 func (b *boltBackend) committed() {
 	b.ix.dirty.Store(true)
-	if fn := b.onCommit.Load(); fn != nil {
-		(*fn)()
+	select {
+	case b.commits <- struct{}{}:
+	default:
 	}
 }
 

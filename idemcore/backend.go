@@ -217,11 +217,13 @@ type Outbox[T any] interface {
 	// not at all. It sets m.Seq.
 	Enqueue(tx T, m *Message) error
 
-	// OnCommit registers fn, called (without blocking) after every commit
-	// that may have enqueued outbox messages, to wake the dispatcher.
-	// Postgres also calls it on a NOTIFY from another process. One fn per
-	// backend; a later call replaces it.
-	OnCommit(fn func())
+	// Committed returns the channel that wakes the engine's dispatcher: the
+	// backend sends on it after every commit that may have enqueued outbox
+	// messages (Postgres also on a NOTIFY from another process), without
+	// blocking (capacity 1; a send that finds it full is dropped, the
+	// dispatcher being due to look anyway). The engine calls it once, in
+	// New, and only receives: the backend never calls the engine.
+	Committed() <-chan struct{}
 
 	// ClaimDue claims up to limit due heads for the engine's dispatcher: for
 	// each ordering key, its pending message of lowest Seq, if

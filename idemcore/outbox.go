@@ -42,7 +42,7 @@ func (o OutboxOptions) withDefaults() OutboxOptions {
 
 // dispatcher is an engine's outbox dispatcher, written once for every
 // backend and driven only through the Backend's outbox methods (ClaimDue,
-// Delivered, Failed, OnCommit); the engine's calls on the outbox (Messages,
+// Delivered, Failed, Committed); the engine's calls on the outbox (Messages,
 // RetryDead, DropDead) go to the Backend's methods of the same names.
 //
 // The dispatcher (run) claims due heads of ordering keys with ClaimDue, up
@@ -53,7 +53,7 @@ func (o OutboxOptions) withDefaults() OutboxOptions {
 // (the backend moves it to the dead letters). A message whose topic has no
 // handler is parked: its claim is kept, so it holds back its ordering key,
 // until Handle registers one or Run ends, and is then given back (Failed,
-// unchanged). The dispatcher wakes on every commit (Backend.OnCommit), when
+// unchanged). The dispatcher wakes on every commit (Backend.Committed), when
 // a worker ends, at the earliest next attempt the backend reports
 // (Due.Next), and at least every PollInterval.
 type dispatcher[T any] struct {
@@ -64,7 +64,8 @@ type dispatcher[T any] struct {
 	handlers map[string]Handler
 	parked   map[uint64]*Message // claimed, their topic without a handler
 
-	wake      chan struct{} // capacity 1: commits, RetryDead, Handle
+	wake      chan struct{}   // capacity 1: RetryDead, Handle
+	commits   <-chan struct{} // the backend's: its commits (Backend.Committed)
 	running   atomic.Bool
 	delivered atomic.Uint64
 	loops     atomic.Uint64
@@ -80,7 +81,7 @@ func newDispatcher[T any](e *Engine[T], o OutboxOptions, handlers map[string]Han
 			ob.handlers[topic] = h
 		}
 	}
-	e.b.OnCommit(ob.wakeUp)
+	ob.commits = e.b.Committed()
 	return ob
 }
 
@@ -251,6 +252,7 @@ func (ob *dispatcher[T]) run(ctx context.Context) error {
 			}
 			return ctx.Err()
 		case <-ob.wake:
+		case <-ob.commits:
 		case <-done:
 			busy--
 		case <-timer.C:

@@ -38,7 +38,7 @@ type backend struct {
 	// set in production: see export_test.go).
 	offset func() time.Duration
 
-	onCommit atomic.Pointer[func()]
+	commits chan struct{} // Committed's: capacity 1
 
 	// inFn counts RunTx fns running; fnGoroutines holds their goroutine
 	// ids, for Holding.
@@ -67,7 +67,8 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if err := checkVersion(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset}
+	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset,
+		commits: make(chan struct{}, 1)}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
 	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
@@ -1041,13 +1042,15 @@ func (b *backend) Scan(ctx context.Context, fn func(r *idemcore.Record, err erro
 	})
 }
 
-// OnCommit implements idemcore.Backend.
-func (b *backend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
+// Committed implements idemcore.Backend.
+func (b *backend) Committed() <-chan struct{} { return b.commits }
 
-// committed wakes the dispatcher after a commit that may have enqueued.
+// committed wakes the dispatcher after a commit that may have enqueued,
+// without blocking.
 func (b *backend) committed() {
-	if fn := b.onCommit.Load(); fn != nil && *fn != nil {
-		(*fn)()
+	select {
+	case b.commits <- struct{}{}:
+	default:
 	}
 }
 
