@@ -56,13 +56,19 @@
 // Stripe-shaped error (except a 429 lock_timeout). go-retryablehttp (v0.7.8,
 // default policy) retries connection errors, 429 and 5xx except 501 (POST
 // included), honours Retry-After on 429 and 503, and does not retry 409; it
-// sets no key itself. This package's Transport retries connection errors,
-// 409 (except ProblemIncomplete), 429, 502, 503 and 504 with the same key.
+// sets no key itself; it retries a replayed 429 or 5xx too, each retry
+// getting the same stored answer. This package's Transport retries, with the
+// same key, connection errors, the in-progress 409 (ProblemInProgress, or
+// Stripe's idempotency_key_in_use) and a 429, 502, 503 or 504 that is not a
+// replay, and only those: a replay (Idempotent-Replayed: true) is a stored
+// answer that no retry changes, whatever its status and its Retry-After, and
+// any other 409 is the handler's own. So a handler's 503 reaches the
+// Transport twice (the first answer, then its replay), and its 409 once.
 //
 //	case                                status, headers                    stripe-go                        go-retryablehttp                   Transport
 //	first request                       the handler's; stored              its own rules (see above)        its own rules                      its own rules
-//	replay                              stored status, headers, body,      as for the first answer          as for the first answer            as for the first answer
-//	                                    Idempotent-Replayed: true
+//	replay                              stored status, headers, body,      as for the first answer          as for the first answer (429 and   returns it, never retried
+//	                                    Idempotent-Replayed: true                                           5xx retried, to the same answer)
 //	no key on POST/PATCH                400 ProblemKeyMissing              never: it always sends a key     returns the 400                    never: it always sends a key
 //	key empty, repeated, too long       400 ProblemKeyInvalid              *stripe.Error, no retry          returns the 400                    returns the 400
 //	same key, other request             422 ProblemKeyMismatch             *stripe.IdempotencyError,        returns the 422                    returns the 422
