@@ -32,12 +32,34 @@
 // The fingerprint is the method, the escaped path, the raw query (order
 // matters) and the raw body, at most Options.MaxBodySize bytes; headers are
 // not part of it. The stored response is the status, the headers listed in
-// Options.Headers (never Set-Cookie, Date or Content-Length) and the body, at
-// most Options.MaxResponseSize bytes. A handler's response is buffered whole
-// and sent when the handler returns (Flush does nothing meanwhile); a
-// response that passes the limit streams to its caller from there on and is
-// not stored. A refusal before the handler began stores nothing (Stripe's
-// rule): 400, 413, 422, 409, 503.
+// Options.Headers (never Set-Cookie, Date or Content-Length), the trailers
+// and the body; the body and the trailers together at most
+// Options.MaxResponseSize bytes. A handler's response is buffered whole and
+// sent when the handler returns (Flush does nothing meanwhile); a response
+// that passes the limit streams to its caller from there on and is not
+// stored, and one whose trailers pass it is sent whole and not stored. A
+// refusal before the handler began stores nothing (Stripe's rule): 400,
+// 413, 422, 409, 503.
+//
+// The handler's writer behaves as net/http's own: the header is sent as it
+// stood when the status was written (WriteHeader, or the first Write), and
+// later changes are lost but for trailers: the fields the Trailer header
+// declared then, with their values when the handler returns, and the fields
+// set through http.TrailerPrefix. The first caller and every replay get
+// them as trailers, after the body (without a Content-Length: HTTP/1.1
+// sends trailers only in the chunked encoding). All of them are stored,
+// whatever Options.Headers lists, except the fields that are never stored;
+// a field RFC 9110 forbids in trailers (Content-Length, Content-Type,
+// Cache-Control, …, as net/http refuses them) is neither declared nor sent.
+//
+// The stored form is versioned by its first byte. Version 1 holds the
+// status, the headers and the body; version 2 adds the trailers. A response
+// without trailers is written in version 1, which earlier versions of this
+// package wrote and read too, so programs of two versions can share a store;
+// a response with trailers is written in version 2, which an earlier
+// version replays as raw bytes (200 application/octet-stream): upgrade
+// every program that shares a store before a handler behind it sends
+// trailers. Both versions replay.
 //
 // Every response to a request with a key carries Idempotency-Retention: the
 // retention window in seconds (86400 for the engine's default of 24 hours):
@@ -56,13 +78,19 @@
 // Stripe-shaped error (except a 429 lock_timeout). go-retryablehttp (v0.7.8,
 // default policy) retries connection errors, 429 and 5xx except 501 (POST
 // included), honours Retry-After on 429 and 503, and does not retry 409; it
-// sets no key itself. This package's Transport retries connection errors,
-// 409 (except ProblemIncomplete), 429, 502, 503 and 504 with the same key.
+// sets no key itself; it retries a replayed 429 or 5xx too, each retry
+// getting the same stored answer. This package's Transport retries, with the
+// same key, connection errors, the in-progress 409 (ProblemInProgress, or
+// Stripe's idempotency_key_in_use) and a 429, 502, 503 or 504 that is not a
+// replay, and only those: a replay (Idempotent-Replayed: true) is a stored
+// answer that no retry changes, whatever its status and its Retry-After, and
+// any other 409 is the handler's own. So a handler's 503 reaches the
+// Transport twice (the first answer, then its replay), and its 409 once.
 //
 //	case                                status, headers                    stripe-go                        go-retryablehttp                   Transport
 //	first request                       the handler's; stored              its own rules (see above)        its own rules                      its own rules
-//	replay                              stored status, headers, body,      as for the first answer          as for the first answer            as for the first answer
-//	                                    Idempotent-Replayed: true
+//	replay                              stored status, headers, body,      as for the first answer          as for the first answer (429 and   returns it, never retried
+//	                                    Idempotent-Replayed: true                                           5xx retried, to the same answer)
 //	no key on POST/PATCH                400 ProblemKeyMissing              never: it always sends a key     returns the 400                    never: it always sends a key
 //	key empty, repeated, too long       400 ProblemKeyInvalid              *stripe.Error, no retry          returns the 400                    returns the 400
 //	same key, other request             422 ProblemKeyMismatch             *stripe.IdempotencyError,        returns the 422                    returns the 422
@@ -107,8 +135,9 @@
 // EncodeResponse(status, header, body), or send the admin handler
 // {"http": {"status": 201, "headers": {"Content-Type": ["application/json"]},
 // "body": "…"}}. Stored bytes not in the middleware's format (their first
-// byte is not its version byte, 1) replay as 200 application/octet-stream,
-// and a stored error as 500 ProblemStoredError, as the table says.
+// byte is not one of its versions, 1 or 2) replay as 200
+// application/octet-stream, and a stored error as 500 ProblemStoredError,
+// as the table says.
 //
 // A 409 in progress is answered only under idem.InFlightFail, which the
 // engine's Options choose; under the default idem.InFlightWait a duplicate

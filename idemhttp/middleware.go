@@ -100,13 +100,14 @@ type Options struct {
 	MaxBodySize int64
 
 	// MaxResponseSize is the largest response body, in bytes, buffered and
-	// stored. Zero means DefaultMaxResponseSize. A handler that writes more
-	// is streamed to its caller from then on (the first caller gets the
-	// whole response) and the response is not stored: the key is done, the
-	// handler does not run again, and replays get 500
-	// ProblemResponseNotStored, never a truncated body. The engine's own
-	// limit (idemcore.Options.MaxResponseSize) applies to the stored record,
-	// status and headers included, with the same outcome.
+	// stored, its trailers (names and values) counted with it. Zero means
+	// DefaultMaxResponseSize. A handler that writes more is streamed to its
+	// caller from then on (the first caller gets the whole response, and
+	// so does it when only the trailers pass the limit) and the response is
+	// not stored: the key is done, the handler does not run again, and
+	// replays get 500 ProblemResponseNotStored, never a truncated body. The
+	// engine's own limit (idemcore.Options.MaxResponseSize) applies to the
+	// stored record, status and headers included, with the same outcome.
 	MaxResponseSize int
 
 	// Headers are the response headers stored and replayed, beside the
@@ -115,7 +116,9 @@ type Options struct {
 	// ETag, Expires, Last-Modified, Link, Location and Vary. Set-Cookie,
 	// Date, Content-Length, hop-by-hop headers and the middleware's own are
 	// never stored: Middleware panics if the list names one. The first
-	// caller gets every header the handler set.
+	// caller gets every header the handler set before it wrote the status,
+	// as from net/http. Trailers are stored whatever the list says (see
+	// the package documentation).
 	Headers []string
 
 	// StoreRetryAfter is the Retry-After, wall-clock, of a 503 when the
@@ -160,11 +163,15 @@ type Options struct {
 // retry does) and the panic propagates to net/http, which drops the
 // connection.
 //
-// The handler's http.ResponseWriter buffers: Flush does nothing until the
-// response passes Options.MaxResponseSize, and it cannot be hijacked, nor
-// unwrapped by http.ResponseController (whose deadlines then return
+// The handler's http.ResponseWriter buffers: Flush (and
+// http.ResponseController's) does nothing until the response passes
+// Options.MaxResponseSize, and it cannot be hijacked, nor unwrapped by
+// http.ResponseController (whose deadlines and EnableFullDuplex then return
 // http.ErrNotSupported), since a response written around it could not be
-// replayed.
+// replayed. It sends the header as it stood when the status was written,
+// and trailers (declared in the Trailer header, or set through
+// http.TrailerPrefix) after the body, to the first caller and every
+// replay, as net/http's writer does.
 //
 // Concurrent duplicates follow the engine's in-flight policy: under
 // idemcore.InFlightWait (the default) they wait and get the replay, under

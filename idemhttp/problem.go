@@ -73,6 +73,9 @@ const (
 	stripeIdempotency    = "idempotency_error"
 	stripeInvalidRequest = "invalid_request_error"
 	stripeAPI            = "api_error"
+	// stripeKeyInUse is the code of Stripe's in-progress 409, which
+	// ProblemInProgress carries too and Transport retries.
+	stripeKeyInUse = "idempotency_key_in_use"
 )
 
 // problem is one refusal: RFC 9457's members plus Stripe's error object, so
@@ -120,7 +123,7 @@ func problemKeyMismatch() *problem {
 }
 
 func problemInProgress(retryAfter time.Duration) *problem {
-	p := newProblem(ProblemInProgress, http.StatusConflict, stripeIdempotency, "idempotency_key_in_use",
+	p := newProblem(ProblemInProgress, http.StatusConflict, stripeIdempotency, stripeKeyInUse,
 		"A request with this Idempotency-Key is in progress", "retry after the Retry-After delay")
 	p.retryAfter = retryAfter
 	return p

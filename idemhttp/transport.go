@@ -48,14 +48,18 @@ const (
 //     draft revision 07);
 //   - sends the request, and on a timeout, a connection reset, refused or
 //     closed before the response (a net.Error, io.EOF, ECONNRESET,
-//     ECONNREFUSED, EPIPE), 409 (a request with the key is in progress; but
-//     not Middleware's ProblemIncomplete), 429, 502, 503 or 504, sends it
-//     again with the same key,
+//     ECONNREFUSED, EPIPE), the 409 that says a request with the key is in
+//     progress (Middleware's ProblemInProgress, Stripe's
+//     idempotency_key_in_use), or a 429, 502, 503 or 504 that is not a
+//     replay, sends it again with the same key,
 //     after an exponential backoff with jitter (cenkalti/backoff/v5,
 //     randomization 0.5) or the response's Retry-After (delay-seconds or an
 //     HTTP date) when it has one and it is at least InitialInterval (a
 //     Retry-After of 0, or a date already past, gets the backoff instead);
-//   - stops when an answer comes that is not retried, when the request's
+//   - stops when an answer comes that is not retried (a replay,
+//     Idempotent-Replayed: true, is a stored answer and final, whatever its
+//     status and Retry-After; so is any other 409, the handler's own), when
+//     the request's
 //     context ends (its error is returned), or when the next wait would pass
 //     MaxElapsedTime after the first attempt: then the last response is
 //     returned (its body unread), or the last error.
@@ -269,26 +273,32 @@ func transient(err error) bool {
 	return false
 }
 
-// retryStatus reports whether resp is retried: 409 (a request with the key
-// in progress, as Middleware's ProblemInProgress and Stripe's
-// idempotency_key_in_use), except Middleware's ProblemIncomplete, which
-// waiting does not change; 429, 502, 503, 504.
+// retryStatus reports whether resp may change when the request is sent
+// again with the same key: the in-progress 409 (Middleware's
+// ProblemInProgress, Stripe's idempotency_key_in_use), and 429, 502, 503
+// and 504 that were not replayed. A replay (Idempotent-Replayed: true) is a
+// stored answer, final whatever its status and its Retry-After; any other
+// 409 is the handler's own answer (a conflict of the resource, or
+// ProblemIncomplete, which waiting does not change).
 func retryStatus(resp *http.Response) bool {
+	if strings.EqualFold(strings.TrimSpace(resp.Header.Get(HeaderReplayed)), "true") {
+		return false
+	}
 	switch resp.StatusCode {
 	case http.StatusConflict:
-		return !isProblem(resp, ProblemIncomplete)
+		return inProgress(resp)
 	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false
 }
 
-// isProblem reports whether resp is problem details of type typ. It reads
-// at most 4 KiB of the body and puts them back in front of the rest.
-func isProblem(resp *http.Response, typ string) bool {
-	if ct, _, _ := strings.Cut(resp.Header.Get("Content-Type"), ";"); strings.TrimSpace(ct) != "application/problem+json" {
-		return false
-	}
+// inProgress reports whether resp's body says a request with the key is in
+// progress: problem details of type ProblemInProgress, or a Stripe error
+// with code idempotency_key_in_use (Stripe sends application/json, so the
+// Content-Type is not asked). It reads at most 4 KiB of the body and puts
+// them back in front of the rest.
+func inProgress(resp *http.Response) bool {
 	head, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 	resp.Body = struct {
 		io.Reader
@@ -298,9 +308,15 @@ func isProblem(resp *http.Response, typ string) bool {
 		return false
 	}
 	var p struct {
-		Type string `json:"type"`
+		Type  any `json:"type"`
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
 	}
-	return json.Unmarshal(head, &p) == nil && p.Type == typ
+	if json.Unmarshal(head, &p) != nil {
+		return false
+	}
+	return p.Type == ProblemInProgress || p.Error.Code == stripeKeyInUse
 }
 
 // retryAfter parses a Retry-After value (RFC 9110 section 10.2.3):

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net/http"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 )
@@ -50,34 +51,59 @@ func TestHeaderValue(t *testing.T) {
 
 func TestResponseRoundTrip(t *testing.T) {
 	h := http.Header{"Content-Type": {"application/json"}, "Link": {"<a>", "<b>"}, "Empty": {}}
+	responses := []*storedResponse{}
 	for _, body := range [][]byte{nil, {}, []byte("hello")} {
-		b := encodeResponse(201, h, body)
-		st, h2, body2, err := decodeResponse(b)
-		if err != nil || st != 201 || !reflect.DeepEqual(h, h2) || !bytes.Equal(body, body2) {
-			t.Fatalf("round trip: %d %v %q %v", st, h2, body2, err)
+		responses = append(responses,
+			&storedResponse{status: 201, header: h, body: body},
+			&storedResponse{status: 200, header: h, declared: []string{"X-Checksum"}, trailer: http.Header{"X-Checksum": {"abc"}, "X-Parts": {"1", "2"}}, body: body},
+			&storedResponse{status: 200, header: http.Header{}, declared: []string{"X-Checksum"}, trailer: http.Header{}, body: body},
+			&storedResponse{status: 200, header: http.Header{}, trailer: http.Header{"X-Parts": {"3"}}, body: body},
+		)
+	}
+	for _, r := range responses {
+		b := r.encode()
+		if want := byte(recordVersion); r.hasTrailers() {
+			if b[0] != recordVersionTrailers {
+				t.Fatalf("a response with trailers encoded in version %d", b[0])
+			}
+		} else if b[0] != want {
+			t.Fatalf("a response without trailers encoded in version %d, want %d (readable by earlier versions)", b[0], want)
 		}
-		for i := range b[:len(b)-len(body)] {
-			if _, _, _, err := decodeResponse(b[:i]); err == nil {
+		got, err := decodeResponse(b)
+		if err != nil || got.status != r.status || !reflect.DeepEqual(r.header, got.header) || !bytes.Equal(r.body, got.body) ||
+			!slices.Equal(r.declared, got.declared) || len(r.trailer) != len(got.trailer) || (len(r.trailer) > 0 && !reflect.DeepEqual(r.trailer, got.trailer)) {
+			t.Fatalf("round trip of %+v: %+v %v", r, got, err)
+		}
+		for i := range b[:len(b)-len(r.body)] {
+			if _, err := decodeResponse(b[:i]); err == nil {
 				t.Fatalf("a record cut at %d of %d decoded", i, len(b))
 			}
 		}
+	}
+	// Version 2 without trailers is not what encode writes.
+	if _, err := decodeResponse([]byte{recordVersionTrailers, 200, 1, 0, 0, 0}); err == nil {
+		t.Fatal("a version 2 record without trailers decoded")
 	}
 }
 
 func FuzzDecodeResponse(f *testing.F) {
 	f.Add(encodeResponse(200, http.Header{"Content-Type": {"text/plain"}}, []byte("ok")))
 	f.Add(encodeResponse(204, nil, nil))
+	f.Add((&storedResponse{status: 200, declared: []string{"X-Checksum"}, trailer: http.Header{"X-Checksum": {"abc"}}, body: []byte("ok")}).encode())
+	f.Add((&storedResponse{status: 201, trailer: http.Header{"X-Parts": {"1", "2"}}}).encode())
 	f.Add([]byte{1, 0xff, 0xff, 0xff})
+	f.Add([]byte{2, 0xc8, 0x01, 0, 1, 1})
 	f.Add([]byte{})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		st, h, body, err := decodeResponse(b)
+		r, err := decodeResponse(b)
 		if err != nil {
 			return
 		}
-		if again := encodeResponse(st, h, body); !bytes.Equal(again, b) {
-			// Header order is canonical on encode: decode(encode(x)) must hold.
-			st2, h2, body2, err := decodeResponse(again)
-			if err != nil || st2 != st || !reflect.DeepEqual(h, h2) || !bytes.Equal(body, body2) {
+		if again := r.encode(); !bytes.Equal(again, b) {
+			// Field order is canonical on encode: decode(encode(x)) must hold.
+			r2, err := decodeResponse(again)
+			if err != nil || r2.status != r.status || !reflect.DeepEqual(r.header, r2.header) || !bytes.Equal(r.body, r2.body) ||
+				!slices.Equal(r.declared, r2.declared) || !reflect.DeepEqual(r.trailer, r2.trailer) {
 				t.Fatalf("re-encoding changed the response")
 			}
 		}
