@@ -15,6 +15,12 @@
 //	})
 //	// res.Response is the first call's response; res.Replayed tells a retry.
 //
+// The engine is github.com/idemkit/idem/idemcore's (the state machine,
+// written once for every backend, and its vocabulary: Options, Record,
+// Error and the sentinels are its types, aliased here) over a bbolt file;
+// github.com/idemkit/idem/idempg runs the same engine over Postgres.
+// OpenFile takes the file's own settings (BoltOptions) beside the engine's.
+//
 // Keys follow Stripe's rules (1 to 255 bytes) and the IETF Idempotency-Key
 // draft's semantics: a reused key with other arguments is refused
 // (ErrFingerprintMismatch, the draft's 422), a duplicate that arrives while the
