@@ -128,7 +128,7 @@ func (b *backend) leaseSQL() string {
 
 // Info implements core.Backend.
 func (b *backend) Info() core.Info {
-	return core.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
+	return core.Info{Name: "postgres", Shared: true, Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
 		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
 }
 

@@ -287,6 +287,12 @@ type Info struct {
 	// ReadOnly is set when every write fails (bbolt's read-only open): the
 	// engine starts no pruner and no dispatcher.
 	ReadOnly bool
+	// Shared is set when engines in several processes use the storage at
+	// once (Postgres): another process's Forget or Resolve may change any
+	// record at any time, so the engine answers no replay from its memory
+	// (it keeps no replay cache) and every replay reads the backend (one
+	// Lookup). False: one process holds the storage (bbolt's file lock).
+	Shared bool
 	// PruneBatch is the Limit the engine passes to Prune and PruneDead: the
 	// most records, or dead letters, deleted per write transaction. Zero
 	// means PruneBatch (the package's constant).
