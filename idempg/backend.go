@@ -48,6 +48,10 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	// outboxClaims holds the outbox claims this engine's dispatcher holds, by
+	// seq (uint64 → outboxClaim): the token that fences Failed (outbox.go).
+	outboxClaims sync.Map
+
 	// Concurrent calls share statements and transactions (batch.go): Do's
 	// claims of free keys and its completions, and DoTx calls (tx.go).
 	claims    batcher[*claimReq]

@@ -3,6 +3,7 @@ package idemtest
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -187,5 +188,61 @@ func (s *suite[T]) shared(t *testing.T) {
 		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idem.ErrMessageNotFound, "dropped: nothing to retry")
 		require.NoError(t, a.DropDead(letters[1].Seq))
 		require.Empty(t, messages(t, b))
+	})
+
+	t.Run("a handler that fails after its claim lapsed does not undo another engine's RetryDead", func(t *testing.T) {
+		// A's handler runs past its claim's lease; B's dispatcher claims the
+		// message, fails it into the dead letters, and an operator retries
+		// it. A's late failure is an answer about a claim the store no
+		// longer holds: it must not send the retried message back to the
+		// dead letters (nor change its count of failures).
+		c := newClock()
+		entered, release := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		var rec testkit.Recorder
+		slow := rec.Handler(func(m idem.Message) error {
+			first := false
+			once.Do(func() { first = true })
+			if !first {
+				return nil // the retried letter, delivered
+			}
+			close(entered)
+			<-release
+			return errors.New("late failure")
+		})
+		// One worker: A claims nothing more while its first handler runs.
+		a, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": slow}, idem.OutboxOptions{MaxAttempts: 1, Workers: 1}))
+		s.enqueue(t, a, "order-1", "charge", []byte("1200"))
+		<-entered
+		s.h.ExpireOwners(t, store) // A's claim lapses
+		failing := func(context.Context, idem.Message) error { return errors.New("gateway down") }
+		b := s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": failing}, idem.OutboxOptions{MaxAttempts: 1}))
+		var letter *idem.Message
+		eventually(t, "B's dead letter", nil, func() bool {
+			ms := messages(t, b)
+			if len(ms) == 1 && ms[0].Dead {
+				letter = ms[0]
+			}
+			return letter != nil
+		})
+		require.NoError(t, b.Close())
+		op := s.open(t, store, Options{Now: c.Now})
+		require.NoError(t, op.RetryDead(letter.Seq))
+		close(release)
+		deadAgain := func() bool {
+			for _, m := range messages(t, op) {
+				if m.Dead {
+					return true
+				}
+			}
+			return false
+		}
+		eventually(t, "the retried letter's delivery, or its return to the dead letters", nil, func() bool {
+			return len(rec.Delivered()) == 1 || deadAgain()
+		})
+		require.False(t, deadAgain(), "A's late failure sent the retried letter back to the dead letters")
+		require.Len(t, rec.Delivered(), 1)
+		require.Equal(t, 1, rec.Delivered()[0].Attempt, "the retry's count of failures starts again; A's late failure is not counted")
+		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, op)) == 0 })
 	})
 }
