@@ -161,11 +161,11 @@ type tokenRow struct {
 
 func (r tokenRow) Scan(dest ...any) error { return r.Row.Scan(append([]any{r.token}, dest...)...) }
 
-// claimToken returns the token of m's claim, ending the claim's entry when
-// end is set: known is false for a message this dispatcher's ClaimDue did
-// not hand out (then the write is not fenced); stale is true when it has
-// claimed m's seq again since (m is an older claim's, which lapsed).
-func (b *backend) claimToken(m *core.Message, end bool) (token int64, known, stale bool) {
+// endClaim ends the entry of m's claim and returns its token: known is
+// false for a message this dispatcher's ClaimDue did not hand out (then the
+// write is not fenced); stale is true when it has claimed m's seq again
+// since (m is an older claim's, which lapsed; the newer entry stays).
+func (b *backend) endClaim(m *core.Message) (token int64, known, stale bool) {
 	v, ok := b.outboxClaims.Load(m.Seq)
 	if !ok {
 		return 0, false, false
@@ -174,9 +174,7 @@ func (b *backend) claimToken(m *core.Message, end bool) (token int64, known, sta
 	if c.m != m {
 		return 0, true, true
 	}
-	if end {
-		b.outboxClaims.CompareAndDelete(m.Seq, c)
-	}
+	b.outboxClaims.CompareAndDelete(m.Seq, c)
 	return c.token, true, false
 }
 
@@ -189,7 +187,7 @@ func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
 	if err != nil {
 		return err
 	}
-	b.claimToken(m, true)
+	b.endClaim(m)
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
 	}
@@ -204,7 +202,7 @@ func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
 // dispatcher's to write, and gives ErrMessageNotFound, writing nothing. The
 // claim's entry ends either way.
 func (b *backend) Failed(ctx context.Context, m *core.Message) error {
-	token, known, stale := b.claimToken(m, true)
+	token, known, stale := b.endClaim(m)
 	if stale {
 		return fmt.Errorf("%w: outbox message %d: claimed again since", core.ErrMessageNotFound, m.Seq)
 	}
