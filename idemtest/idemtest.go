@@ -186,7 +186,8 @@ type Harness[T any] struct {
 	// one store, a started record being owned by the live process that
 	// claimed it (Postgres's leases). False means one process holds the
 	// store at a time (bbolt's file lock): a second Open elsewhere fails, and
-	// every started record found at Open is an orphan.
+	// every started record found at Open is an orphan. The shared group runs
+	// only when it is true: several engines open on one store at once.
 	OwnedAcrossProcesses bool
 
 	// ExpireOwners makes every claim on the store lapse (moves the database
