@@ -34,8 +34,9 @@ func Fingerprint(args any) ([]byte, error) {
 
 // DoJSON is Do for a fn that returns a value: the fingerprint is
 // Fingerprint(args), the response is v encoded as JSON, and a replay decodes
-// the stored JSON into a new T. When fn fails, the returned T is the zero
-// value unless a response was stored beside the error. A nil fn is refused
+// the stored JSON into a new T. When the call fails, the returned T is the
+// zero value unless a response was stored beside the error (never fn's value
+// when its outcome was not stored: see Result). A nil fn is refused
 // with an error, as in Do, and nothing is stored.
 func DoJSON[T any](ctx context.Context, e *Engine, key string, args any, fn func(context.Context) (T, error)) (T, Result, error) {
 	var zero T

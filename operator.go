@@ -19,8 +19,11 @@ import (
 // an end or an invisible character, so such records stay reachable.
 func (e *Engine) Get(key string) (*Record, error) { return e.core.Get(key) }
 
-// Forget deletes key's record in any state, so the next call runs fn as new.
-// It fails with ErrInProgress while a call with the key runs, and with
+// Forget deletes key's record in any state, so the next call runs fn as new:
+// the next call of every engine on the store, once Forget has returned (an
+// engine on a store several processes share, such as idempg's, answers no
+// replay from its memory). It fails with ErrInProgress while a call with the
+// key runs, and with
 // ErrNotFound if key has no live record: an expired record the pruner has
 // not reached yet is deleted too, but absent, as for Get.
 func (e *Engine) Forget(key string) error { return e.core.Forget(key) }

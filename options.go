@@ -101,7 +101,11 @@ type Options struct {
 	// completed records that answers replays without a read transaction
 	// (keys, responses and error texts, plus 352 bytes an entry for the
 	// record, its index and its queue slots, and 64 for a stored error). Zero
-	// means DefaultReplayCacheBytes; negative disables the cache.
+	// means DefaultReplayCacheBytes; negative disables the cache. Only an
+	// engine whose process alone holds its store keeps one (this package's
+	// bbolt file): on a store several processes share (idempg), another
+	// process's Forget or Resolve may change any record, so every replay
+	// reads the database and this field is ignored.
 	ReplayCacheBytes int
 
 	// Now is the clock, for expiry and record times. Nil means time.Now. The
@@ -172,12 +176,16 @@ type BoltOptions struct {
 // Result describes the answer of Do or DoTx. It is returned beside a non-nil
 // error too. Response is fn's response (nil and empty differ): the caller
 // whose fn ran gets the slice fn returned (a copy for DoTx); every other
-// caller gets a copy of its own. Replayed is true when fn did not run in this
-// call: the answer came from the stored record, or from the concurrent call
-// this one waited for. Attempt is the execution the answer comes from,
-// starting at 1. StartedAt and CompletedAt are the record's times (engine
-// clock). The type is the state machine's (internal/core), shared by every
-// backend.
+// caller gets a copy of its own. A failed call carries no Response: beside an
+// error there is one only when it is the stored outcome's (fn returned both
+// a response and a permanent error, or a replay of such). After Retryable,
+// an interruption, ErrFenced, or a failed or unacknowledged commit, fn's
+// bytes are no stored outcome and are not returned; a retry replays what was
+// stored. Replayed is true when fn did not run in this call: the answer came
+// from the stored record, or from the concurrent call this one waited for.
+// Attempt is the execution the answer comes from, starting at 1. StartedAt
+// and CompletedAt are the record's times (engine clock). The type is the
+// state machine's (internal/core), shared by every backend.
 type Result = core.Result
 
 func init() { bridge.EngineOptions = engineOptions }

@@ -161,11 +161,16 @@ func New[T any](b Backend[T], o Options) *Engine[T] {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	clock := o.Now
+	info := b.Info()
+	cacheBytes := cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)
+	if info.Shared {
+		cacheBytes = 0 // see Info.Shared and replayCache
+	}
 	e := &Engine[T]{
 		b:     b,
-		info:  b.Info(),
+		info:  info,
 		opts:  o,
-		cache: newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
+		cache: newReplayCache(cacheBytes),
 		locks: newKeyLocks(),
 		// Records carry wall-clock times only: strip the monotonic reading.
 		now: func() time.Time { return clock().Round(0) },

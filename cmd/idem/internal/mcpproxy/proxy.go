@@ -38,7 +38,8 @@
 //     TypeScript SDKs refuse arguments before the handler runs (sdkRefusals:
 //     recognised by their text; a server of another SDK that answers a schema
 //     failure as an isError result has it recorded). They are answered and
-//     the key stays free.
+//     the key stays free; a call that waited for one runs on its own (it
+//     gets no copy of an answer that was not recorded).
 //   - An answer over the engine's MaxResponseSize is sent to the caller whose
 //     call ran, not recorded: the key is done with idem.ErrResponseTooLarge,
 //     and a retry gets an internal error (-32603) instead of a replay.
@@ -607,11 +608,14 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		// The deadline bounds a duplicate's wait; the first call's fn
 		// outlives it (execute), so its outcome is always recorded.
 		ctx, cancel := context.WithTimeout(c.ctx, maxWait)
-		var ran []byte // the server's answer to this call's own execution
+		var ran, notRecorded []byte // the server's answer to this call's own execution
 		res, err := s.p.Engine.Do(ctx, stored, fp, func(ctx context.Context) ([]byte, error) {
 			resp, err := s.execute(ctx, c, msg, key)
-			if err == nil {
+			switch {
+			case err == nil:
 				ran = resp
+			case errors.Is(err, idem.ErrRetryable):
+				notRecorded = resp // answered, not recorded: the Result carries none
 			}
 			return resp, err
 		})
@@ -620,8 +624,15 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		switch {
 		case err == nil:
 			answer, err = reply(res.Response, id, res.Replayed)
-		case errors.Is(err, idem.ErrRetryable) && res.Response != nil:
-			answer, err = reply(res.Response, id, false)
+		case errors.Is(err, idem.ErrRetryable) && notRecorded != nil:
+			answer, err = reply(notRecorded, id, false)
+		case errors.Is(err, idem.ErrRetryable) && round < MaxRounds:
+			// The call this one waited for was answered but not recorded:
+			// the key is free, so this call runs on its own.
+			continue
+		case errors.Is(err, idem.ErrRetryable):
+			answer = refusal(id, idemmcp.TypeInProgress, idem.DefaultRetryAfter,
+				"the calls with this idempotency key ended without a recorded answer; retry")
 		case errors.Is(err, idem.ErrResponseTooLarge) && ran != nil:
 			// The server answered, over the engine's limit: its caller
 			// gets the answer; retries get the stored error.
