@@ -64,6 +64,9 @@ const (
 type Config struct {
 	// DataDir holds orders.json, users.json and products.json.
 	DataDir string
+	// Sample says the data is the built-in sample (WriteSample), not
+	// τ-bench's: the report says so (Report.Sample).
+	Sample bool
 	// Tasks are the tasks to play.
 	Tasks []Task
 	// TasksFile is where Tasks came from; crash children read it again.
@@ -157,7 +160,10 @@ type Report struct {
 	Seed    uint64  `json:"seed"`
 	Tasks   int     `json:"tasks"`
 	Backend Backend `json:"backend"`
-	Rows    []Row   `json:"rows"`
+	// Sample is true when the tasks were the built-in sample's
+	// (Config.Sample), not τ-bench's.
+	Sample bool  `json:"sample,omitempty"`
+	Rows   []Row `json:"rows"`
 }
 
 // OK reports whether every idem row has no divergent output, no extra
@@ -219,7 +225,7 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 	if cfg.Baseline {
 		modes = []Mode{Baseline, Idem}
 	}
-	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks), Backend: cfg.Backend}
+	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks), Backend: cfg.Backend, Sample: cfg.Sample}
 	total, done := len(cfg.Schedules)*len(modes)*len(cfg.Tasks), 0
 	for _, sched := range cfg.Schedules {
 		for _, mode := range modes {
@@ -864,7 +870,9 @@ recovered         answers of those calls that differ from the reference, and the
                   that reconciles by the key the proxy sends avoids it
 `
 
-// WriteTable prints the report as a markdown table, followed by Legend (and
+// WriteTable prints the report as a markdown table under a line naming the
+// data (τ-bench's, or the built-in sample), the backend, the tasks and the
+// seed, followed by Legend (and
 // RecoveredLegend, with the columns recovered calls, recovered diverged and
 // recovered effects, if a row has recovered calls).
 func WriteTable(w io.Writer, rep *Report) {
@@ -873,7 +881,11 @@ func WriteTable(w io.Writer, rep *Report) {
 	if rep.Backend != "" && rep.Backend != Bolt {
 		on = " on " + string(rep.Backend)
 	}
-	fmt.Fprintf(w, "τ-bench retail%s, %d tasks, seed %d\n\n", on, rep.Tasks, rep.Seed)
+	what := "τ-bench retail"
+	if rep.Sample {
+		what = "idem's built-in retail sample (generated, not τ-bench's tasks)"
+	}
+	fmt.Fprintf(w, "%s%s, %d tasks, seed %d\n\n", what, on, rep.Tasks, rep.Seed)
 	if recovered {
 		fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches | recovered calls | recovered diverged | recovered effects |")
 		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")
