@@ -149,6 +149,14 @@ instead, and says so in one line on stderr: a small retail world of idem's
 own (generated, nothing of τ-bench's data) over the same 16 tools, with 24
 tasks written for it whose reference outputs come from a fault-free run of
 the tools (kit/taubench/sample), under the same schedules and modes.
+With --json, the report is one JSON document: via (direct, mcp or
+mcp-proxy), backend, sample, seed, and a row per schedule and mode, each with
+its counts, over MCP the server its calls reached (idemmcp, plain: without
+idem, or mcp-proxy) and for an idem row where its records were (records:
+bbolt for the proxy's file, whatever the backend of the tool server's tables),
+and for a crash row its kill points (crashes: task, action, point, and the
+process killed: crash-child, or the tool-server).
+
 --db does not apply: every task runs on a fresh copy in a temporary
 directory. Progress goes to stderr: a bar on a terminal, else a line per
 finished row. The exit status is 1 if any idem row falls short of every task
@@ -319,7 +327,7 @@ func proxyOptions(dir string) (taubench.MCPOptions, error) {
 		return taubench.MCPOptions{}, err
 	}
 	return taubench.MCPOptions{
-		Recovers: true,
+		Recovers: true, Via: taubench.ViaMCPProxy, IdemServer: taubench.ServerMCPProxy, IdemRecords: taubench.Bolt,
 		Command: func(exe string, sc taubench.ServeConfig) (*exec.Cmd, error) {
 			behind := sc.Idem
 			sc.Idem = false

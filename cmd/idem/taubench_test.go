@@ -281,6 +281,16 @@ func TestTaubenchPostgres(t *testing.T) {
 	rep := decode[taubench.Report](t, r.stdout)
 	require.Equal(t, taubench.Postgres, rep.Backend)
 	require.True(t, rep.OK(), "%+v", rep.Rows)
+	require.Equal(t, taubench.ViaMCPProxy, rep.Via)
+	for _, row := range rep.Rows {
+		// The tool server's tables are on Postgres, the proxy's records in
+		// its bbolt file.
+		require.Equal(t, []any{taubench.ServerMCPProxy, taubench.Bolt}, []any{row.Server, row.Records})
+		if row.Schedule == taubench.Crash {
+			require.Len(t, row.Crashes, 1)
+			require.Equal(t, taubench.KilledToolServer, row.Crashes[0].Killed)
+		}
+	}
 }
 
 func TestTaubenchBackendUsage(t *testing.T) {
@@ -403,4 +413,80 @@ func TestTaubenchServeSample(t *testing.T) {
 	r := <-done
 	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 	require.Contains(t, r.stderr, "seeding "+path+" with idem's built-in sample")
+}
+
+// TestTaubenchJSONSaysWhereItRan: the --json report says which transport
+// ran (--via), which server each row's calls reached and where its records
+// were, and lists every crash row's kill points, also over MCP and through
+// idem mcp-proxy, so that they can be checked from the report: behind the
+// proxy, every kill is a recovered call, and the kills after a commit that
+// changed something are what the baseline and the recovered columns pay, one
+// each.
+func TestTaubenchJSONSaysWhereItRan(t *testing.T) {
+	noTaubenchData(t)
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	sample := t.TempDir()
+	require.NoError(t, taubench.WriteSample(sample))
+	tasks, err := taubench.LoadTasks(filepath.Join(sample, taubench.TasksFile))
+	require.NoError(t, err)
+	crashOnly := []string{"--seed", "5", "--limit", "12"}
+	for _, s := range taubench.Schedules {
+		if s != taubench.Crash {
+			crashOnly = append(crashOnly, "--"+string(s)+"=false")
+		}
+	}
+	// afterCommit counts the kills after the commit of a call whose
+	// reference answer is not an error, checking that each kill is in a
+	// write call of its task.
+	afterCommit := func(row taubench.Row, point string) int {
+		n := 0
+		for _, c := range row.Crashes {
+			a := tasks[c.Task].Actions[c.Action]
+			tool, _ := taubench.Lookup(a.Name)
+			require.True(t, tool.Write, "killed in %s", a.Name)
+			if c.Point == point && !strings.HasPrefix(a.Output, "Error") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		via, server, baseServer string
+		records                 taubench.Backend
+		killed                  string
+		after                   string
+	}{
+		{"direct", "", "", taubench.Bolt, taubench.KilledCrashChild, "taubench-after-commit"},
+		{"mcp", taubench.ServerIdemMCP, taubench.ServerPlain, taubench.Bolt, taubench.KilledToolServer, taubench.MCPAfterCommit},
+		{"mcp-proxy", taubench.ServerMCPProxy, taubench.ServerPlain, taubench.Bolt, taubench.KilledToolServer, taubench.MCPAfterCommit},
+	} {
+		t.Run(tc.via, func(t *testing.T) {
+			r := idemCmd(t, nil, "", append([]string{"--json", "taubench", "--via", tc.via}, crashOnly...)...)
+			require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+			rep := decode[taubench.Report](t, r.stdout)
+			require.Equal(t, tc.via, rep.Via)
+			require.Len(t, rep.Rows, 2)
+			base, idem := rep.Rows[0], rep.Rows[1]
+			require.Equal(t, tc.server, idem.Server)
+			require.Equal(t, tc.baseServer, base.Server)
+			require.Equal(t, tc.records, idem.Records)
+			require.Empty(t, base.Records)
+			require.Len(t, base.Crashes, 12, "every one of the first 12 tasks has a write call")
+			require.Equal(t, base.Crashes, idem.Crashes)
+			for _, c := range base.Crashes {
+				require.Equal(t, tc.killed, c.Killed)
+			}
+			paid := afterCommit(base, tc.after)
+			require.Positive(t, paid)
+			require.Equal(t, paid, base.Diverged+base.ExtraEffects, "the baseline pays for each kill after a commit")
+			require.Zero(t, idem.Diverged+idem.ExtraEffects+idem.StateMismatches)
+			if tc.via == "mcp-proxy" {
+				require.Equal(t, len(idem.Crashes), idem.RecoveredCalls, "the proxy recovered every killed call")
+				require.Equal(t, paid, idem.RecoveredDiverged+idem.RecoveredEffects, "and the recovered calls pay as the baseline")
+			} else {
+				require.Equal(t, 12, idem.Matched)
+				require.Zero(t, idem.RecoveredCalls)
+			}
+		})
+	}
 }
