@@ -170,7 +170,11 @@ func text(s string) *mcp.CallToolResult {
 func ordersMain() int {
 	dir := os.Getenv("IDEM_TEST_LEDGER")
 	effects, calls := filepath.Join(dir, "effects.jsonl"), filepath.Join(dir, "calls.jsonl")
-	s := mcp.NewServer(&mcp.Implementation{Name: "orders", Version: "1"}, nil)
+	opts := &mcp.ServerOptions{}
+	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_PAGESIZE")); err == nil {
+		opts.PageSize = n // tools/list in pages of n
+	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "orders", Version: "1"}, opts)
 	order := func(name string, reconcile bool, wait func(context.Context) error, always bool) {
 		mcp.AddTool(s, &mcp.Tool{Name: name}, func(ctx context.Context, req *mcp.CallToolRequest, in orderIn) (*mcp.CallToolResult, any, error) {
 			meta := req.Params.Meta

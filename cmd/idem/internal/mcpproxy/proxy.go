@@ -9,8 +9,9 @@
 // which goes through Doer.Do:
 //
 //   - The idempotency key is params._meta["io.github.idemkit/idempotency-key"]
-//     (MetaKey), a string, or a natural key over chosen arguments
-//     (Tool.KeyArgs). The JSON-RPC id is never the key: a retry has a new id.
+//     (MetaKey, or the name Config.MetaKey gives), a string, or a natural
+//     key over chosen arguments (Tool.KeyArgs). The JSON-RPC id is never the
+//     key: a retry has a new id.
 //   - The fingerprint is idemmcp.Fingerprint's: the tool's name and its
 //     arguments as parsed JSON (key order ignored, numbers compared as
 //     decimals), plus inputResponses and requestState for a continuation;
@@ -59,7 +60,10 @@
 // Calls of tools not in the configuration are relayed unprotected, with a
 // warning on stderr the first time each one is called, unless the server's
 // tools/list marked it read-only (annotations.readOnlyHint). Task-augmented
-// calls (params.task) are relayed unprotected with a warning.
+// calls (params.task) are relayed unprotected with a warning. A tool of the
+// configuration that the server's tools/list does not list (over all its
+// pages) is reported on stderr once, when the last page arrives: a name
+// mistyped in the file or in --tool.
 //
 // # When the server dies
 //
@@ -97,6 +101,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -211,7 +216,7 @@ func (p *Proxy) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 	s := &session{
 		p: p, cfg: p.Config, out: out, stderr: p.Stderr,
 		pending: map[string]pending{}, protected: map[string]*protectedCall{},
-		internal: map[string]chan []byte{}, readOnly: map[string]bool{}, warned: map[string]bool{},
+		internal: map[string]chan []byte{}, readOnly: map[string]bool{}, listed: map[string]bool{}, warned: map[string]bool{},
 		ready: make(chan struct{}), done: make(chan struct{}),
 	}
 	if s.cfg == nil {
@@ -272,6 +277,7 @@ type session struct {
 	protected   map[string]*protectedCall
 	internal    map[string]chan []byte
 	readOnly    map[string]bool // tools/list's readOnlyHint, by tool
+	listed      map[string]bool // every tool a tools/list page named
 	warned      map[string]bool
 	fatal       error
 	done        chan struct{} // closed with fatal set
@@ -519,7 +525,7 @@ func (s *session) toolsCall(msg []byte, h *header) {
 	if key == "" {
 		if s.cfg.MissingKey != MissingKeyRun {
 			s.writeClient(refusal(h.ID, idemmcp.TypeKeyRequired, 0,
-				fmt.Sprintf("tool %q has side effects: send an idempotency key in _meta %q", params.Name, MetaKey)))
+				fmt.Sprintf("tool %q has side effects: send an idempotency key in _meta %q", params.Name, s.cfg.KeyName())))
 			return
 		}
 		s.warnOnce("nokey:"+params.Name, "calls of %q without an idempotency key run unprotected", params.Name)
@@ -570,13 +576,14 @@ func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[s
 		}
 		return idem.KeyOf(parts...), nil
 	}
-	raw, ok := meta[MetaKey]
+	keyName := s.cfg.KeyName()
+	raw, ok := meta[keyName]
 	if !ok || isNull(raw) {
 		return "", nil
 	}
 	var key string
 	if err := json.Unmarshal(raw, &key); err != nil {
-		return "", fmt.Errorf("_meta %q must be a string", MetaKey)
+		return "", fmt.Errorf("_meta %q must be a string", keyName)
 	}
 	// Checked here, not only by the engine: a continuation's stored key is
 	// a hash of it, which the engine cannot check.
@@ -923,8 +930,9 @@ func (s *session) fromChild(c *child, msg []byte) {
 	}
 }
 
-// noteTools remembers which tools a tools/list result marks read-only.
-// Called with s.mu held.
+// noteTools remembers which tools a tools/list result marks read-only and
+// which it lists; on the last page (no nextCursor), it reports the tools of
+// the configuration that no page listed. Called with s.mu held.
 func (s *session) noteTools(result json.RawMessage) {
 	var r struct {
 		Tools []struct {
@@ -933,12 +941,28 @@ func (s *session) noteTools(result json.RawMessage) {
 				ReadOnlyHint bool `json:"readOnlyHint"`
 			} `json:"annotations"`
 		} `json:"tools"`
+		NextCursor string `json:"nextCursor"`
 	}
 	if json.Unmarshal(result, &r) != nil {
 		return
 	}
 	for _, t := range r.Tools {
 		s.readOnly[t.Name] = t.Annotations.ReadOnlyHint
+		s.listed[t.Name] = true
+	}
+	if r.NextCursor != "" {
+		return
+	}
+	var missing []string
+	for name := range s.cfg.Tools {
+		if !s.listed[name] && !s.warned["unlisted:"+name] {
+			s.warned["unlisted:"+name] = true
+			missing = append(missing, name)
+		}
+	}
+	sort.Strings(missing)
+	for _, name := range missing {
+		s.warn("tool %q is in the configuration, but the server does not list it: check its name", name)
 	}
 }
 

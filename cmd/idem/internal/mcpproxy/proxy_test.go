@@ -894,3 +894,31 @@ func TestWaiterOfAnUnrecordedAnswerRunsItsOwn(t *testing.T) {
 	require.False(t, replayed(w.r))
 	require.Len(t, f.executionsOf("gated_flaky"), 2)
 }
+
+// TestUnlistedToolIsReported: a configured tool that the server's tools/list
+// does not list is reported on stderr once the last page has arrived (the
+// orders server lists its tools two a page), and only that one: a tool on a
+// later page is no mistake. A second listing reports nothing new.
+func TestUnlistedToolIsReported(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_PAGESIZE=2"}
+	cs := f.connect(t, "tools:\n  create_order: {}\n  get_order: {readOnly: true}\n  crate_order: {}\n", ordersServer(t))
+	const report = `tool "crate_order" is in the configuration, but the server does not list it`
+	first, err := cs.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, first.NextCursor, "the list has more than one page")
+	var names []string
+	for range 2 {
+		names = names[:0]
+		for tool, err := range cs.Tools(t.Context(), nil) {
+			require.NoError(t, err)
+			names = append(names, tool.Name)
+		}
+	}
+	require.Contains(t, names, "get_order")
+	require.NotContains(t, names, "crate_order")
+	require.NoError(t, cs.Close())
+	require.Equal(t, 1, strings.Count(f.stderr.String(), report), "stderr: %s", f.stderr.String())
+	require.NotContains(t, f.stderr.String(), `"create_order" is in the configuration`)
+	require.NotContains(t, f.stderr.String(), `"get_order" is in the configuration`)
+}
