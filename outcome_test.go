@@ -8,11 +8,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
@@ -423,4 +425,72 @@ func mustNotRun(t *testing.T) func(context.Context) ([]byte, error) {
 
 func okFn(s string) func(context.Context) ([]byte, error) {
 	return func(context.Context) ([]byte, error) { return []byte(s), nil }
+}
+
+// TestOutcome_FailedCallCarriesNoResponse: a call that fails after fn ran
+// (its done commit failed, or its answer was lost) returns no
+// Result.Response: fn's bytes are an outcome the caller cannot rely on
+// (never stored, or not known to be), for Do, DoJSON and DoTx, and for the
+// waiter of the failed call. The file's MaxSize makes a real commit fail
+// (ErrFileFull); the failpoints stand for a failed commit and for one whose
+// answer is lost.
+func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return // ran in a build with failpoints
+	}
+	big := []byte(strings.Repeat("x", 2<<20))
+	fullFile, full := &idem.BoltOptions{MaxSize: 1 << 20}, &idem.Options{MaxResponseSize: 8 << 20, PruneInterval: -1}
+	noResponse := func(t *testing.T, res idem.Result, msg string, args ...any) {
+		t.Helper()
+		assert.True(t, res.Response == nil, "%s: the failed call returned %d bytes of response", fmt.Sprintf(msg, args...), len(res.Response))
+	}
+
+	t.Run("Do: the done commit fails, with a waiter", func(t *testing.T) {
+		e, _ := testkit.OpenFile(t, fullFile, full)
+		release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) { return big, nil })
+		close(release)
+		for i, r := range []run{<-leader, <-waiters} {
+			require.Error(t, r.err)
+			noResponse(t, r.res, "call %d (0: the caller, 1: its waiter)", i)
+		}
+	})
+
+	t.Run("DoJSON: the done commit fails", func(t *testing.T) {
+		e, _ := testkit.OpenFile(t, fullFile, full)
+		v, res, err := idem.DoJSON(bg, e, "k", "args", func(context.Context) (string, error) { return string(big), nil })
+		require.ErrorIs(t, err, idem.ErrFileFull)
+		noResponse(t, res, "DoJSON")
+		assert.True(t, v == "", "DoJSON returned a value of %d bytes beside its error: it was never stored", len(v))
+	})
+
+	t.Run("DoTx: the commit fails", func(t *testing.T) {
+		e, _ := testkit.OpenFile(t, fullFile, full)
+		res, err := e.DoTx(bg, "k", []byte("fp"), func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
+			b, err := tx.Bucket([]byte("orders"))
+			if err != nil {
+				return nil, err
+			}
+			return []byte("booked"), b.Put([]byte("order-1"), big)
+		})
+		require.ErrorIs(t, err, idem.ErrFileFull)
+		noResponse(t, res, "DoTx")
+		require.Nil(t, record(t, e, "k"), "nothing committed")
+	})
+
+	for _, point := range []string{"do-after-fn", "do-after-done", "dotx-before-commit", "dotx-after-commit"} {
+		t.Run(point+" fails", func(t *testing.T) {
+			e, _ := testkit.Open(t, nil)
+			unset := fault.Set(point, func() error { return fault.ErrInjected })
+			defer unset()
+			var res idem.Result
+			var err error
+			if strings.HasPrefix(point, "dotx-") {
+				res, err = e.DoTx(bg, "k", []byte("fp"), func(context.Context, *idem.Tx) ([]byte, error) { return []byte("booked"), nil })
+			} else {
+				res, err = e.Do(bg, "k", []byte("fp"), okFn("paid"))
+			}
+			require.ErrorIs(t, err, fault.ErrInjected)
+			noResponse(t, res, "%s", point)
+		})
+	}
 }

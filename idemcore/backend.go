@@ -264,7 +264,12 @@ type Outbox[T any] interface {
 	// moves m to the dead letters instead. An error wraps ErrMessageNotFound
 	// if m is gone. Even when it fails otherwise, a backend whose claims are
 	// in memory (bbolt) ends the claim, with m.NextAttemptAt, so that the
-	// message is claimed again after it.
+	// message is claimed again after it. A backend whose claims lapse
+	// (Postgres) writes only while m's claim is still the stored one: once it
+	// lapsed and was taken since (by another dispatcher, and maybe retried
+	// from the dead letters by an operator), Failed writes nothing and wraps
+	// ErrMessageNotFound, so a late failure never undoes what the store now
+	// holds.
 	Failed(ctx context.Context, m *Message) error
 
 	// Messages calls fn for every pending message by Seq, then every dead
@@ -315,6 +320,12 @@ type Info struct {
 	// ReadOnly is set when every write fails (bbolt's read-only open): the
 	// engine starts no pruner and no dispatcher.
 	ReadOnly bool
+	// Shared is set when engines in several processes use the storage at
+	// once (Postgres): another process's Forget or Resolve may change any
+	// record at any time, so the engine answers no replay from its memory
+	// (it keeps no replay cache) and every replay reads the backend (one
+	// Lookup). False: one process holds the storage (bbolt's file lock).
+	Shared bool
 	// PruneBatch is the Limit the engine passes to Prune and PruneDead: the
 	// most records, or dead letters, deleted per write transaction. Zero
 	// means PruneBatch (the package's constant).

@@ -34,6 +34,17 @@ const (
 // eighth of a shard is not cached. An entry is only a copy of a committed done
 // record, so a miss is never wrong, just slower; expiry is checked on every
 // hit, Forget removes the entry.
+//
+// An entry is always the record the store holds, or an expired one, only
+// while this engine makes every write of the store's records: bbolt, where
+// one process holds the file (its lock), every write of a record runs in this
+// engine under the key, and a done record changes only by Forget (which drops
+// the entry under the key) or by expiry (which every hit checks). A store
+// that engines in several processes share (Info.Shared: Postgres) changes
+// under the engine (another process's Forget, Resolve, or a new outcome after
+// one), and a notification of it (NOTIFY) would arrive late or, in PollOnly
+// mode, never: there the engine keeps no cache, and every replay reads the
+// store (one SELECT, as a check of an entry would cost; bench/RESULTS.md).
 type replayCache struct {
 	shards [cacheShards]cacheShard
 }

@@ -422,9 +422,11 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 	resp, ferr, ended := e.runFn(ctx, c, fn)
 	returned = true
 
-	// Once fn has returned, its outcome is recorded even if ctx ends.
+	// Once fn has returned, its outcome is recorded even if ctx ends. A
+	// failed call's Result carries no response: fn's bytes are an answer
+	// only once stored (firstAnswer).
 	wctx := context.WithoutCancel(ctx)
-	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
+	res := Result{Attempt: c.attempt, StartedAt: started.StartedAt}
 	if err := fault.Err("do-after-fn"); err != nil {
 		// As a failed done commit: fn ran, the started record stays.
 		c.end = endIncomplete
@@ -583,7 +585,7 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		return done, nil
 	})
 	c.end = endAnswer
-	res := Result{Response: resp, Attempt: c.attempt, StartedAt: started.StartedAt}
+	res := Result{Attempt: c.attempt, StartedAt: started.StartedAt} // no response unless stored, as for Do
 	switch {
 	case err == nil:
 		if err := fault.Err("dotx-after-commit"); err != nil {

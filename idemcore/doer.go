@@ -32,8 +32,9 @@ var _ TxDoer[struct{}] = (*Engine[struct{}])(nil)
 
 // DoJSON is d.Do for a fn that returns a value: the fingerprint is
 // Fingerprint(args), the response is v encoded as JSON, and a replay decodes
-// the stored JSON into a new T. When fn fails, the returned T is the zero
-// value unless a response was stored beside the error. A nil fn is refused
+// the stored JSON into a new T. When the call fails, the returned T is the
+// zero value unless a response was stored beside the error (never fn's value
+// when its outcome was not stored: see Result). A nil fn is refused
 // with an error, as in Do, and nothing is stored. A stored response that
 // does not decode into T gives an error wrapping ErrCorrupt.
 func DoJSON[T any](ctx context.Context, d Doer, key string, args any, fn func(context.Context) (T, error)) (T, Result, error) {

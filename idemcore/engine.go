@@ -16,7 +16,12 @@ import (
 type Result struct {
 	// Response is fn's response (nil and empty differ): the caller whose fn
 	// ran gets the slice fn returned (a copy for DoTx); every other caller
-	// gets a copy of its own.
+	// gets a copy of its own. A failed call carries no Response: beside an
+	// error there is one only when it is the stored outcome's (fn returned
+	// both a response and a permanent error, or a replay of such). After
+	// Retryable, an interruption, ErrFenced, or a failed or unacknowledged
+	// commit, fn's bytes are no stored outcome and are not returned; a retry
+	// replays what was stored.
 	Response []byte
 	// Replayed is true when fn did not run in this call: the answer came
 	// from the stored record, or from the concurrent call this one waited
@@ -81,11 +86,16 @@ func New[T any](b Backend[T], o Options) (*Engine[T], error) {
 	handlers := o.Outbox.Handlers
 	o.Outbox = o.Outbox.withDefaults()
 	clock := o.Now
+	info := b.Info()
+	cacheBytes := cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)
+	if info.Shared {
+		cacheBytes = 0 // see Info.Shared and replayCache
+	}
 	e := &Engine[T]{
 		b:     b,
-		info:  b.Info(),
+		info:  info,
 		opts:  o,
-		cache: newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
+		cache: newReplayCache(cacheBytes),
 		locks: newKeyLocks(),
 		// Records carry wall-clock times only: strip the monotonic reading.
 		now:      func() time.Time { return clock().Round(0) },

@@ -31,8 +31,10 @@ func (e *Engine[T]) Get(key string) (*Record, error) {
 	return rec, nil
 }
 
-// Forget deletes key's record in any state, so the next call runs fn as new.
-// It fails with ErrInProgress while a call with the key runs (on a backend
+// Forget deletes key's record in any state, so the next call runs fn as new:
+// the next call of every engine on the store, once Forget has returned (an
+// engine on a store several processes share, such as idempg's, answers no
+// replay from its memory). It fails with ErrInProgress while a call with the key runs (on a backend
 // shared by processes, in any of them), and with ErrNotFound if key has no
 // live record: an expired record the pruner has not reached yet is deleted
 // too, but absent, as for Get.

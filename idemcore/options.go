@@ -87,7 +87,11 @@ type Options struct {
 	// completed records that answers replays without reading the store
 	// (keys, responses and error texts, plus 352 bytes an entry for the
 	// record, its index and its queue slots, and 64 for a stored error). Zero
-	// means DefaultReplayCacheBytes; negative disables the cache.
+	// means DefaultReplayCacheBytes; negative disables the cache. Only an
+	// engine whose process alone holds its store keeps one (the bbolt file):
+	// on a store several processes share (idempg, Info.Shared), another
+	// process's Forget or Resolve may change any record, so every replay
+	// reads the database and this field is ignored.
 	ReplayCacheBytes int
 
 	// Now is the clock, for expiry and record times. Nil means time.Now. The

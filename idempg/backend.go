@@ -47,6 +47,10 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	// outboxClaims holds the outbox claims this engine's dispatcher holds, by
+	// seq (uint64 → outboxClaim): the token that fences Failed (outbox.go).
+	outboxClaims sync.Map
+
 	// Concurrent calls share statements and transactions (batch.go): Do's
 	// claims of free keys and its completions, and DoTx calls (tx.go).
 	claims    batcher[*claimReq]
@@ -128,7 +132,7 @@ func (b *backend) leaseSQL() string {
 
 // Info implements idemcore.Backend.
 func (b *backend) Info() idemcore.Info {
-	return idemcore.Info{Name: "postgres", Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
+	return idemcore.Info{Name: "postgres", Shared: true, Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
 		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
 }
 

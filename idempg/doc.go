@@ -51,7 +51,14 @@
 //     processes drain it, each message of an ordering key is delivered after
 //     the ones before it were delivered or died (only the head of an
 //     ordering key is claimable, FOR UPDATE SKIP LOCKED), and a dispatcher
-//     that dies mid-delivery lets the message go after one lease.
+//     that dies mid-delivery lets the message go after one lease. A
+//     dispatcher's late failure of a message whose claim lapsed and was
+//     taken since writes nothing (fenced by the claim's token), so it never
+//     undoes an operator's RetryDead.
+//   - One truth across processes: every replay reads the database (an
+//     engine keeps no replay cache; idem.Options.ReplayCacheBytes is
+//     ignored), so once an operator's Forget or Resolve has returned in one
+//     process, every engine's next call sees it.
 //   - An ambiguous COMMIT (the connection dropped after the statement was
 //     sent) is resolved by reading the record back by its fencing token,
 //     never by a blind rewrite: done with the claim's token, the caller gets

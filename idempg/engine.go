@@ -116,14 +116,17 @@ func (e *Engine) Retention() time.Duration { return e.c.Retention() }
 // Get returns key's live record, or an error wrapping ErrNotFound.
 func (e *Engine) Get(key string) (*idemcore.Record, error) { return e.c.Get(key) }
 
-// Forget deletes key's record in any state, as idem.Engine.Forget. A call
-// that runs with the key, in this engine or in another process (its started
-// record's lease has not lapsed by the database's clock), is not touched:
-// the error wraps idemcore.ErrInProgress.
+// Forget deletes key's record in any state, as idem.Engine.Forget: once it
+// returns, the next call of every engine on the schema, in any process, runs
+// fn as new (replays read the database; no engine keeps a replay cache). A
+// call that runs with the key, in this engine or in another process (its
+// started record's lease has not lapsed by the database's clock), is not
+// touched: the error wraps idemcore.ErrInProgress.
 func (e *Engine) Forget(key string) error { return e.c.Forget(key) }
 
 // Resolve completes key's interrupted execution by hand, as
-// idem.Engine.Resolve: outcome nil for no stored error. A started record
+// idem.Engine.Resolve: outcome nil for no stored error; once it returns,
+// every engine on the schema replays the resolution. A started record
 // whose lease another process holds, unlapsed, is a running call, not an
 // interrupted one: the error wraps idemcore.ErrInProgress (wait for the lease
 // to lapse, or for the call to end).

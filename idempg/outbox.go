@@ -101,14 +101,23 @@ func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (idemc
 		UPDATE {schema}.idem_outbox AS o SET claimed_by = $3::text, claim_until = `+b.leaseSQL()+`,
 			claim_token = nextval('{schema}.idem_fence')
 		FROM heads WHERE o.seq = heads.seq
-		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
+		RETURNING o.claim_token, o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
 		b.s.args(toNs(now), limit, b.owner)...)
 	if err != nil {
 		return idemcore.Due{}, err
 	}
-	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) { return scanMessage(row) })
+	var tokens []int64
+	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) {
+		var token int64
+		m, err := scanMessage(tokenRow{row, &token})
+		tokens = append(tokens, token)
+		return m, err
+	})
 	if err != nil {
 		return idemcore.Due{}, err
+	}
+	for i, m := range ms {
+		b.outboxClaims.Store(m.Seq, outboxClaim{m: m, token: tokens[i]})
 	}
 	// RETURNING follows no order: deliver in seq order.
 	sortBySeq(ms)
@@ -136,12 +145,49 @@ func (b *backend) RenewClaims(ctx context.Context, ms []*idemcore.Message) error
 	return err
 }
 
-// Delivered implements idemcore.Backend.
+// outboxClaim is a claim of the dispatcher's, as ClaimDue made it: the
+// message it handed out and the claim's token.
+type outboxClaim struct {
+	m     *idemcore.Message
+	token int64
+}
+
+// tokenRow scans a claimed row's leading claim_token into token, the rest
+// as scanMessage reads it.
+type tokenRow struct {
+	pgx.Row
+	token *int64
+}
+
+func (r tokenRow) Scan(dest ...any) error { return r.Row.Scan(append([]any{r.token}, dest...)...) }
+
+// endClaim ends the entry of m's claim and returns its token: known is
+// false for a message this dispatcher's ClaimDue did not hand out (then the
+// write is not fenced); stale is true when it has claimed m's seq again
+// since (m is an older claim's, which lapsed; the newer entry stays).
+func (b *backend) endClaim(m *idemcore.Message) (token int64, known, stale bool) {
+	v, ok := b.outboxClaims.Load(m.Seq)
+	if !ok {
+		return 0, false, false
+	}
+	c := v.(outboxClaim)
+	if c.m != m {
+		return 0, true, true
+	}
+	b.outboxClaims.CompareAndDelete(m.Seq, c)
+	return c.token, true, false
+}
+
+// Delivered implements idemcore.Backend. It is not fenced: the handler's
+// success is the message's delivery, whoever holds it now (another
+// dispatcher delivering it meanwhile finds it gone). A failure keeps the
+// claim's entry, for the Failed that follows.
 func (b *backend) Delivered(ctx context.Context, m *idemcore.Message) error {
 	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint`, int64(m.Seq))
 	if err != nil {
 		return err
 	}
+	b.endClaim(m)
 	if tag.RowsAffected() == 0 {
 		return fmt.Errorf("%w: outbox message %d", idemcore.ErrMessageNotFound, m.Seq)
 	}
@@ -150,21 +196,30 @@ func (b *backend) Delivered(ctx context.Context, m *idemcore.Message) error {
 
 // Failed implements idemcore.Backend: the message's new attempt count, error
 // and next attempt, its claim dropped; or, if m.Dead, its move to the dead
-// letters in one statement.
+// letters in one statement. Both are fenced by the claim's token: a claim
+// that lapsed and was taken since (another dispatcher's, or an operator's
+// RetryDead of the dead letter another dispatcher made of it) is not this
+// dispatcher's to write, and gives ErrMessageNotFound, writing nothing. The
+// claim's entry ends either way.
 func (b *backend) Failed(ctx context.Context, m *idemcore.Message) error {
+	token, known, stale := b.endClaim(m)
+	if stale {
+		return fmt.Errorf("%w: outbox message %d: claimed again since", idemcore.ErrMessageNotFound, m.Seq)
+	}
 	var n int64
 	var err error
 	if m.Dead {
-		err = b.writeRow(ctx, `WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint RETURNING *),
+		err = b.writeRow(ctx, `WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint AND (claim_token = $6::bigint OR NOT $7::boolean) RETURNING *),
 			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns)
 				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::bytea, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
 			SELECT count(*) FROM i`,
-			[]any{int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.DeadAt), int64(m.DeadLetterRetention)}, &n)
+			[]any{int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.DeadAt), int64(m.DeadLetterRetention), token, known}, &n)
 	} else {
 		var tag interface{ RowsAffected() int64 }
 		tag, err = b.exec(ctx, `UPDATE {schema}.idem_outbox SET attempt = $2::integer, last_error = $3::bytea,
-			next_attempt_ns = $4::bigint, claimed_by = NULL, claim_until = NULL WHERE seq = $1::bigint`,
-			int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.NextAttemptAt))
+			next_attempt_ns = $4::bigint, claimed_by = NULL, claim_until = NULL
+			WHERE seq = $1::bigint AND (claim_token = $5::bigint OR NOT $6::boolean)`,
+			int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.NextAttemptAt), token, known)
 		if err == nil {
 			n = tag.RowsAffected()
 		}
@@ -173,7 +228,7 @@ func (b *backend) Failed(ctx context.Context, m *idemcore.Message) error {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: outbox message %d", idemcore.ErrMessageNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d (or its claim was taken since)", idemcore.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }

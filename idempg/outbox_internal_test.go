@@ -2,6 +2,7 @@ package idempg
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -135,8 +136,11 @@ func TestOutboxHeads(t *testing.T) {
 	if err != nil || !slices.Equal(seqsOf(ms), sorted(m1, n0)) {
 		t.Fatalf("after the claims lapsed: %v, %v; want m1 and n0 again", seqsOf(ms), err)
 	}
-	// n0 dies: n1 overtakes it.
-	if err := b.Failed(ctx, &idemcore.Message{Seq: n0, Failures: 5, LastError: "no", Dead: true, DeadAt: time.Now(), DeadLetterRetention: time.Hour}); err != nil {
+	// n0 dies: n1 overtakes it. (Failed is given the message its ClaimDue
+	// returned, as the dispatcher does: its claim is known by it.)
+	dead := withSeq(ms, n0)
+	dead.Failures, dead.LastError, dead.Dead, dead.DeadAt, dead.DeadLetterRetention = 5, "no", true, time.Now(), time.Hour
+	if err := b.Failed(ctx, dead); err != nil {
 		t.Fatal(err)
 	}
 	ms, err = claimDue(a, ctx, time.Now(), 10)
@@ -154,7 +158,9 @@ func TestOutboxHeads(t *testing.T) {
 	}
 	// A failed attempt waits for its next attempt time.
 	later := time.Now().Add(time.Hour)
-	if err := a.Failed(ctx, &idemcore.Message{Seq: m1, Failures: 1, LastError: "later", NextAttemptAt: later}); err != nil {
+	failed := withSeq(ms, m1)
+	failed.Failures, failed.LastError, failed.NextAttemptAt = 1, "later", later
+	if err := a.Failed(ctx, failed); err != nil {
 		t.Fatal(err)
 	}
 	if ms, _ := claimDue(b, ctx, time.Now(), 10); len(ms) != 0 {
@@ -266,7 +272,64 @@ func TestPruneBounded(t *testing.T) {
 }
 
 // claimDue is b.ClaimDue's messages.
+// withSeq returns the message of ms with seq, or a message of that seq
+// alone if ms has none.
+func withSeq(ms []*idemcore.Message, seq uint64) *idemcore.Message {
+	for _, m := range ms {
+		if m.Seq == seq {
+			return m
+		}
+	}
+	return &idemcore.Message{Seq: seq}
+}
+
 func claimDue(b *backend, ctx context.Context, now time.Time, limit int) ([]*idemcore.Message, error) {
 	due, err := b.ClaimDue(ctx, now, limit)
 	return due.Messages, err
+}
+
+// TestOutboxFailedIsFenced: a dispatcher's Failed for a claim that lapsed
+// and was taken since, by another dispatcher or by its own, writes nothing
+// and says the message is not found (its claim is not this one any more);
+// the current claim's Failed writes.
+func TestOutboxFailedIsFenced(t *testing.T) {
+	var offset atomic.Int64
+	bs := backends(t, 2, &offset)
+	a, b := bs[0], bs[1]
+	ctx := context.Background()
+	seq := enqueue(t, a, "call-1", "o1")[0]
+	ms, err := claimDue(a, ctx, time.Now(), 10)
+	if err != nil || !slices.Equal(seqsOf(ms), []uint64{seq}) {
+		t.Fatalf("a's claim: %v, %v", seqsOf(ms), err)
+	}
+	late := ms[0]
+	offset.Add(int64(3 * time.Second)) // a's claim lapses
+	if ms, err := claimDue(b, ctx, time.Now(), 10); err != nil || !slices.Equal(seqsOf(ms), []uint64{seq}) {
+		t.Fatalf("b's claim after a's lapsed: %v, %v", seqsOf(ms), err)
+	}
+	late.Failures, late.LastError, late.Dead, late.DeadAt, late.DeadLetterRetention = 1, "late", true, time.Now(), time.Hour
+	if err := a.Failed(ctx, late); !errors.Is(err, idemcore.ErrMessageNotFound) {
+		t.Fatalf("a's late Failed of a message b holds: %v, want ErrMessageNotFound", err)
+	}
+	var dead bool
+	if err := a.Messages(ctx, func(m *idemcore.Message, err error) error { dead = dead || m.Dead; return err }); err != nil || dead {
+		t.Fatalf("after a's late Failed: dead %v, %v; want the message pending, b's", dead, err)
+	}
+	if ms, _ := claimDue(a, ctx, time.Now(), 10); len(ms) != 0 {
+		t.Fatalf("a's late Failed gave b's claim up: a claimed %v", seqsOf(ms))
+	}
+
+	offset.Add(int64(3 * time.Second)) // b's claim lapses; a claims it again
+	ms, err = claimDue(a, ctx, time.Now(), 10)
+	if err != nil || len(ms) != 1 {
+		t.Fatalf("a's second claim: %v, %v", seqsOf(ms), err)
+	}
+	late.Dead = false
+	if err := a.Failed(ctx, late); !errors.Is(err, idemcore.ErrMessageNotFound) {
+		t.Fatalf("Failed of a's first claim after its second: %v, want ErrMessageNotFound", err)
+	}
+	ms[0].Failures, ms[0].LastError = 1, "now"
+	if err := a.Failed(ctx, ms[0]); err != nil {
+		t.Fatalf("Failed of a's current claim: %v", err)
+	}
 }

@@ -36,6 +36,7 @@ const (
 	childDo     = "do"     // Do on crashKey whose fn reports "in-fn" and blocks
 	childDoTx   = "dotx"   // DoTx on crashKey: an effect, a message, "in-fn", blocks
 	childOutbox = "outbox" // enqueues one message whose handler reports "in-handler" and blocks
+	childForget = "forget" // Forget of crashKey, then reports "forgotten" and blocks
 )
 
 const (
@@ -134,6 +135,10 @@ func runChild[T any](t *testing.T, h Harness[T]) {
 		})
 		if err == nil {
 			say("committed")
+		}
+	case childForget:
+		if err = e.Forget(crashKey); err == nil {
+			say("forgotten")
 		}
 	default:
 		err = errors.New("unknown role")

@@ -196,7 +196,7 @@ type report struct {
 	Key  string `json:"k,omitempty"`
 	Ans  bool   `json:"ans,omitempty"` // the call got an answer (a stored outcome)
 	Nil  bool   `json:"nil,omitempty"` // its response was nil
-	Resp []byte `json:"r,omitempty"`
+	Resp []byte `json:"r,omitempty"`   // the response, also beside an error
 	Att  int    `json:"a,omitempty"`
 	Rep  bool   `json:"rep,omitempty"`
 	Code string `json:"c,omitempty"`
@@ -206,7 +206,8 @@ type report struct {
 }
 
 // answerOf makes the report of a call's end: an answer if it returned nil or
-// an *idem.Error (fn's outcome, stored), else the error.
+// an *idem.Error (fn's outcome, stored), else the error, and the response
+// the failed call returned beside it (there must be none).
 func answerOf(key string, res idemcore.Result, err error) report {
 	r := report{Ev: "call", Key: key}
 	var ie *idemcore.Error
@@ -216,7 +217,7 @@ func answerOf(key string, res idemcore.Result, err error) report {
 	case errors.As(err, &ie):
 		r.Ans, r.Code, r.Msg = true, ie.Code, ie.Message
 	default:
-		r.Err = err.Error()
+		r.Err, r.Resp = err.Error(), res.Response
 		return r
 	}
 	r.Nil, r.Resp, r.Att, r.Rep = res.Response == nil, res.Response, res.Attempt, res.Replayed
@@ -455,10 +456,13 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	reps, how, out := s.runMatrixChild(t, store, r)
 	fired := false
 	before := map[string][]report{} // answers by key
+	var failed []report
 	for _, rep := range reps {
 		switch {
 		case rep.Ev == "fired":
 			fired = true
+		case rep.Ev == "call" && !rep.Ans:
+			failed = append(failed, rep)
 		case rep.Ev == "call" && rep.Ans:
 			before[rep.Key] = append(before[rep.Key], rep)
 			st.Answers++
@@ -493,7 +497,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	clk.now = matrixNow
 	e = s.open(t, store, s.matrixOptions(r, clk.Now))
 	doKeys, txKeys := r.keys()
-	ev := evidence{Policy: r.Policy, DoKeys: doKeys, TxKeys: txKeys, Before: before, Final: map[string]report{}}
+	ev := evidence{Policy: r.Policy, DoKeys: doKeys, TxKeys: txKeys, Before: before, Failed: failed, Final: map[string]report{}}
 	var fmu sync.Mutex
 	var wg sync.WaitGroup
 	keys := append(append([]string(nil), doKeys...), txKeys...)
@@ -572,6 +576,7 @@ type evidence struct {
 	Policy         idemcore.RecoveryPolicy
 	DoKeys, TxKeys []string
 	Before         map[string][]report // the child's answers, by key
+	Failed         []report            // the child's calls that got no answer
 	Final          map[string]report   // the parent's retry of every key
 	Ledger         []string            // Do's executions: "key attempt recovered"
 	Effects        map[string]string   // DoTx's effect rows: "key#nonce"
@@ -586,6 +591,8 @@ func (a report) success() bool { return a.Ans && a.Code == "" && a.Msg == "" }
 // run's figures into st:
 //   - every retry ends with an answer (under RecoverRefuse, ErrIncomplete for
 //     an interrupted Do);
+//   - a call that failed (no answer) returned no response: fn's bytes beside
+//     an outcome never stored are no answer;
 //   - every answer the child got is the answer after the fault, replayed;
 //   - Do's fn ran again only where the record was started and the policy
 //     allowed it: every execution after a key's first saw Recovered with a
@@ -598,8 +605,16 @@ func (ev evidence) check(st *cellStats) []string {
 	var bad []string
 	badf := func(format string, args ...any) { bad = append(bad, fmt.Sprintf(format, args...)) }
 	keys := append(append([]string(nil), ev.DoKeys...), ev.TxKeys...)
+	for _, f := range ev.Failed {
+		if f.Resp != nil {
+			badf("%s: the call failed (%s) and returned the response %q beside its error", f.Key, f.Err, f.Resp)
+		}
+	}
 	for _, key := range keys {
 		f, ok := ev.Final[key]
+		if ok && !f.Ans && f.Resp != nil {
+			badf("%s: the retry failed (%s) and returned the response %q beside its error", key, f.Err, f.Resp)
+		}
 		switch {
 		case !ok:
 			badf("%s: not retried after the fault", key)

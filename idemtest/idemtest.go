@@ -39,6 +39,10 @@
 //	             outbox's deliveries checked for at least once, in order
 //	process      SIGKILL of a child process in fn or in a handler, and a store
 //	             held by a live process (see ChildMain)
+//	shared       engines of several processes on one store
+//	             (OwnedAcrossProcesses): Forget, Resolve, RetryDead and
+//	             DropDead through one engine are what the others' next calls
+//	             see, never an answer from an engine's memory
 //	crash matrix every failpoint in the code (idemcore, this package,
 //	             the backend's module) × SIGKILL, panic and error, in a child
 //	             running concurrent Do, DoTx, outbox and prune traffic; the
@@ -203,7 +207,8 @@ type Harness[T any] struct {
 	// one store, a started record being owned by the live process that
 	// claimed it (Postgres's leases). False means one process holds the
 	// store at a time (bbolt's file lock): a second Open elsewhere fails, and
-	// every started record found at Open is an orphan.
+	// every started record found at Open is an orphan. The shared group runs
+	// only when it is true: several engines open on one store at once.
 	OwnedAcrossProcesses bool
 
 	// ExpireOwners makes every claim on the store lapse (moves the database
@@ -252,6 +257,7 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("outbox", s.outbox)
 	t.Run("histories", s.histories)
 	t.Run("process", s.process)
+	t.Run("shared", s.shared)
 	t.Run("crash matrix", s.matrix)
 	t.Run("logs", s.logs)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idemcore"
@@ -191,6 +192,39 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			require.NoError(t, err, "the key is new: any fingerprint")
 			require.False(t, res.Replayed)
 			require.Equal(t, 1, res.Attempt)
+		})
+	})
+
+	t.Run("a failed call's Result carries no response", func(t *testing.T) {
+		// fn's bytes beside an outcome that is not stored (Retryable, an
+		// interruption) are no answer: neither the caller nor its waiters get
+		// them, as Result.Response, whatever fn returned.
+		both(t, func(t *testing.T, v via) {
+			e, _ := s.fresh(t, Options{})
+			release, leader, waiters := s.leaderWithWaiters(t, e, v, "retryable", 2, func(context.Context, T) ([]byte, error) {
+				return []byte("never stored"), idemcore.Retryable(errors.New("gateway busy"))
+			}, nil)
+			close(release)
+			for i, o := range []outcome{<-leader, <-waiters, <-waiters} {
+				require.ErrorIs(t, o.err, idemcore.ErrRetryable)
+				assert.Nil(t, o.res.Response, "Retryable, call %d (0: the caller, then its waiters)", i)
+			}
+
+			s.interrupt(t, e, "recovering")
+			res, err := call(bg, e, v, "recovering", fp, func(context.Context, T) ([]byte, error) {
+				return []byte("never stored"), idemcore.Retryable(errors.New("gateway busy"))
+			})
+			require.ErrorIs(t, err, idemcore.ErrRetryable)
+			assert.Nil(t, res.Response, "Retryable while recovering an interrupted execution")
+			require.Equal(t, idemcore.StateStarted, record(t, e, "recovering").State)
+
+			ctx, cancel := context.WithCancel(bg)
+			res, err = call(ctx, e, v, "interrupted", fp, func(ctx context.Context, _ T) ([]byte, error) {
+				cancel()
+				return []byte("never stored"), fmt.Errorf("gateway: %w", ctx.Err())
+			})
+			require.ErrorIs(t, err, context.Canceled)
+			assert.Nil(t, res.Response, "an error after fn's own context ended")
 		})
 	})
 

@@ -14,10 +14,11 @@ import (
 )
 
 func newMCPProxyCmd(a *app) *cobra.Command {
-	var config, inFlight string
+	var config, inFlight, metaKey string
+	var tools []string
 	var maxWait time.Duration
 	c := &cobra.Command{
-		Use:   "mcp-proxy [--config FILE] -- COMMAND [ARG...]",
+		Use:   "mcp-proxy [--config FILE] [--tool NAME]... [--meta-key NAME] -- COMMAND [ARG...]",
 		Short: "Run a stdio MCP server behind idem: its side-effecting tool calls run once per idempotency key",
 		Long: `mcp-proxy starts COMMAND, a stdio MCP server in any language, as its child and
 relays the MCP session between it and the client on its own stdin and stdout.
@@ -40,8 +41,17 @@ The config file (YAML or JSON):
     get_order: {readOnly: true}           # relayed, no warning
   missingKey: refuse                      # or run (unprotected, with a warning)
 
-A call of a tool not in the file runs unprotected, with a warning on stderr,
-unless the server marks the tool read-only.
+  metaKey: com.example/request-id         # the key's name in _meta
+
+--tool NAME (repeatable) protects a tool without a file, the key from _meta,
+and adds to the file's tools (a tool the file protects keeps its entry; one it
+marks readOnly is a usage error). --meta-key NAME reads the key from _meta
+under NAME instead of "io.github.idemkit/idempotency-key", for clients of
+another convention (it overrides the file's metaKey; the request sent to the
+server carries the key under idem's name as well). A call of a tool not
+configured runs unprotected, with a warning on stderr, unless the server
+marks the tool read-only; a configured tool the server's tools/list does not
+list is reported on stderr.
 
 If the server dies, mcp-proxy restarts it, replays the session's initialize to
 it, and re-executes the protected call that was running with
@@ -66,22 +76,36 @@ with status 1. The server dies with mcp-proxy (Linux's Pdeathsig).`,
 			if maxWait <= 0 {
 				return &usageError{fmt.Errorf("--max-wait must be positive, not %v", maxWait)}
 			}
-			return a.mcpProxy(cmd, config, policy, maxWait, args)
+			cfg := &mcpproxy.Config{}
+			if config != "" {
+				var err error
+				if cfg, err = mcpproxy.LoadConfig(config); err != nil {
+					return err
+				}
+			}
+			if cmd.Flags().Changed("meta-key") {
+				if metaKey == "" {
+					return &usageError{errors.New("--meta-key must not be empty")}
+				}
+				cfg.MetaKey = metaKey
+			}
+			for _, name := range tools {
+				if err := cfg.Protect(name); err != nil {
+					return &usageError{fmt.Errorf("--tool: %w", err)}
+				}
+			}
+			return a.mcpProxy(cmd, cfg, policy, maxWait, args)
 		},
 	}
 	c.Flags().StringVar(&config, "config", "", "the tools to protect (YAML or JSON); none: every call runs unprotected, with a warning")
+	c.Flags().StringArrayVar(&tools, "tool", nil, "protect the tool NAME, the key from _meta (repeatable; added to --config's tools)")
+	c.Flags().StringVar(&metaKey, "meta-key", mcpproxy.MetaKey, "the name of the idempotency key in a tools/call's params._meta")
 	c.Flags().StringVar(&inFlight, "in-flight", "wait", "a duplicate of a call still running: wait for its answer, or fail at once (error -32063 with retryAfter)")
 	c.Flags().DurationVar(&maxWait, "max-wait", mcpproxy.DefaultMaxWait, "the longest a duplicate waits for the first call with its key before error -32063")
 	return c
 }
 
-func (a *app) mcpProxy(cmd *cobra.Command, configPath string, inFlight idem.InFlightPolicy, maxWait time.Duration, argv []string) (err error) {
-	cfg := &mcpproxy.Config{}
-	if configPath != "" {
-		if cfg, err = mcpproxy.LoadConfig(configPath); err != nil {
-			return err
-		}
-	}
+func (a *app) mcpProxy(cmd *cobra.Command, cfg *mcpproxy.Config, inFlight idem.InFlightPolicy, maxWait time.Duration, argv []string) (err error) {
 	recovery, _ := a.recoveryPolicy()
 	e, err := idem.OpenFile(a.db, &idem.BoltOptions{LockTimeout: lockTimeout}, &idem.Options{
 		Retention: a.retention,

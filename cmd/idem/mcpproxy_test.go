@@ -1,13 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/idemkit/idem/idemmcp"
 
 	"github.com/idemkit/idem/cmd/idem/internal/npmtest"
 )
@@ -15,6 +19,8 @@ import (
 func TestMCPProxyUsageErrors(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
+	readOnlyConfig := filepath.Join(dir, "read-only.yaml")
+	require.NoError(t, os.WriteFile(readOnlyConfig, []byte("tools:\n  get_order: {readOnly: true}\n"), 0o600))
 	for _, tt := range []struct {
 		name       string
 		args       []string
@@ -27,6 +33,10 @@ func TestMCPProxyUsageErrors(t *testing.T) {
 		{"bad max-wait", []string{"mcp-proxy", "--max-wait", "0s", "--", "node"}, 2, "--max-wait must be positive, not 0s"},
 		{"missing config", []string{"mcp-proxy", "--config", filepath.Join(dir, "none.yaml"), "--", "node"}, 1, "none.yaml"},
 		{"no such server", []string{"mcp-proxy", "--", filepath.Join(dir, "no-such-server")}, 1, "starting the server"},
+		{"empty meta key", []string{"mcp-proxy", "--meta-key", "", "--", "node"}, 2, "--meta-key must not be empty"},
+		{"empty tool", []string{"mcp-proxy", "--tool", "", "--", "node"}, 2, `--tool: cannot protect the tool "": its name is empty`},
+		{"tool read-only in the file", []string{"mcp-proxy", "--config", readOnlyConfig, "--tool", "get_order", "--", "node"}, 2,
+			`--tool: cannot protect the tool "get_order": the configuration marks it readOnly`},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -84,3 +94,73 @@ func TestMCPProxyCommand(t *testing.T) {
 	require.Equal(t, 0, got.code, got.stderr)
 	require.Contains(t, got.stdout, "The sum of 1 and 2 is 3.")
 }
+
+// TestMCPProxyMetaKeyAndToolFlags drives `idem mcp-proxy --meta-key NAME
+// --tool NAME…` (this test binary, as TestMain runs it) in front of
+// server-everything with the TypeScript SDK's client, which sends its keys
+// under another _meta name. The file protects get-sum and lets unkeyed calls
+// run; the flags add echo (read-only by its annotations, so relayed silently
+// unless protected) and a tool the server does not have. The key is read
+// under the flag's name only, both tools are protected, and the unknown tool
+// is reported at tools/list.
+func TestMCPProxyMetaKeyAndToolFlags(t *testing.T) {
+	npm := npmtest.Dir(t)
+	server := npmtest.Everything(t)
+	dir := t.TempDir()
+	db, cfg := filepath.Join(dir, "idem.db"), filepath.Join(dir, "proxy.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("tools:\n  get-sum: {}\nmissingKey: run\n"), 0o600))
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	const name = "com.example/request-id"
+	args := append([]string{filepath.Join(npm, "client.mjs"), exe, "mcp-proxy", "--db", db, "--config", cfg,
+		"--meta-key", name, "--tool", "echo", "--tool", "no-such-tool", "--"}, server...)
+	cmd := exec.Command("node", args...)
+	cmd.Env = append(os.Environ(), "IDEM_TS_META_KEY="+name)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	require.NoError(t, err, "stderr: %s", stderr.String())
+	var got struct {
+		Tools       []string           `json:"tools"`
+		Echo        string             `json:"echo"`
+		First       mcpResult          `json:"first"`
+		Second      mcpResult          `json:"second"`
+		Conflict    struct{ Code int } `json:"conflict"`
+		DefaultName []mcpResult        `json:"defaultName"`
+	}
+	require.NoError(t, json.Unmarshal(out, &got), "%s", out)
+	require.Equal(t, "Echo: hi", got.Echo)
+
+	// get-sum, protected by the file, under the flag's name.
+	require.False(t, got.First.replayed())
+	require.True(t, got.Second.replayed(), "the key under %q is read: the retry replays", name)
+	require.JSONEq(t, string(got.First.Content), string(got.Second.Content))
+	require.Equal(t, idemmcp.CodeConflict, got.Conflict.Code)
+	// Idem's default name is not read: both calls are unkeyed and run.
+	require.Len(t, got.DefaultName, 2)
+	for _, r := range got.DefaultName {
+		require.False(t, r.replayed())
+	}
+	errs := stderr.String()
+	require.Contains(t, errs, `calls of "get-sum" without an idempotency key run unprotected`)
+	// echo, protected by --tool: its unkeyed call is warned about.
+	require.Contains(t, errs, `calls of "echo" without an idempotency key run unprotected`)
+	// The tool the server does not list is reported, once; the others are not.
+	require.Equal(t, 1, strings.Count(errs, `tool "no-such-tool" is in the configuration, but the server does not list it`), errs)
+	require.NotContains(t, errs, `tool "get-sum" is in the configuration`)
+	require.NotContains(t, errs, `tool "echo" is in the configuration`)
+
+	r := idemDB(t, db, "get", "ts-sum-1")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stdout, "The sum of 4 and 5 is 9.")
+	r = idemDB(t, db, "get", "ts-sum-2")
+	require.Equal(t, 1, r.code, "no record under the key sent by the default name: %s", r.stdout)
+}
+
+// mcpResult is a tools/call result as the TypeScript client prints it.
+type mcpResult struct {
+	Content json.RawMessage            `json:"content"`
+	Meta    map[string]json.RawMessage `json:"_meta"`
+}
+
+func (r mcpResult) replayed() bool { return string(r.Meta[idemmcp.MetaReplayed]) == "true" }

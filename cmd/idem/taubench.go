@@ -136,33 +136,67 @@ counts these takeovers. With --via mcp-proxy the proxy keeps its own records
 in a bbolt file; the tool server behind it uses Postgres.
 
 The data (τ-bench's retail domain: orders.json, users.json, products.json
-and tasks_test.jsonl) is not part of this repository. It is looked for, in
-order, in:
+and tasks_test.jsonl) is third-party data, not part of this repository. It is
+looked for, in order, in:
   --data DIR            if given, only there
   $IDEM_TAUBENCH_DATA   if set, only there
   ../shared/taubench/retail beside the idem checkout that holds the working
                         directory (or beside the working directory)
   ../shared/taubench/retail beside the idem checkout this program was built
                         from (go install ./cmd/idem from a checkout)
+When none of the last two holds it, taubench plays its built-in sample
+instead, and says so in one line on stderr: a small retail world of idem's
+own (generated, nothing of τ-bench's data) over the same 16 tools, with 24
+tasks written for it whose reference outputs come from a fault-free run of
+the tools (kit/taubench/sample), under the same schedules and modes.
+With --json, the report is one JSON document: via (direct, mcp or
+mcp-proxy), backend, sample, seed, and a row per schedule and mode, each with
+its counts, over MCP the server its calls reached (idemmcp, plain: without
+idem, or mcp-proxy) and for an idem row where its records were (records:
+bbolt for the proxy's file, whatever the backend of the tool server's tables),
+and for a crash row its kill points (crashes: task, action, point, and the
+process killed: crash-child, or the tool-server).
+
 --db does not apply: every task runs on a fresh copy in a temporary
 directory. Progress goes to stderr: a bar on a terminal, else a line per
 finished row. The exit status is 1 if any idem row falls short of every task
 (for --via mcp-proxy: other than by the answers of recovered calls).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			dir, err := findData(data, a.getenv, workDir(), builtFrom())
+			// The flags first: a usage error finds no data.
+			if limit < 0 {
+				return &usageError{fmt.Errorf("--limit must not be negative, not %d", limit)}
+			}
+			if !slices.Contains([]string{"direct", "mcp", "mcp-proxy"}, via) {
+				return &usageError{fmt.Errorf("--via must be direct, mcp or mcp-proxy, not %q", via)}
+			}
+			switch taubench.Backend(backend) {
+			case taubench.Bolt:
+				pg = ""
+			case taubench.Postgres:
+				if !cmd.Flags().Changed("pg") {
+					pg = cmp.Or(a.getenv("IDEM_PG"), a.getenv("IDEM_TEST_PG"))
+				}
+				if pg == "" {
+					return &usageError{errors.New("--backend postgres needs --pg DSN (or $IDEM_PG or $IDEM_TEST_PG)")}
+				}
+			default:
+				return &usageError{fmt.Errorf("--backend must be bbolt or postgres, not %q", backend)}
+			}
+			dir, sample, cleanup, err := a.retailData(data)
 			if err != nil {
 				return err
 			}
+			defer cleanup()
 			if tasksFile == "" {
-				tasksFile = filepath.Join(dir, "tasks_test.jsonl")
+				tasksFile = filepath.Join(dir, taubench.TasksFile)
 			}
 			tasks, err := taubench.LoadTasks(tasksFile)
 			if err != nil {
 				return err
 			}
-			if limit < 0 {
-				return &usageError{fmt.Errorf("--limit must not be negative, not %d", limit)}
+			if sample {
+				fmt.Fprintln(a.stderr, sampleNotice(len(tasks)))
 			}
 			if len(tasks) == 0 {
 				return fmt.Errorf("no tasks in %s", tasksFile)
@@ -198,19 +232,6 @@ finished row. The exit status is 1 if any idem row falls short of every task
 				progress = func(done, _ int) { _ = bar.Set(done) }
 				finish = func() { _ = bar.Finish() }
 			}
-			switch taubench.Backend(backend) {
-			case taubench.Bolt:
-				pg = ""
-			case taubench.Postgres:
-				if !cmd.Flags().Changed("pg") {
-					pg = cmp.Or(a.getenv("IDEM_PG"), a.getenv("IDEM_TEST_PG"))
-				}
-				if pg == "" {
-					return &usageError{errors.New("--backend postgres needs --pg DSN (or $IDEM_PG or $IDEM_TEST_PG)")}
-				}
-			default:
-				return &usageError{fmt.Errorf("--backend must be bbolt or postgres, not %q", backend)}
-			}
 			run := taubench.Run
 			switch via {
 			case "direct":
@@ -233,7 +254,7 @@ finished row. The exit status is 1 if any idem row falls short of every task
 				return &usageError{fmt.Errorf("--via must be direct, mcp or mcp-proxy, not %q", via)}
 			}
 			rep, err := run(cmd.Context(), taubench.Config{
-				DataDir: dir, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
+				DataDir: dir, Sample: sample, Tasks: tasks, TasksFile: tasksFile, Schedules: schedules,
 				Baseline: baseline, Seed: seed, Progress: progress,
 				Backend: taubench.Backend(backend), PG: pg,
 			})
@@ -306,7 +327,7 @@ func proxyOptions(dir string) (taubench.MCPOptions, error) {
 		return taubench.MCPOptions{}, err
 	}
 	return taubench.MCPOptions{
-		Recovers: true,
+		Recovers: true, Via: taubench.ViaMCPProxy, IdemServer: taubench.ServerMCPProxy, IdemRecords: taubench.Bolt,
 		Command: func(exe string, sc taubench.ServeConfig) (*exec.Cmd, error) {
 			behind := sc.Idem
 			sc.Idem = false
@@ -323,6 +344,41 @@ func proxyOptions(dir string) (taubench.MCPOptions, error) {
 // envTaubenchData names the directory of the τ-bench data when --data is
 // not given.
 const envTaubenchData = "IDEM_TAUBENCH_DATA"
+
+// errNoTaubenchData is wrapped by findData's error when the default places
+// (beside the checkouts) hold no τ-bench data: then the built-in sample is
+// played. --data and $IDEM_TAUBENCH_DATA that hold none are errors of their
+// own, with no fallback.
+var errNoTaubenchData = errors.New("τ-bench retail data not found")
+
+// retailData returns the directory of the retail data that taubench and
+// taubench serve use: findData's, or, when no τ-bench data is found in the
+// default places, a temporary directory holding the built-in sample
+// (taubench.WriteSample; sample is true). cleanup removes what it made; call
+// it when done, also after an error.
+func (a *app) retailData(flag string) (dir string, sample bool, cleanup func(), err error) {
+	cleanup = func() {}
+	dir, err = findData(flag, a.getenv, workDir(), buildCheckout())
+	if !errors.Is(err, errNoTaubenchData) {
+		return dir, false, cleanup, err
+	}
+	tmp, err := os.MkdirTemp("", "idem-taubench-sample-")
+	if err != nil {
+		return "", false, cleanup, err
+	}
+	cleanup = func() { _ = os.RemoveAll(tmp) }
+	if err := taubench.WriteSample(tmp); err != nil {
+		return "", false, cleanup, err
+	}
+	return tmp, true, cleanup, nil
+}
+
+// sampleNotice is the line on stderr of a run of the built-in sample.
+func sampleNotice(tasks int) string {
+	return fmt.Sprintf("τ-bench: no τ-bench data found: playing idem's built-in sample (%d tasks of a generated retail "+
+		"world over the same 16 tools, not τ-bench's); to play τ-bench's retail tasks, point at them with --data DIR or "+
+		"$%s, or put them at ../shared/taubench/retail beside the idem checkout", tasks, envTaubenchData)
+}
 
 // findData returns the directory of the τ-bench retail data: flag if given,
 // else $IDEM_TAUBENCH_DATA if set (each then the only place looked at), else
@@ -354,10 +410,10 @@ func findData(flag string, getenv func(string) string, wd, built string) (string
 		}
 		tried = append(tried, candidate)
 	}
-	return "", fmt.Errorf("τ-bench retail data not found (looked in %s): get τ-bench from "+
+	return "", fmt.Errorf("%w (looked in %s): get τ-bench from "+
 		"https://github.com/sierra-research/tau-bench (the retail domain: %s, %s, %s and %s) and "+
 		"point to it with --data DIR or $%s, or put it at ../shared/taubench/retail beside the idem checkout",
-		strings.Join(tried, ", "), taubench.OrdersFile, taubench.UsersFile, taubench.ProductsFile, taubench.TasksFile, envTaubenchData)
+		errNoTaubenchData, strings.Join(tried, ", "), taubench.OrdersFile, taubench.UsersFile, taubench.ProductsFile, taubench.TasksFile, envTaubenchData)
 }
 
 // checkoutRoot is the nearest directory from dir up whose go.mod is the
@@ -386,6 +442,10 @@ func workDir() string {
 	}
 	return wd
 }
+
+// buildCheckout is where findData looks for the checkout the program was
+// built from: builtFrom, except in tests that play a program built elsewhere.
+var buildCheckout = builtFrom
 
 // builtFrom is the directory of this file when the program was compiled, if
 // the build recorded it (a build without -trimpath does) and it still

@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -24,7 +25,8 @@ func newTaubenchServeCmd(a *app) *cobra.Command {
 MCP server on stdin and stdout, over the file --db. A file that does not exist
 yet is created and seeded from the τ-bench data, looked for as by idem
 taubench (--data, $IDEM_TAUBENCH_DATA, then ../shared/taubench/retail beside
-the checkout).
+the checkout), or, if there is none there, from the built-in sample (a line on
+stderr says so).
 
 With --idem (the default) the tools are served through idemmcp: write tools
 in the DoTx form, keyed by the _meta entry "io.github.idemkit/idempotency-key",
@@ -34,9 +36,14 @@ server without idem, for idem mcp-proxy to stand in front of.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if _, err := os.Stat(a.db); errors.Is(err, fs.ErrNotExist) {
-				dir, err := findData(data, a.getenv, workDir(), builtFrom())
+				dir, sample, cleanup, err := a.retailData(data)
+				defer cleanup()
 				if err != nil {
 					return err
+				}
+				if sample {
+					fmt.Fprintln(a.stderr, "τ-bench serve: no τ-bench data found: seeding "+a.db+" with idem's built-in sample "+
+						"(a generated retail world, not τ-bench's); point at τ-bench's with --data DIR or $"+envTaubenchData)
 				}
 				if err := taubench.SeedFile(a.db, dir); err != nil {
 					return err

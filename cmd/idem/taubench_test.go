@@ -28,11 +28,16 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// taubenchData returns the τ-bench retail data beside the checkout. Without
-// it the test is skipped, except under CI=true, where it fails.
+// taubenchData returns the τ-bench retail data: $IDEM_TAUBENCH_DATA if set,
+// else beside the checkout. Without it the test is skipped, except under
+// CI=true, where it fails: the τ-bench run is the acceptance test.
 func taubenchData(t *testing.T) string {
 	t.Helper()
-	dir, err := taubench.FindDataDir(filepath.Join("..", "..", "..", "shared", "taubench", "retail"))
+	dir := filepath.Join("..", "..", "..", "shared", "taubench", "retail")
+	if env := os.Getenv(envTaubenchData); env != "" {
+		dir = env
+	}
+	dir, err := taubench.FindDataDir(dir)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
@@ -147,7 +152,7 @@ func TestFindData(t *testing.T) {
 func TestTaubenchViaMCP(t *testing.T) {
 	// Under the race detector each child would sleep a second at exit.
 	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
+	data := taubenchData(t)
 	r := idemCmd(t, nil, "", "taubench", "--via", "mcp", "--limit", "2", "--seed", "3", "--data", data)
 	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 	for _, s := range taubench.Schedules {
@@ -164,7 +169,7 @@ func TestTaubenchViaMCP(t *testing.T) {
 // in their own columns.
 func TestTaubenchViaMCPProxy(t *testing.T) {
 	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
-	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
+	data := taubenchData(t)
 	r := idemCmd(t, nil, "", "--json", "taubench", "--via", "mcp-proxy", "--limit", "2", "--seed", "3", "--data", data)
 	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 	rep := decode[taubench.Report](t, r.stdout)
@@ -204,8 +209,7 @@ func TestTaubenchViaMCPProxy(t *testing.T) {
 }
 
 func TestTaubenchViaUnknown(t *testing.T) {
-	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
-	r := idemCmd(t, nil, "", "taubench", "--via", "carrier-pigeon", "--data", data)
+	r := idemCmd(t, nil, "", "taubench", "--via", "carrier-pigeon")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, `--via must be direct, mcp or mcp-proxy, not "carrier-pigeon"`)
 }
@@ -213,7 +217,7 @@ func TestTaubenchViaUnknown(t *testing.T) {
 // TestTaubenchServe drives `idem taubench serve` with a go-sdk client over
 // its stdin and stdout, with and without idem.
 func TestTaubenchServe(t *testing.T) {
-	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
+	data := taubenchData(t)
 	for _, withIdem := range []bool{true, false} {
 		t.Run(fmt.Sprintf("idem=%v", withIdem), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "shop.db")
@@ -277,17 +281,26 @@ func TestTaubenchPostgres(t *testing.T) {
 	rep := decode[taubench.Report](t, r.stdout)
 	require.Equal(t, taubench.Postgres, rep.Backend)
 	require.True(t, rep.OK(), "%+v", rep.Rows)
+	require.Equal(t, taubench.ViaMCPProxy, rep.Via)
+	for _, row := range rep.Rows {
+		// The tool server's tables are on Postgres, the proxy's records in
+		// its bbolt file.
+		require.Equal(t, []any{taubench.ServerMCPProxy, taubench.Bolt}, []any{row.Server, row.Records})
+		if row.Schedule == taubench.Crash {
+			require.Len(t, row.Crashes, 1)
+			require.Equal(t, taubench.KilledToolServer, row.Crashes[0].Killed)
+		}
+	}
 }
 
 func TestTaubenchBackendUsage(t *testing.T) {
-	data := taubench.DefaultDataDir(filepath.Join("..", ".."))
-	r := idemCmd(t, nil, "", "taubench", "--backend", "postgres", "--data", data)
+	r := idemCmd(t, nil, "", "taubench", "--backend", "postgres")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, "--backend postgres needs --pg DSN (or $IDEM_PG or $IDEM_TEST_PG)")
-	r = idemCmd(t, nil, "", "taubench", "--backend", "sqlite", "--data", data)
+	r = idemCmd(t, nil, "", "taubench", "--backend", "sqlite")
 	require.Equal(t, 2, r.code)
 	require.Contains(t, r.stderr, `--backend must be bbolt or postgres, not "sqlite"`)
-	r = idemCmd(t, nil, "", "taubench", "--backend", "postgres", "--pg", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=1", "--data", data, "--limit", "1")
+	r = idemCmd(t, nil, "", "taubench", "--backend", "postgres", "--pg", "postgres://u:secret@127.0.0.1:1/db?connect_timeout=1", "--limit", "1")
 	require.Equal(t, 1, r.code)
 	require.NotContains(t, r.stderr, "secret", "the password stays out of the error")
 }
@@ -300,5 +313,180 @@ func TestRedactDSN(t *testing.T) {
 		"host=h password = 'se cret' dbname=db":         "host=h password = xxxxx dbname=db",
 	} {
 		require.Equal(t, want, redactDSN(in), in)
+	}
+}
+
+// noTaubenchData makes the command find no τ-bench data in its default
+// places, as on a fresh clone with nothing beside it: the working directory
+// and the checkout the program was built from are temporary directories with
+// no ../shared. Not parallel (the working directory, buildCheckout).
+func noTaubenchData(t *testing.T) {
+	t.Chdir(t.TempDir())
+	built := t.TempDir()
+	old := buildCheckout
+	buildCheckout = func() string { return built }
+	t.Cleanup(func() { buildCheckout = old })
+}
+
+// TestTaubenchSampleWhenNoData: with no τ-bench data found, the README's
+// first command plays the built-in sample, says so in one line on stderr
+// (naming the ways to point at τ-bench), and every idem row matches under
+// every schedule, beside the baseline; the report says it was the sample.
+// --data and $IDEM_TAUBENCH_DATA still win, and one that holds no data is an
+// error, with no fallback.
+func TestTaubenchSampleWhenNoData(t *testing.T) {
+	noTaubenchData(t)
+	r := idemCmd(t, nil, "", "taubench", "--seed", "1")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	require.Equal(t, sampleNotice(24), lines[0])
+	for _, way := range []string{"--data DIR", "$IDEM_TAUBENCH_DATA", "../shared/taubench/retail"} {
+		require.Contains(t, lines[0], way)
+	}
+	require.Equal(t, "τ-bench: 24 tasks × 6 schedules × 2 modes", lines[1])
+	require.Contains(t, r.stdout, "idem's built-in retail sample (generated, not τ-bench's tasks), 24 tasks, seed 1")
+	for _, s := range taubench.Schedules {
+		require.Contains(t, r.stdout, "| "+string(s)+" | idem | 24/24 | 0 | 0 | 0 |")
+	}
+	require.Contains(t, r.stdout, "| none | baseline | 24/24 | 0 | 0 | 0 |")
+	require.NotContains(t, r.stdout, "| duplicate | baseline | 24/24 |", "the baseline shows the damage")
+
+	r = idemCmd(t, nil, "", "--json", "taubench", "--seed", "1", "--limit", "2", "--baseline=false", "--crash=false")
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, r.stderr, sampleNotice(24))
+	rep := decode[taubench.Report](t, r.stdout)
+	require.True(t, rep.Sample)
+	require.True(t, rep.OK())
+
+	// --data and $IDEM_TAUBENCH_DATA win: a directory holding data (here a
+	// copy of the sample's files) is played as τ-bench data, without the
+	// notice.
+	data := t.TempDir()
+	require.NoError(t, taubench.WriteSample(data))
+	for _, r := range []result{
+		idemCmd(t, nil, "", "--json", "taubench", "--data", data, "--limit", "1", "--none=false", "--crash=false"),
+		idemCmd(t, map[string]string{envTaubenchData: data}, "", "--json", "taubench", "--limit", "1", "--none=false", "--crash=false"),
+	} {
+		require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+		require.NotContains(t, r.stderr, "built-in sample")
+		require.False(t, decode[taubench.Report](t, r.stdout).Sample)
+	}
+	empty := t.TempDir()
+	for _, r := range []result{
+		idemCmd(t, nil, "", "taubench", "--data", empty),
+		idemCmd(t, map[string]string{envTaubenchData: empty}, "", "taubench"),
+	} {
+		require.Equal(t, 1, r.code)
+		require.Contains(t, r.stderr, "τ-bench retail data not found in "+empty)
+		require.NotContains(t, r.stderr, "built-in sample")
+	}
+}
+
+// TestTaubenchServeSample: with no τ-bench data found, taubench serve seeds
+// a new file with the built-in sample, and says so on stderr.
+func TestTaubenchServeSample(t *testing.T) {
+	noTaubenchData(t)
+	sample := t.TempDir()
+	require.NoError(t, taubench.WriteSample(sample))
+	tasks, err := taubench.LoadTasks(filepath.Join(sample, taubench.TasksFile))
+	require.NoError(t, err)
+	want := tasks[0].Actions[2] // get_order_details of the first task
+	require.Equal(t, "get_order_details", want.Name)
+
+	path := filepath.Join(t.TempDir(), "shop.db")
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan result, 1)
+	go func() {
+		var stderr bytes.Buffer
+		code := run(t.Context(), []string{"--db", path, "taubench", "serve"}, func(string) string { return "" }, inR, outW, &stderr)
+		outW.Close()
+		done <- result{code: code, stderr: stderr.String()}
+	}()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).
+		Connect(t.Context(), &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
+	require.NoError(t, err)
+	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: want.Name, Arguments: want.Kwargs})
+	require.NoError(t, err)
+	require.Equal(t, want.Output, res.Content[0].(*mcp.TextContent).Text)
+	require.NoError(t, cs.Close())
+	r := <-done
+	require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+	require.Contains(t, r.stderr, "seeding "+path+" with idem's built-in sample")
+}
+
+// TestTaubenchJSONSaysWhereItRan: the --json report says which transport
+// ran (--via), which server each row's calls reached and where its records
+// were, and lists every crash row's kill points, also over MCP and through
+// idem mcp-proxy, so that they can be checked from the report: behind the
+// proxy, every kill is a recovered call, and the kills after a commit that
+// changed something are what the baseline and the recovered columns pay, one
+// each.
+func TestTaubenchJSONSaysWhereItRan(t *testing.T) {
+	noTaubenchData(t)
+	t.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	sample := t.TempDir()
+	require.NoError(t, taubench.WriteSample(sample))
+	tasks, err := taubench.LoadTasks(filepath.Join(sample, taubench.TasksFile))
+	require.NoError(t, err)
+	crashOnly := []string{"--seed", "5", "--limit", "12"}
+	for _, s := range taubench.Schedules {
+		if s != taubench.Crash {
+			crashOnly = append(crashOnly, "--"+string(s)+"=false")
+		}
+	}
+	// afterCommit counts the kills after the commit of a call whose
+	// reference answer is not an error, checking that each kill is in a
+	// write call of its task.
+	afterCommit := func(row taubench.Row, point string) int {
+		n := 0
+		for _, c := range row.Crashes {
+			a := tasks[c.Task].Actions[c.Action]
+			tool, _ := taubench.Lookup(a.Name)
+			require.True(t, tool.Write, "killed in %s", a.Name)
+			if c.Point == point && !strings.HasPrefix(a.Output, "Error") {
+				n++
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		via, server, baseServer string
+		records                 taubench.Backend
+		killed                  string
+		after                   string
+	}{
+		{"direct", "", "", taubench.Bolt, taubench.KilledCrashChild, "taubench-after-commit"},
+		{"mcp", taubench.ServerIdemMCP, taubench.ServerPlain, taubench.Bolt, taubench.KilledToolServer, taubench.MCPAfterCommit},
+		{"mcp-proxy", taubench.ServerMCPProxy, taubench.ServerPlain, taubench.Bolt, taubench.KilledToolServer, taubench.MCPAfterCommit},
+	} {
+		t.Run(tc.via, func(t *testing.T) {
+			r := idemCmd(t, nil, "", append([]string{"--json", "taubench", "--via", tc.via}, crashOnly...)...)
+			require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
+			rep := decode[taubench.Report](t, r.stdout)
+			require.Equal(t, tc.via, rep.Via)
+			require.Len(t, rep.Rows, 2)
+			base, idem := rep.Rows[0], rep.Rows[1]
+			require.Equal(t, tc.server, idem.Server)
+			require.Equal(t, tc.baseServer, base.Server)
+			require.Equal(t, tc.records, idem.Records)
+			require.Empty(t, base.Records)
+			require.Len(t, base.Crashes, 12, "every one of the first 12 tasks has a write call")
+			require.Equal(t, base.Crashes, idem.Crashes)
+			for _, c := range base.Crashes {
+				require.Equal(t, tc.killed, c.Killed)
+			}
+			paid := afterCommit(base, tc.after)
+			require.Positive(t, paid)
+			require.Equal(t, paid, base.Diverged+base.ExtraEffects, "the baseline pays for each kill after a commit")
+			require.Zero(t, idem.Diverged+idem.ExtraEffects+idem.StateMismatches)
+			if tc.via == "mcp-proxy" {
+				require.Equal(t, len(idem.Crashes), idem.RecoveredCalls, "the proxy recovered every killed call")
+				require.Equal(t, paid, idem.RecoveredDiverged+idem.RecoveredEffects, "and the recovered calls pay as the baseline")
+			} else {
+				require.Equal(t, 12, idem.Matched)
+				require.Zero(t, idem.RecoveredCalls)
+			}
+		})
 	}
 }

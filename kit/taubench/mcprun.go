@@ -2,6 +2,7 @@ package taubench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -53,6 +54,14 @@ type MCPOptions struct {
 	// Recovers. The extra effects of recovered calls are counted in
 	// Row.RecoveredEffects, not Row.ExtraEffects.
 	Recovers bool
+	// Via is the report's Via; empty means ViaMCP.
+	Via string
+	// IdemServer is the Row.Server of the idem rows; empty means
+	// ServerIdemMCP. The baseline rows' is ServerPlain.
+	IdemServer string
+	// IdemRecords is the Row.Records of the idem rows, where the command
+	// keeps idem's records; empty means the run's backend.
+	IdemRecords Backend
 }
 
 // RunMCPWith is RunMCP with the tool server started by opts.
@@ -60,7 +69,14 @@ func RunMCPWith(ctx context.Context, cfg Config, opts MCPOptions) (*Report, erro
 	if opts.Command == nil {
 		opts.Command = MCPServerCommand
 	}
-	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error) {
+	via := cmp.Or(opts.Via, ViaMCP)
+	rowOf := func(mode Mode) (string, Backend) {
+		if mode == Idem {
+			return cmp.Or(opts.IdemServer, ServerIdemMCP), cmp.Or(opts.IdemRecords, cfg.backend())
+		}
+		return ServerPlain, ""
+	}
+	return runAll(ctx, cfg, via, rowOf, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error) {
 		p := &mcpPlay{cfg: cfg, opts: &opts, task: task, sched: sched, mode: mode, pl: pl}
 		return p.run(ctx, initial)
 	})
@@ -146,6 +162,7 @@ func (p *mcpPlay) run(ctx context.Context, initial snapshot) (out outcome, err e
 	crashKey := ""
 	if crashAt >= 0 {
 		crashKey = p.key(crashAt)
+		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point, Killed: KilledToolServer}
 	}
 	if err := p.start(ctx, crashKey, point); err != nil {
 		return out, err

@@ -181,6 +181,15 @@ func TestRunMCPPostgres(t *testing.T) {
 	})
 	require.NoError(t, err)
 	requireReport(t, rep, n)
+	require.Equal(t, ViaMCP, rep.Via)
+	for _, row := range rep.Rows {
+		if row.Mode == Idem {
+			require.Equal(t, []any{ServerIdemMCP, Postgres}, []any{row.Server, row.Records}, "idempg's records beside the tables")
+		}
+		if row.Schedule == Crash {
+			require.Len(t, row.Crashes, n, "the kill points of an MCP crash row on Postgres")
+		}
+	}
 }
 
 // TestPgStageRemovesOnlyItsOwn: a stage's cleanup removes the files beside

@@ -64,6 +64,9 @@ const (
 type Config struct {
 	// DataDir holds orders.json, users.json and products.json.
 	DataDir string
+	// Sample says the data is the built-in sample (WriteSample), not
+	// τ-bench's: the report says so (Report.Sample).
+	Sample bool
 	// Tasks are the tasks to play.
 	Tasks []Task
 	// TasksFile is where Tasks came from; crash children read it again.
@@ -131,33 +134,98 @@ type Row struct {
 	// lease lapsed: a second process whose fn saw CallFrom's Recovered. A
 	// Do-form crash without one fails the run.
 	Takeovers int `json:"takeovers,omitempty"`
+	// Server is, over MCP (Report.Via ViaMCP or ViaMCPProxy), the tool
+	// server process the row's calls reach, the one its crash schedule
+	// kills: ServerIdemMCP, ServerPlain or ServerMCPProxy. Empty for direct
+	// runs, whose crash schedule kills a crash child (CrashChoice.Killed).
+	Server string `json:"server,omitempty"`
+	// Records is where an idem row kept idem's records: the report's
+	// Backend, or Bolt for the file of idem mcp-proxy (ServerMCPProxy) in
+	// front of a tool server whose tables are on Backend. Empty for
+	// baseline rows, which keep none.
+	Records Backend `json:"records,omitempty"`
 	// Failures describes the first few mismatches, for debugging.
 	Failures []string `json:"failures,omitempty"`
 	// Crashes are the crash schedule's random choices, one per task that
-	// has a write call, in task order: the seed decides them.
+	// has a write call, in task order: the seed decides them, and both
+	// modes of a run make the same ones.
 	Crashes []CrashChoice `json:"crashes,omitempty"`
 }
 
-// CrashChoice is where the crash schedule killed a task's child process: during
-// action Action (an index into the task's actions), at crash point Point
-// ("taubench-before-commit": after the tool ran, before its transaction
-// committed; "taubench-after-commit": after the commit, before the answer
-// reached the agent), in the form Form: on the Postgres backend, FormDoTx
-// or FormDo (how the Idem mode plays the call; the baseline plays it directly
-// either way), empty on bbolt (DoTx).
+// The values of Report.Via: how the agent's calls reached the tools.
+const (
+	// ViaDirect: in-process calls (Run).
+	ViaDirect = "direct"
+	// ViaMCP: an MCP tool server in a child process over stdio, driven by a
+	// go-sdk client (RunMCP).
+	ViaMCP = "mcp"
+	// ViaMCPProxy: the same client, through idem mcp-proxy in front of the
+	// tool server without idem (idem taubench --via mcp-proxy, through
+	// RunMCPWith).
+	ViaMCPProxy = "mcp-proxy"
+)
+
+// The values of Row.Server.
+const (
+	// ServerIdemMCP: the tool server through idemmcp, write tools in the
+	// DoTx form, idem's records beside its tables (RunMCP's idem rows).
+	ServerIdemMCP = "idemmcp"
+	// ServerPlain: the tool server without idem, one transaction per call
+	// (every baseline row over MCP).
+	ServerPlain = "plain"
+	// ServerMCPProxy: idem mcp-proxy, its records in a bbolt file, in front
+	// of the tool server without idem. The crash schedule kills that server,
+	// not the proxy, which restarts it and re-executes the call.
+	ServerMCPProxy = "mcp-proxy"
+)
+
+// The values of CrashChoice.Killed.
+const (
+	// KilledCrashChild: a child process of the runner that played the task
+	// up to the crashed call (Run).
+	KilledCrashChild = "crash-child"
+	// KilledToolServer: the MCP tool server child, armed to die in the call
+	// with the crashed call's key (RunMCP, RunMCPWith).
+	KilledToolServer = "tool-server"
+)
+
+// CrashChoice is where the crash schedule killed a process of a task: the
+// process Killed (KilledCrashChild in a direct run, KilledToolServer over
+// MCP), during action Action (an index into the task's actions), at crash
+// point Point: in a direct run "taubench-before-commit" (after the tool ran,
+// before its transaction committed) or "taubench-after-commit" (after the
+// commit, before the answer reached the agent); over MCP MCPBeforeCommit or
+// MCPAfterCommit, the same two moments in the tool server. Form is the form
+// of the crashed call on the Postgres backend of a direct run, FormDoTx or
+// FormDo (how the Idem mode plays it; the baseline plays it directly either
+// way); empty on bbolt (DoTx) and over MCP (the server's own form, which
+// Row.Server names).
+//
+// Only a kill after the commit of a call whose reference answer is not an
+// error leaves an effect behind: in a baseline row, and in an idem row
+// behind idem mcp-proxy, each such kill costs one divergent answer or one
+// extra effect (counted as recovered in the latter); every other kill costs
+// nothing, so that the kill points can be checked against a row's counts.
 type CrashChoice struct {
 	Task   int    `json:"task"`
 	Action int    `json:"action"`
 	Point  string `json:"point"`
 	Form   string `json:"form,omitempty"`
+	Killed string `json:"killed"`
 }
 
 // Report is the outcome of Run.
 type Report struct {
+	// Via is how the calls reached the tools: ViaDirect, ViaMCP or
+	// ViaMCPProxy.
+	Via     string  `json:"via"`
 	Seed    uint64  `json:"seed"`
 	Tasks   int     `json:"tasks"`
 	Backend Backend `json:"backend"`
-	Rows    []Row   `json:"rows"`
+	// Sample is true when the tasks were the built-in sample's
+	// (Config.Sample), not τ-bench's.
+	Sample bool  `json:"sample,omitempty"`
+	Rows   []Row `json:"rows"`
 }
 
 // OK reports whether every idem row has no divergent output, no extra
@@ -178,15 +246,30 @@ func (r *Report) OK() bool {
 // Run plays every task against a fresh copy of the database under each
 // schedule, in each mode, and compares with the reference.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
-	return runAll(ctx, cfg, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error) {
+	direct := func(mode Mode) (string, Backend) {
+		if mode == Idem {
+			return "", cfg.backend()
+		}
+		return "", ""
+	}
+	return runAll(ctx, cfg, ViaDirect, direct, func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error) {
 		p := &play{cfg: cfg, task: task, sched: sched, mode: mode, pl: pl}
 		return p.run(ctx, initial)
 	})
 }
 
+// backend is cfg.Backend, Bolt if empty.
+func (cfg *Config) backend() Backend {
+	if cfg.Backend == "" {
+		return Bolt
+	}
+	return cfg.Backend
+}
+
 // runAll is the loop of Run and RunMCPWith over schedules, modes and tasks,
-// each task on a fresh copy of the seeded database, with play doing one.
-func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error)) (*Report, error) {
+// each task on a fresh copy of the seeded database, with play doing one;
+// via is Report.Via, and rowOf gives each mode's Row.Server and Row.Records.
+func runAll(ctx context.Context, cfg Config, via string, rowOf func(Mode) (server string, records Backend), play func(ctx context.Context, cfg *Config, task Task, sched Schedule, mode Mode, pl place, initial snapshot) (outcome, error)) (*Report, error) {
 	if cfg.Schedules == nil {
 		cfg.Schedules = Schedules
 	}
@@ -219,11 +302,12 @@ func runAll(ctx context.Context, cfg Config, play func(ctx context.Context, cfg 
 	if cfg.Baseline {
 		modes = []Mode{Baseline, Idem}
 	}
-	rep := &Report{Seed: cfg.Seed, Tasks: len(cfg.Tasks), Backend: cfg.Backend}
+	rep := &Report{Via: via, Seed: cfg.Seed, Tasks: len(cfg.Tasks), Backend: cfg.Backend, Sample: cfg.Sample}
 	total, done := len(cfg.Schedules)*len(modes)*len(cfg.Tasks), 0
 	for _, sched := range cfg.Schedules {
 		for _, mode := range modes {
 			row := Row{Schedule: sched, Mode: mode, Tasks: len(cfg.Tasks)}
+			row.Server, row.Records = rowOf(mode)
 			for _, task := range cfg.Tasks {
 				if err := ctx.Err(); err != nil {
 					return nil, err
@@ -494,7 +578,7 @@ func (p *play) run(ctx context.Context, initial snapshot) (out outcome, err erro
 	}
 	start := 0
 	if crashAt >= 0 {
-		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point, Form: form}
+		out.crash = &CrashChoice{Task: p.task.ID, Action: crashAt, Point: point, Form: form, Killed: KilledCrashChild}
 		if form == FormDo && p.mode == Idem {
 			p.doAt = crashAt
 		}
@@ -864,7 +948,9 @@ recovered         answers of those calls that differ from the reference, and the
                   that reconciles by the key the proxy sends avoids it
 `
 
-// WriteTable prints the report as a markdown table, followed by Legend (and
+// WriteTable prints the report as a markdown table under a line naming the
+// data (τ-bench's, or the built-in sample), the backend, the tasks and the
+// seed, followed by Legend (and
 // RecoveredLegend, with the columns recovered calls, recovered diverged and
 // recovered effects, if a row has recovered calls).
 func WriteTable(w io.Writer, rep *Report) {
@@ -873,7 +959,14 @@ func WriteTable(w io.Writer, rep *Report) {
 	if rep.Backend != "" && rep.Backend != Bolt {
 		on = " on " + string(rep.Backend)
 	}
-	fmt.Fprintf(w, "τ-bench retail%s, %d tasks, seed %d\n\n", on, rep.Tasks, rep.Seed)
+	what := "τ-bench retail"
+	if rep.Sample {
+		what = "idem's built-in retail sample (generated, not τ-bench's tasks)"
+	}
+	if rep.Via != "" && rep.Via != ViaDirect {
+		on += " via " + rep.Via
+	}
+	fmt.Fprintf(w, "%s%s, %d tasks, seed %d\n\n", what, on, rep.Tasks, rep.Seed)
 	if recovered {
 		fmt.Fprintln(w, "| schedule | mode | tasks matching | outputs diverged | extra effects | state mismatches | recovered calls | recovered diverged | recovered effects |")
 		fmt.Fprintln(w, "|---|---|--:|--:|--:|--:|--:|--:|--:|")

@@ -157,4 +157,10 @@ func TestReportBackend(t *testing.T) {
 	WriteTable(&b, &Report{Tasks: 1, Seed: 2, Backend: Postgres, Rows: []Row{{Schedule: Crash, Mode: Idem, Tasks: 1, Matched: 1, Takeovers: 1}}})
 	require.Contains(t, b.String(), "τ-bench retail on postgres, 1 tasks, seed 2\n")
 	require.Contains(t, b.String(), "crash/idem: 1 of the crashed calls were in the Do form: a second process took each over")
+	b.Reset()
+	WriteTable(&b, &Report{Via: ViaMCPProxy, Tasks: 1, Seed: 2, Backend: Postgres, Sample: true})
+	require.Contains(t, b.String(), "idem's built-in retail sample (generated, not τ-bench's tasks) on postgres via mcp-proxy, 1 tasks, seed 2\n")
+	b.Reset()
+	WriteTable(&b, &Report{Via: ViaDirect, Tasks: 1, Seed: 2, Backend: Bolt})
+	require.Contains(t, b.String(), "τ-bench retail, 1 tasks, seed 2\n", "a direct run on bbolt names neither")
 }

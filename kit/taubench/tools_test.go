@@ -13,12 +13,17 @@ import (
 	"go.etcd.io/bbolt"
 )
 
-// testDataDir returns the τ-bench retail data next to the repository
-// (../shared/taubench/retail from the root). Without it the test is skipped,
-// except under CI=true, where it fails.
+// testDataDir returns the τ-bench retail data: $IDEM_TAUBENCH_DATA if set,
+// else next to the repository (../shared/taubench/retail from the root).
+// Without it the test is skipped, except under CI=true, where it fails: the
+// τ-bench run is the acceptance test.
 func testDataDir(t *testing.T) string {
 	t.Helper()
-	dir, err := FindDataDir(filepath.Join("..", "..", "..", "shared", "taubench", "retail"))
+	dir := filepath.Join("..", "..", "..", "shared", "taubench", "retail")
+	if env := os.Getenv("IDEM_TAUBENCH_DATA"); env != "" {
+		dir = env
+	}
+	dir, err := FindDataDir(dir)
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)
@@ -98,7 +103,14 @@ func TestTasks(t *testing.T) {
 	require.Len(t, initial["orders"], 1000)
 	require.Len(t, initial["users"], 500)
 	require.Len(t, initial["products"], 50)
+	replayTasks(t, image, initial, tasks)
+}
 
+// replayTasks replays every task's actions once each, fault-free, on a fresh
+// copy of the database image, and checks each answer against the task's
+// reference, text for text, and the final state against its changed records.
+func replayTasks(t *testing.T, image []byte, initial snapshot, tasks []Task) {
+	t.Helper()
 	for _, task := range tasks {
 		t.Run(fmt.Sprintf("task%03d", task.ID), func(t *testing.T) {
 			t.Parallel()

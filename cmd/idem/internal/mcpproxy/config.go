@@ -33,6 +33,49 @@ type Config struct {
 	// CodeKeyRequired and runs nothing; "run" relays it unprotected with a
 	// warning on stderr.
 	MissingKey string `yaml:"missingKey"`
+	// MetaKey is the name, in a tools/call's params._meta, of the
+	// idempotency key of a protected tool without KeyArgs: for clients of
+	// another convention than idemmcp's. Empty means MetaKey
+	// ("io.github.idemkit/idempotency-key"). The request sent to the server
+	// carries the key under MetaKey whatever this name (the client's own
+	// _meta entries pass unchanged).
+	MetaKey string `yaml:"metaKey"`
+}
+
+// KeyName returns the _meta name of the idempotency key: c.MetaKey, or the
+// package's MetaKey when that is empty.
+func (c *Config) KeyName() string {
+	if c.MetaKey != "" {
+		return c.MetaKey
+	}
+	return MetaKey
+}
+
+// ErrBadTool is wrapped by Protect's errors: a tool that cannot be
+// protected as asked.
+var ErrBadTool = errors.New("cannot protect the tool")
+
+// Protect adds tool name, protected with the key from _meta (Tool{}), as
+// `idem mcp-proxy --tool NAME` does beside a configuration file. A tool the
+// configuration already protects keeps its entry (its KeyArgs too). An
+// empty name, or a tool the configuration marks ReadOnly, is an error
+// wrapping ErrBadTool, and c is unchanged.
+func (c *Config) Protect(name string) error {
+	if name == "" {
+		return fmt.Errorf("%w %q: its name is empty", ErrBadTool, name)
+	}
+	t, ok := c.Tools[name]
+	switch {
+	case ok && t.ReadOnly:
+		return fmt.Errorf("%w %q: the configuration marks it readOnly", ErrBadTool, name)
+	case ok:
+		return nil
+	}
+	if c.Tools == nil {
+		c.Tools = map[string]Tool{}
+	}
+	c.Tools[name] = Tool{}
+	return nil
 }
 
 // Tool is the configuration of one tool.

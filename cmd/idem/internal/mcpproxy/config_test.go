@@ -52,3 +52,27 @@ func TestLoadConfigNamesTheFile(t *testing.T) {
 	_, err = LoadConfig(filepath.Join(t.TempDir(), "missing.yaml"))
 	require.ErrorContains(t, err, "missing.yaml")
 }
+
+// TestConfigProtect: --tool's Protect adds a tool with the key from _meta,
+// keeps a protected tool's entry, and refuses an empty name and a read-only
+// tool, leaving the configuration as it was; KeyName is the file's metaKey or
+// idem's name.
+func TestConfigProtect(t *testing.T) {
+	c, err := ParseConfig([]byte("tools:\n  cancel_order: {keyArgs: [order_id]}\n  get_order: {readOnly: true}\nmetaKey: com.example/request-id\n"))
+	require.NoError(t, err)
+	require.Equal(t, "com.example/request-id", c.KeyName())
+	require.NoError(t, c.Protect("create_order"))
+	require.NoError(t, c.Protect("cancel_order"))
+	require.ErrorIs(t, c.Protect("get_order"), ErrBadTool)
+	require.ErrorIs(t, c.Protect(""), ErrBadTool)
+	require.Equal(t, map[string]Tool{
+		"create_order": {},
+		"cancel_order": {KeyArgs: []string{"order_id"}},
+		"get_order":    {ReadOnly: true},
+	}, c.Tools)
+
+	empty := &Config{}
+	require.Equal(t, MetaKey, empty.KeyName())
+	require.NoError(t, empty.Protect("create_order"))
+	require.Equal(t, map[string]Tool{"create_order": {}}, empty.Tools)
+}

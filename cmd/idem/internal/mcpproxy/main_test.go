@@ -164,12 +164,17 @@ func text(s string) *mcp.CallToolResult {
 // naive_slow_order is slow_order without reconciliation; stuck_order blocks
 // on every attempt; declined answers a
 // JSON-RPC error (a raw handler); flaky answers MetaRetryable on its first
-// call; get_order is read-only. A key-aware tool reconciles a recovered call:
+// call; gated_flaky too, once the gate-flaky file exists; get_order is
+// read-only. A key-aware tool reconciles a recovered call:
 // if its key already made an order, it answers that order.
 func ordersMain() int {
 	dir := os.Getenv("IDEM_TEST_LEDGER")
 	effects, calls := filepath.Join(dir, "effects.jsonl"), filepath.Join(dir, "calls.jsonl")
-	s := mcp.NewServer(&mcp.Implementation{Name: "orders", Version: "1"}, nil)
+	opts := &mcp.ServerOptions{}
+	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_PAGESIZE")); err == nil {
+		opts.PageSize = n // tools/list in pages of n
+	}
+	s := mcp.NewServer(&mcp.Implementation{Name: "orders", Version: "1"}, opts)
 	order := func(name string, reconcile bool, wait func(context.Context) error, always bool) {
 		mcp.AddTool(s, &mcp.Tool{Name: name}, func(ctx context.Context, req *mcp.CallToolRequest, in orderIn) (*mcp.CallToolResult, any, error) {
 			meta := req.Params.Meta
@@ -240,6 +245,27 @@ func ordersMain() int {
 			return r, nil, nil
 		}
 		return text(fmt.Sprintf("flaky ok after %d", n)), nil, nil
+	})
+	mcp.AddTool(s, &mcp.Tool{Name: "gated_flaky"}, func(ctx context.Context, req *mcp.CallToolRequest, in orderIn) (*mcp.CallToolResult, any, error) {
+		n := 0
+		for _, c := range readJSONL[execution](calls) {
+			if c.Tool == "gated_flaky" {
+				n++
+			}
+		}
+		appendJSON(calls, execution{Tool: "gated_flaky", PID: os.Getpid()})
+		if n > 0 {
+			return text(fmt.Sprintf("gated_flaky ok after %d", n)), nil, nil
+		}
+		if err := os.WriteFile(filepath.Join(dir, "blocked-flaky"), []byte("1"), 0o600); err != nil {
+			panic(err)
+		}
+		for _, err := os.Stat(filepath.Join(dir, "gate-flaky")); err != nil; _, err = os.Stat(filepath.Join(dir, "gate-flaky")) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		r := text("try again")
+		r.Meta = mcp.Meta{MetaRetryable: true}
+		return r, nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "get_order", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 		func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {

@@ -9,8 +9,9 @@
 // which goes through Doer.Do:
 //
 //   - The idempotency key is params._meta["io.github.idemkit/idempotency-key"]
-//     (MetaKey), a string, or a natural key over chosen arguments
-//     (Tool.KeyArgs). The JSON-RPC id is never the key: a retry has a new id.
+//     (MetaKey, or the name Config.MetaKey gives), a string, or a natural
+//     key over chosen arguments (Tool.KeyArgs). The JSON-RPC id is never the
+//     key: a retry has a new id.
 //   - The fingerprint is idemmcp.Fingerprint's: the tool's name and its
 //     arguments as parsed JSON (key order ignored, numbers compared as
 //     decimals), plus inputResponses and requestState for a continuation;
@@ -38,7 +39,8 @@
 //     TypeScript SDKs refuse arguments before the handler runs (sdkRefusals:
 //     recognised by their text; a server of another SDK that answers a schema
 //     failure as an isError result has it recorded). They are answered and
-//     the key stays free.
+//     the key stays free; a call that waited for one runs on its own (it
+//     gets no copy of an answer that was not recorded).
 //   - An answer over the engine's MaxResponseSize is sent to the caller whose
 //     call ran, not recorded: the key is done with idem.ErrResponseTooLarge,
 //     and a retry gets an internal error (-32603) instead of a replay.
@@ -58,7 +60,10 @@
 // Calls of tools not in the configuration are relayed unprotected, with a
 // warning on stderr the first time each one is called, unless the server's
 // tools/list marked it read-only (annotations.readOnlyHint). Task-augmented
-// calls (params.task) are relayed unprotected with a warning.
+// calls (params.task) are relayed unprotected with a warning. A tool of the
+// configuration that the server's tools/list does not list (over all its
+// pages) is reported on stderr once, when the last page arrives: a name
+// mistyped in the file or in --tool.
 //
 // # When the server dies
 //
@@ -96,6 +101,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -210,7 +216,7 @@ func (p *Proxy) Serve(ctx context.Context, in io.Reader, out io.Writer) error {
 	s := &session{
 		p: p, cfg: p.Config, out: out, stderr: p.Stderr,
 		pending: map[string]pending{}, protected: map[string]*protectedCall{},
-		internal: map[string]chan []byte{}, readOnly: map[string]bool{}, warned: map[string]bool{},
+		internal: map[string]chan []byte{}, readOnly: map[string]bool{}, listed: map[string]bool{}, warned: map[string]bool{},
 		ready: make(chan struct{}), done: make(chan struct{}),
 	}
 	if s.cfg == nil {
@@ -271,6 +277,7 @@ type session struct {
 	protected   map[string]*protectedCall
 	internal    map[string]chan []byte
 	readOnly    map[string]bool // tools/list's readOnlyHint, by tool
+	listed      map[string]bool // every tool a tools/list page named
 	warned      map[string]bool
 	fatal       error
 	done        chan struct{} // closed with fatal set
@@ -518,7 +525,7 @@ func (s *session) toolsCall(msg []byte, h *header) {
 	if key == "" {
 		if s.cfg.MissingKey != MissingKeyRun {
 			s.writeClient(refusal(h.ID, idemmcp.TypeKeyRequired, 0,
-				fmt.Sprintf("tool %q has side effects: send an idempotency key in _meta %q", params.Name, MetaKey)))
+				fmt.Sprintf("tool %q has side effects: send an idempotency key in _meta %q", params.Name, s.cfg.KeyName())))
 			return
 		}
 		s.warnOnce("nokey:"+params.Name, "calls of %q without an idempotency key run unprotected", params.Name)
@@ -569,13 +576,14 @@ func (s *session) keyOf(name string, tool Tool, args json.RawMessage, meta map[s
 		}
 		return idem.KeyOf(parts...), nil
 	}
-	raw, ok := meta[MetaKey]
+	keyName := s.cfg.KeyName()
+	raw, ok := meta[keyName]
 	if !ok || isNull(raw) {
 		return "", nil
 	}
 	var key string
 	if err := json.Unmarshal(raw, &key); err != nil {
-		return "", fmt.Errorf("_meta %q must be a string", MetaKey)
+		return "", fmt.Errorf("_meta %q must be a string", keyName)
 	}
 	// Checked here, not only by the engine: a continuation's stored key is
 	// a hash of it, which the engine cannot check.
@@ -607,11 +615,14 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		// The deadline bounds a duplicate's wait; the first call's fn
 		// outlives it (execute), so its outcome is always recorded.
 		ctx, cancel := context.WithTimeout(c.ctx, maxWait)
-		var ran []byte // the server's answer to this call's own execution
+		var ran, notRecorded []byte // the server's answer to this call's own execution
 		res, err := s.p.Engine.Do(ctx, stored, fp, func(ctx context.Context) ([]byte, error) {
 			resp, err := s.execute(ctx, c, msg, key)
-			if err == nil {
+			switch {
+			case err == nil:
 				ran = resp
+			case errors.Is(err, idem.ErrRetryable):
+				notRecorded = resp // answered, not recorded: the Result carries none
 			}
 			return resp, err
 		})
@@ -620,8 +631,15 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		switch {
 		case err == nil:
 			answer, err = reply(res.Response, id, res.Replayed)
-		case errors.Is(err, idem.ErrRetryable) && res.Response != nil:
-			answer, err = reply(res.Response, id, false)
+		case errors.Is(err, idem.ErrRetryable) && notRecorded != nil:
+			answer, err = reply(notRecorded, id, false)
+		case errors.Is(err, idem.ErrRetryable) && round < MaxRounds:
+			// The call this one waited for was answered but not recorded:
+			// the key is free, so this call runs on its own.
+			continue
+		case errors.Is(err, idem.ErrRetryable):
+			answer = refusal(id, idemmcp.TypeInProgress, idem.DefaultRetryAfter,
+				"the calls with this idempotency key ended without a recorded answer; retry")
 		case errors.Is(err, idem.ErrResponseTooLarge) && ran != nil:
 			// The server answered, over the engine's limit: its caller
 			// gets the answer; retries get the stored error.
@@ -912,8 +930,9 @@ func (s *session) fromChild(c *child, msg []byte) {
 	}
 }
 
-// noteTools remembers which tools a tools/list result marks read-only.
-// Called with s.mu held.
+// noteTools remembers which tools a tools/list result marks read-only and
+// which it lists; on the last page (no nextCursor), it reports the tools of
+// the configuration that no page listed. Called with s.mu held.
 func (s *session) noteTools(result json.RawMessage) {
 	var r struct {
 		Tools []struct {
@@ -922,12 +941,28 @@ func (s *session) noteTools(result json.RawMessage) {
 				ReadOnlyHint bool `json:"readOnlyHint"`
 			} `json:"annotations"`
 		} `json:"tools"`
+		NextCursor string `json:"nextCursor"`
 	}
 	if json.Unmarshal(result, &r) != nil {
 		return
 	}
 	for _, t := range r.Tools {
 		s.readOnly[t.Name] = t.Annotations.ReadOnlyHint
+		s.listed[t.Name] = true
+	}
+	if r.NextCursor != "" {
+		return
+	}
+	var missing []string
+	for name := range s.cfg.Tools {
+		if !s.listed[name] && !s.warned["unlisted:"+name] {
+			s.warned["unlisted:"+name] = true
+			missing = append(missing, name)
+		}
+	}
+	sort.Strings(missing)
+	for _, name := range missing {
+		s.warn("tool %q is in the configuration, but the server does not list it: check its name", name)
 	}
 }
 

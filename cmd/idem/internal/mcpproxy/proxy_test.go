@@ -36,6 +36,7 @@ tools:
   stuck_order: {}
   declined: {}
   flaky: {}
+  gated_flaky: {}
 `
 
 // fixture is one test's files: the idem file, the orders server's ledger
@@ -856,4 +857,68 @@ func TestStoreFailureAfterTheServerRanAnswersItsResult(t *testing.T) {
 	require.Contains(t, m, "result", "the caller whose call ran gets the answer: %.300s", m["error"])
 	require.Contains(t, string(m["result"]), sku)
 	require.Len(t, f.executionsOf("create_order"), 1)
+}
+
+// TestWaiterOfAnUnrecordedAnswerRunsItsOwn: a call that waits for a call
+// with its key whose answer the server marked retryable (not recorded) gets
+// no copy of that answer: the key is free, and it runs on its own. The
+// waiter is started once the first call blocks in the server; the pause
+// before the gate opens makes it likely to wait, and the answers are the
+// same if it came later (it then runs after the first call, as a new one).
+func TestWaiterOfAnUnrecordedAnswerRunsItsOwn(t *testing.T) {
+	f := newFixture(t)
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	args := map[string]any{"sku": "F1", "qty": 1}
+	type answer struct {
+		r   *mcp.CallToolResult
+		err error
+	}
+	first, waiter := make(chan answer, 1), make(chan answer, 1)
+	go func() {
+		r, err := callTool(t.Context(), cs, "gated_flaky", args, "flaky-w1")
+		first <- answer{r, err}
+	}()
+	waitFile(t, filepath.Join(f.dir, "blocked-flaky"))
+	go func() {
+		r, err := callTool(t.Context(), cs, "gated_flaky", args, "flaky-w1")
+		waiter <- answer{r, err}
+	}()
+	time.Sleep(200 * time.Millisecond) // not a timing claim: see above
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate-flaky"), []byte("open"), 0o600))
+	a := <-first
+	require.NoError(t, a.err)
+	require.Equal(t, "try again", textOf(t, a.r), "the first call gets its own answer, not recorded")
+	w := <-waiter
+	require.NoError(t, w.err)
+	require.Equal(t, "gated_flaky ok after 1", textOf(t, w.r), "the waiter ran on its own")
+	require.False(t, replayed(w.r))
+	require.Len(t, f.executionsOf("gated_flaky"), 2)
+}
+
+// TestUnlistedToolIsReported: a configured tool that the server's tools/list
+// does not list is reported on stderr once the last page has arrived (the
+// orders server lists its tools two a page), and only that one: a tool on a
+// later page is no mistake. A second listing reports nothing new.
+func TestUnlistedToolIsReported(t *testing.T) {
+	f := newFixture(t)
+	f.env = []string{"IDEM_TEST_PAGESIZE=2"}
+	cs := f.connect(t, "tools:\n  create_order: {}\n  get_order: {readOnly: true}\n  crate_order: {}\n", ordersServer(t))
+	const report = `tool "crate_order" is in the configuration, but the server does not list it`
+	first, err := cs.ListTools(t.Context(), nil)
+	require.NoError(t, err)
+	require.NotEmpty(t, first.NextCursor, "the list has more than one page")
+	var names []string
+	for range 2 {
+		names = names[:0]
+		for tool, err := range cs.Tools(t.Context(), nil) {
+			require.NoError(t, err)
+			names = append(names, tool.Name)
+		}
+	}
+	require.Contains(t, names, "get_order")
+	require.NotContains(t, names, "crate_order")
+	require.NoError(t, cs.Close())
+	require.Equal(t, 1, strings.Count(f.stderr.String(), report), "stderr: %s", f.stderr.String())
+	require.NotContains(t, f.stderr.String(), `"create_order" is in the configuration`)
+	require.NotContains(t, f.stderr.String(), `"get_order" is in the configuration`)
 }
