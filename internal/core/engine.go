@@ -161,11 +161,18 @@ func New[T any](b Backend[T], o Options) *Engine[T] {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 	clock := o.Now
+	info := b.Info()
+	cacheBytes := cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)
+	if info.Clock != nil {
+		// An entry's expiry is the backend clock's to judge, and reading it
+		// costs what a Lookup costs.
+		cacheBytes = 0
+	}
 	e := &Engine[T]{
 		b:     b,
-		info:  b.Info(),
+		info:  info,
 		opts:  o,
-		cache: newReplayCache(cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)),
+		cache: newReplayCache(cacheBytes),
 		locks: newKeyLocks(),
 		// Records carry wall-clock times only: strip the monotonic reading.
 		now: func() time.Time { return clock().Round(0) },
@@ -200,6 +207,16 @@ func (e *Engine[T]) Options() Options { return e.opts }
 
 // Now reads the engine clock, monotonic reading stripped.
 func (e *Engine[T]) Now() time.Time { return e.now() }
+
+// clock reads the clock that judges the store's times (Backend, "Clocks"):
+// the backend's (Info.Clock) if it has one, else the engine's.
+func (e *Engine[T]) clock(ctx context.Context) (time.Time, error) {
+	if c := e.info.Clock; c != nil {
+		t, err := c(ctx)
+		return t.Round(0), err
+	}
+	return e.now(), nil
+}
 
 // Counters returns the engine's counters; the caller may add to Pruned.
 func (e *Engine[T]) Counters() *Counters { return &e.n }
