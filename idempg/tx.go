@@ -195,11 +195,12 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	if r.token == 0 {
 		// Stamped by the database's clock, which judges the row it may
 		// replace too (expired, by the longer window of its and the
-		// engine's).
+		// engine's). The replaced row's fingerprint and attempt go: the
+		// key is new.
 		batch.Queue(b.sql(`INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 				started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
 			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, `+b.leaseSQL()+`, {now_ns}, 0, 0, false, 0)
-			ON CONFLICT (key) DO UPDATE SET state = 1, fence = EXCLUDED.fence,
+			ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = 1, fence = EXCLUDED.fence,
 				owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, started_ns = EXCLUDED.started_ns, completed_ns = 0,
 				response = NULL, has_error = false, waiters = false
 			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "EXCLUDED.started_ns", "$3::text")+`
