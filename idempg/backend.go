@@ -346,12 +346,16 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 		}
 	} else {
 		// Take over the interrupted execution, if it is still the stored
-		// version and its lease has lapsed; stamped by the database.
+		// version and its lease has lapsed; stamped by the database, with
+		// the longer of the two windows and the mark if either has it (the
+		// evidence of the first unknown outcome lasts as long as it would
+		// have, also if this attempt's process dies).
 		p := req.Prev
 		q := `UPDATE {schema}.idem_records SET fingerprint = $2::bigint, attempt = $3::integer,
 			fence = nextval('{schema}.idem_fence'), owner = $4::text, lease_until = ` + b.leaseSQL() + `,
-			started_ns = {now_ns}, retention_ns = $5::bigint, kept_until_resolved = $6::boolean,
-			expires_ns = CASE WHEN $6::boolean THEN 0 ELSE {now_ns} + $5::bigint END
+			started_ns = {now_ns}, retention_ns = GREATEST(retention_ns, $5::bigint),
+			kept_until_resolved = kept_until_resolved OR $6::boolean,
+			expires_ns = CASE WHEN kept_until_resolved OR $6::boolean THEN 0 ELSE {now_ns} + GREATEST(retention_ns, $5::bigint) END
 		WHERE key = $1::text AND state = 1 AND attempt = $7::integer AND started_ns = $8::bigint AND (lease_until <= {now} OR owner = $4::text)
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
 		var startedNs int64

@@ -169,6 +169,30 @@ func (s *suite[T]) retention(t *testing.T) {
 		require.True(t, res.Replayed)
 	})
 
+	t.Run("a recovering attempt interrupted in turn keeps the window it recovered", func(t *testing.T) {
+		c := newClock()
+		e, store := s.fresh(t, Options{Retention: 7 * 24 * time.Hour, Now: c.Now})
+		s.interrupt(t, e, "k")
+		e = s.reopen(t, e, store, Options{Retention: time.Hour, Now: c.Now})
+		if s.h.OwnedAcrossProcesses {
+			s.h.ExpireOwners(t, store)
+		}
+		o := callRecovering(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
+			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+			panic("interrupted again")
+		})
+		require.Equal(t, "interrupted again", o.panicked)
+		c.Advance(48 * time.Hour)
+		_, err := e.Prune(bg)
+		require.NoError(t, err)
+		res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
+			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 3, Recovered: true}, "the evidence keeps its 7-day window")
+			return []byte("v"), nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 3, res.Attempt)
+	})
+
 	t.Run("an interrupted execution written under refuse is kept whatever a later Open says", func(t *testing.T) {
 		c := newClock()
 		e, store := s.fresh(t, Options{Retention: time.Hour, Recovery: idem.RecoverRefuse, Now: c.Now})
