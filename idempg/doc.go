@@ -120,5 +120,6 @@
 // no extra round trip; the operator calls (Records, Resolve, Messages,
 // RetryDead, Prune) and a failed delivery read it once more. The engine
 // keeps no replay cache here: it could not judge a cached record's expiry
-// without reading that clock.
+// without reading that clock. Schema version 4 marks the change: a build
+// that judged by its own clock refuses a schema migrated to it.
 package idempg
