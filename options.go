@@ -112,7 +112,9 @@ type Options struct {
 	// engine strips the monotonic reading of every time it reads
 	// (t.Round(0)): records in the file carry wall-clock times only, so
 	// records in memory do too, and both compare alike across a step of the
-	// wall clock.
+	// wall clock. A backend shared by several processes judges by a clock
+	// they share instead, and does not read Now for any of these (idempg:
+	// the database's clock).
 	Now func() time.Time
 
 	// Outbox configures the dispatcher of outbox messages (see Tx.Enqueue).

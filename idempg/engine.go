@@ -26,10 +26,11 @@ type Engine struct {
 // Open returns an engine on the schema opts.Schema of the database pool
 // reaches, with the engine settings eo (nil for defaults): the fields of
 // idem.Options that are the engine's, meaning there what they mean for the
-// bbolt engine (Now is the engine's clock, for retention and the outbox's
-// backoff, never for leases, which use the database's; Outbox.PollInterval is
-// also how often a dispatcher looks for messages other processes enqueued
-// when no NOTIFY comes). eo.Bolt, the bbolt file's settings, must be zero,
+// bbolt engine, except Now, which is not read for any time stored or judged:
+// on Postgres every time is the database's clock (see "Clocks" in the
+// package doc); Outbox.PollInterval is also how often a dispatcher looks for
+// messages other processes enqueued when no NOTIFY comes. ReplayCacheBytes
+// is not used: there is no replay cache on Postgres. eo.Bolt, the bbolt file's settings, must be zero,
 // else the error wraps ErrOptions. The schema must be at SchemaVersion (run
 // Migrate first), else the error wraps ErrSchemaVersion. The engine does not
 // close pool. nil opts mean defaults. The pool's own settings decide its
@@ -57,9 +58,6 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Optio
 	o := engineOptions(eo)
 	if err := o.Validate(); err != nil {
 		return nil, fmt.Errorf("idempg: open: %w", err)
-	}
-	if o.Now != nil {
-		s.engineNow = o.Now
 	}
 	s.retention = o.Retention
 	if s.retention <= 0 {

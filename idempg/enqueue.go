@@ -47,8 +47,7 @@ func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error 
 	if orderingKey == "" {
 		orderingKey = st.key
 	}
-	m := &core.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey,
-		Payload: payload, EnqueuedAt: st.b.s.engineNow()}
+	m := &core.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey, Payload: payload}
 	if err := st.b.Enqueue(tx, m); err != nil {
 		return err
 	}

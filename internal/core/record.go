@@ -41,8 +41,10 @@ type Record struct {
 	// Attempt counts executions of fn for this key, starting at 1; a
 	// recovered interrupted execution increments it.
 	Attempt int
-	// StartedAt is when the current attempt's started record was committed
-	// (engine clock). CompletedAt is when it became done; zero while started.
+	// StartedAt is when the current attempt's started record was committed.
+	// CompletedAt is when it became done; zero while started. Both are
+	// readings of the clock that judges the store's times: the engine's
+	// (Options.Now) on bbolt, the database's on Postgres.
 	StartedAt   time.Time
 	CompletedAt time.Time
 	// Response is fn's response; nil and empty differ and stay different.
@@ -138,15 +140,16 @@ type Message struct {
 	Attempt int
 	// Failures counts the failed delivery attempts recorded so far.
 	Failures int
-	// EnqueuedAt is when the call enqueued it (engine clock).
+	// EnqueuedAt is when the call enqueued it. Its times are readings of
+	// the clock that judges the store's times (Record.StartedAt's).
 	EnqueuedAt time.Time
-	// NextAttemptAt is when a message that failed may be tried again
-	// (engine clock); zero for at once.
+	// NextAttemptAt is when a message that failed may be tried again; zero
+	// for at once.
 	NextAttemptAt time.Time
 	// LastError is the text of the last failed attempt's error (its first
 	// 4 KiB), empty if none.
 	LastError string
-	// Dead is true for a dead letter, DeadAt when it died (engine clock).
+	// Dead is true for a dead letter, DeadAt when it died.
 	Dead   bool
 	DeadAt time.Time
 	// DeadLetterRetention is the dead-letter retention in force when the
