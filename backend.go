@@ -77,8 +77,9 @@ func (b *boltBackend) Guard() error {
 }
 
 // Lookup reads the key's newest version in one read transaction; a live
-// done record of another fingerprint is refused from its header alone.
-func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record, err error) {
+// done record of another fingerprint is refused from its header alone. The
+// engine's clock judges (no Info.Clock): at is zero.
+func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record, at time.Time, err error) {
 	err = view(b.db, func(tx *bbolt.Tx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
@@ -95,9 +96,9 @@ func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record,
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	return rec, nil
+	return rec, time.Time{}, nil
 }
 
 // Complete commits done in place of the claim's started record.

@@ -29,10 +29,27 @@ import (
 // processes (Postgres) must make Claim, Complete, Release and RunTx atomic
 // against the other processes' on the same key.
 //
-// Times passed in are the engine clock's readings (Options.Now, monotonic
-// reading stripped); retention is judged by the engine clock. Lease expiry
-// is judged by the backend's own clock (Postgres: the database's now()),
-// never by the caller's.
+// Clocks. Lease expiry is always judged by the backend's own clock
+// (Postgres: the database's now()), never by the caller's. Everything else
+// judged by time (retention, liveness, pruning, the outbox's due times and
+// dead-letter retention) is judged by the clock Info.Clock names:
+//
+//   - Info.Clock nil (bbolt: one process holds the store): the engine's
+//     clock (Options.Now, monotonic reading stripped). The times in requests
+//     and records are its readings, and the backend stores them as given.
+//   - Info.Clock set (Postgres: several processes share the store, and their
+//     clocks may disagree): the backend's clock, which every process reads
+//     alike. The backend stamps the times of what Claim, Complete, RunTx and
+//     Enqueue store with its clock at the write (StartedAt, CompletedAt,
+//     EnqueuedAt, set back in the records and messages it was given), judges
+//     due messages by it (ClaimDue), and answers each read the engine judges
+//     with its clock's reading (Lookup's at, ClaimResult.At). Where the
+//     engine stamps or judges without such a read (Resolve's CompletedAt,
+//     Failed's NextAttemptAt and DeadAt, Prune, Scan, Messages, RetryDead,
+//     PruneDead) it reads Info.Clock first. The engine clock's readings in
+//     requests (Lookup.Now, ClaimDue's now, the times of records it passes)
+//     are then ignored. The engine keeps no replay cache (it could not judge
+//     an entry's expiry without reading that clock).
 //
 // Errors: a Backend wraps the sentinels of this package where the method
 // says (ErrNotFound, ErrCorrupt, ErrFenced, ErrClaimTaken, ...); any other
@@ -68,17 +85,20 @@ type Backend[T any] interface {
 // release, DoTx's transaction, the operator's writes, pruning and scans.
 type Records[T any] interface {
 	// Lookup returns the stored record of q.Key, or nil if none is stored,
-	// without judging expiry (the engine does, with Engine.Live). When
-	// q.CheckFingerprint is set and the stored record is done, has another
-	// fingerprint than q.Fingerprint and completed less than q.Retention
-	// before q.Now, Lookup may return (nil, ErrFingerprintMismatch),
-	// unwrapped, without decoding the record (bbolt peeks at the header
-	// only: the refused response is never copied). A record that fails to
-	// decode gives an error wrapping ErrCorrupt and naming the key.
+	// without judging expiry (the engine does, with Engine.Live at at). at
+	// is the reading of the backend's clock at the read (Info.Clock set:
+	// Postgres, the SELECT's own), or zero (the engine judges at q.Now).
+	// When q.CheckFingerprint is set and the stored record is done, has
+	// another fingerprint than q.Fingerprint and completed less than
+	// q.Retention before q.Now (before the backend's clock's now, with
+	// Info.Clock), Lookup may return ErrFingerprintMismatch, unwrapped,
+	// without decoding the record (bbolt peeks at the header only: the
+	// refused response is never copied). A record that fails to decode
+	// gives an error wrapping ErrCorrupt and naming the key.
 	//
 	// It is the replay path's only storage call: bbolt answers it from one
 	// read transaction, Postgres from one SELECT by key.
-	Lookup(ctx context.Context, q Lookup) (*Record, error)
+	Lookup(ctx context.Context, q Lookup) (rec *Record, at time.Time, err error)
 
 	// Owner says whether rec, a started record of rec.Key as Lookup
 	// returned it, is held by a live owner: the ownership rule, asked by
@@ -90,9 +110,10 @@ type Records[T any] interface {
 	Owner(ctx context.Context, rec *Record) (Ownership, error)
 
 	// Claim takes the key of req.Started for a Do call: it stores
-	// req.Started (state started, attempt and times set by the engine)
-	// durably before fn runs, and returns the claim with a fencing token
-	// greater than every earlier claim of the key.
+	// req.Started (state started, attempt and times set by the engine;
+	// with Info.Clock, StartedAt stamped by the backend's clock and set in
+	// req.Started) durably before fn runs, and returns the claim with a
+	// fencing token greater than every earlier claim of the key.
 	//
 	// With req.Prev nil the key must have no live record: bbolt writes
 	// (the engine holds the key); Postgres inserts, and answers
@@ -114,7 +135,8 @@ type Records[T any] interface {
 	Renew(ctx context.Context, c *Claim) error
 
 	// Complete replaces c's started record by done (state done, response,
-	// error and CompletedAt set by the engine), fenced: if the key's
+	// error and CompletedAt set by the engine; with Info.Clock, CompletedAt
+	// stamped by the backend's clock and set in done), fenced: if the key's
 	// current claim is no longer c (another owner took it over), nothing
 	// is written and the error wraps ErrFenced. A storage error leaves the
 	// outcome unknown to the engine: it treats the key as interrupted.
@@ -138,7 +160,10 @@ type Records[T any] interface {
 	// fn (the engine's wrapper of the user's fn) receives the transaction T,
 	// and returns the done record to store in it, or an error. On (done,
 	// nil) the backend stores done in T and commits fn's writes and done
-	// together, or nothing; on (nil, err) it rolls T back and returns err
+	// together, or nothing (with Info.Clock, done's StartedAt is the
+	// backend's stamp of the claim, c.Started's or the one it makes in T,
+	// and its CompletedAt the stamp of the done write, both set in done);
+	// on (nil, err) it rolls T back and returns err
 	// itself (unwrapped: the engine matches its own values). The engine's
 	// wrapper recovers a panic of the user's fn itself (as a *PanicError it
 	// re-raises in DoTx's caller, wherever fn ran: bbolt may run it on its
@@ -181,8 +206,9 @@ type Records[T any] interface {
 	Forget(ctx context.Context, key string) (found bool, err error)
 
 	// Resolve runs fn on key's stored record (nil if none) inside one write
-	// transaction and stores the record fn returns in its place, for the
-	// operator's Resolve; an error from fn writes nothing and is returned
+	// transaction and stores the record fn returns in its place, as it is
+	// (times included: with Info.Clock the engine reads that clock first),
+	// for the operator's Resolve; an error from fn writes nothing and is returned
 	// as is. A backend shared by processes locks the row meanwhile, and
 	// refuses a started record that a live owner elsewhere holds (Owner's
 	// rule) without calling fn: the error wraps ErrInProgress.
@@ -193,9 +219,10 @@ type Records[T any] interface {
 	// long) until none is left or ctx ends, and returns how many it deleted
 	// and, in Interrupted, how many of those were started records (the
 	// engine logs those: evidence of unknown outcomes dropped). A record is
-	// expired when !r.Live(req.Now, req.Retention) and, if req.KeepStarted
-	// (the engine refuses interrupted executions), it is not started.
-	// bbolt drops whole time slots; Postgres deletes by an expiry index.
+	// expired when req.Expired(r): outside the window at req.Now and, if
+	// req.KeepStarted (the engine refuses interrupted executions), not
+	// started. bbolt drops whole time slots; Postgres deletes by an expiry
+	// index.
 	Prune(ctx context.Context, req PruneRequest) (PruneResult, error)
 
 	// Scan calls fn for every stored record, expired ones included, in one
@@ -214,7 +241,8 @@ type Outbox[T any] interface {
 	// Enqueue stores m (Seq zero; the other fields set by the engine) as a
 	// pending outbox message in tx, which must be a transaction of this
 	// backend's RunTx: it commits with fn's writes and the done record, or
-	// not at all. It sets m.Seq.
+	// not at all. It sets m.Seq (and, with Info.Clock, stamps EnqueuedAt by
+	// its clock and sets it in m).
 	Enqueue(tx T, m *Message) error
 
 	// Committed returns the channel that wakes the engine's dispatcher: the
@@ -227,7 +255,9 @@ type Outbox[T any] interface {
 
 	// ClaimDue claims up to limit due heads for the engine's dispatcher: for
 	// each ordering key, its pending message of lowest Seq, if
-	// NextAttemptAt is zero or not after now, and if no dispatcher holds it.
+	// NextAttemptAt is zero or not after now (the engine clock's reading;
+	// with Info.Clock, the backend's clock at the claim instead), and if no
+	// dispatcher holds it.
 	// Only a head is claimable, so the messages of one ordering key are
 	// delivered one at a time, in enqueue order. A claim holds until
 	// Delivered or Failed for the message (Failed with the message as
@@ -241,7 +271,9 @@ type Outbox[T any] interface {
 	// ErrCorrupt and DropDead deletes it), so it holds nothing back, and
 	// lists its Seq in Due.Quarantined for the engine to log. Due.Next, if
 	// the backend knows it, is the earliest NextAttemptAt after now among
-	// heads not claimed: the dispatcher wakes then.
+	// heads not claimed: the dispatcher wakes then (a backend with
+	// Info.Clock leaves it zero: the engine's clock cannot be compared with
+	// it).
 	ClaimDue(ctx context.Context, now time.Time, limit int) (Due, error)
 
 	// RenewClaims extends, by one lease, the claims of messages m, claimed
@@ -259,7 +291,8 @@ type Outbox[T any] interface {
 	Delivered(ctx context.Context, m *Message) error
 
 	// Failed stores m back after a failed delivery, with the fields the
-	// engine updated (Failures, LastError, NextAttemptAt), and ends its
+	// engine updated (Failures, LastError, NextAttemptAt; with Info.Clock,
+	// its times are that clock's, read by the engine first), and ends its
 	// claim; if m.Dead is set (DeadAt and DeadLetterRetention with it) it
 	// moves m to the dead letters instead. An error wraps ErrMessageNotFound
 	// if m is gone. Even when it fails otherwise, a backend whose claims are
@@ -339,6 +372,12 @@ type Info struct {
 	// messages whose handlers run (RenewClaims); zero means claims never
 	// lapse (bbolt).
 	ClaimRenew time.Duration
+	// Clock, if set, reads the backend's clock (Postgres: the database's,
+	// one round trip), wall-clock time without a monotonic reading: the
+	// clock that judges retention, liveness, pruning and the outbox's times
+	// for every process sharing the store (see Backend, "Clocks"). nil: the
+	// engine's clock judges (bbolt: one process holds the store).
+	Clock func(ctx context.Context) (time.Time, error)
 	// Transient, if set, reports whether an error a DoTx fn returned came
 	// from its database meaning "try again" (Postgres: lock_timeout,
 	// serialization failure, deadlock). The engine then treats it as
@@ -368,7 +407,8 @@ type Due struct {
 type Lookup struct {
 	// Key is the idempotency key, as the caller gave it.
 	Key string
-	// Now is the engine clock's reading for the call.
+	// Now is the engine clock's reading for the call (a backend with
+	// Info.Clock reads its own).
 	Now time.Time
 	// Retention is the engine's retention window (Options.Retention).
 	Retention time.Duration
@@ -456,6 +496,10 @@ type ClaimResult struct {
 	Ownership Ownership
 	// Current is the record now stored when Status is ClaimChanged.
 	Current *Record
+	// At is the reading of the backend's clock at which Current was read
+	// (Info.Clock set), zero otherwise: the engine judges Current's expiry
+	// at it, as at Lookup's.
+	At time.Time
 }
 
 // Ownership is the ownership rule's answer for a started record.
@@ -474,9 +518,10 @@ type Ownership struct {
 
 // PruneRequest is a Backend.Prune request.
 type PruneRequest struct {
-	// Now is the engine clock's reading.
+	// Now is the reading of the clock that judges: the engine's, or the
+	// backend's (Info.Clock), which the engine reads just before.
 	Now time.Time
-	// Retention is the engine's retention window (see Record.Live).
+	// Retention is the engine's retention window (see Engine.Live).
 	Retention time.Duration
 	// KeepStarted keeps every started record (RecoverRefuse).
 	KeepStarted bool

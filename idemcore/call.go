@@ -26,7 +26,7 @@ type leading struct {
 	// end is how the call ends for its waiters (see leaderEnd).
 	end leaderEnd
 	// current is the record the backend reported when it answered
-	// errRedecide.
+	// errRedecide, nil if it was not live (judged at the backend's reading).
 	current *Record
 }
 
@@ -264,10 +264,7 @@ func (e *Engine[T]) decide(ctx context.Context, c *leading, rec *Record, err err
 			return res, err
 		}
 		c.attempt, c.recovered, c.prev, c.claim, c.end = 1, false, nil, nil, endAnswer
-		rec = c.current
-		if rec != nil && !e.live(rec, e.now()) {
-			rec = nil
-		}
+		rec = c.current // live, or nil: judged where it was read
 	}
 }
 
@@ -368,7 +365,14 @@ func (e *Engine[T]) claim(ctx context.Context, c *leading, started *Record) (*Cl
 		_, err := e.ownedElsewhere(ctx, c, c.prev)
 		return nil, err
 	default:
-		c.current = cr.Current
+		cur, at := cr.Current, cr.At
+		if at.IsZero() {
+			at = e.now()
+		}
+		if cur != nil && !e.live(cur, at) {
+			cur = nil
+		}
+		c.current = cur
 	}
 	return nil, errRedecide
 }
@@ -753,13 +757,17 @@ func (e *Engine[T]) remember(done *Record) {
 	e.cache.put(&r)
 }
 
-// lookup reads key's live record at now, or nil if it has none or it
-// expired. With check set, a live done record of another fingerprint than fp
-// may come back as ErrFingerprintMismatch, unwrapped.
+// lookup reads key's live record at now (at the backend's reading of its
+// clock, if it has one: Info.Clock), or nil if it has none or it expired.
+// With check set, a live done record of another fingerprint than fp may come
+// back as ErrFingerprintMismatch, unwrapped.
 func (e *Engine[T]) lookup(ctx context.Context, key string, fp uint64, check bool, now time.Time) (*Record, error) {
-	rec, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention, Fingerprint: fp, CheckFingerprint: check})
+	rec, at, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention, Fingerprint: fp, CheckFingerprint: check})
 	if err != nil || rec == nil {
 		return nil, err
+	}
+	if !at.IsZero() {
+		now = at
 	}
 	if !e.live(rec, now) {
 		return nil, nil

@@ -88,8 +88,11 @@ func New[T any](b Backend[T], o Options) (*Engine[T], error) {
 	clock := o.Now
 	info := b.Info()
 	cacheBytes := cmp.Or(o.ReplayCacheBytes, DefaultReplayCacheBytes)
-	if info.Shared {
-		cacheBytes = 0 // see Info.Shared and replayCache
+	if info.Shared || info.Clock != nil {
+		// A shared store's records change under other processes (see
+		// Info.Shared and replayCache), and an entry's expiry is the backend
+		// clock's to judge, which costs what a Lookup costs.
+		cacheBytes = 0
 	}
 	e := &Engine[T]{
 		b:     b,
@@ -169,6 +172,16 @@ func (e *Engine[T]) Options() Options { return e.opts }
 
 // Now reads the engine clock (Options.Now), monotonic reading stripped.
 func (e *Engine[T]) Now() time.Time { return e.now() }
+
+// clock reads the clock that judges the store's times (Backend, "Clocks"):
+// the backend's (Info.Clock) if it has one, else the engine's.
+func (e *Engine[T]) clock(ctx context.Context) (time.Time, error) {
+	if c := e.info.Clock; c != nil {
+		t, err := c(ctx)
+		return t.Round(0), err
+	}
+	return e.now(), nil
+}
 
 // Enter registers a call of the wrapping engine's own, so that Shutdown
 // waits for it: it fails with ErrReentrant from inside a DoTx fn, with

@@ -44,15 +44,16 @@ type Message struct {
 	// handler's error or panic); an attempt cut short by a crash or by the
 	// end of Dispatch is not counted. RetryDead resets it to 0.
 	Failures int
-	// EnqueuedAt is when the call enqueued it (engine clock).
+	// EnqueuedAt is when the call enqueued it. Its times are readings of
+	// the clock that judges the store's times (Record.StartedAt's).
 	EnqueuedAt time.Time
-	// NextAttemptAt is when a message that failed may be tried again
-	// (engine clock); zero for at once.
+	// NextAttemptAt is when a message that failed may be tried again; zero
+	// for at once.
 	NextAttemptAt time.Time
 	// LastError is the text of the last failed attempt's error (its first
 	// 4 KiB), empty if none.
 	LastError string
-	// Dead is true for a dead letter, DeadAt when it died (engine clock).
+	// Dead is true for a dead letter, DeadAt when it died.
 	Dead   bool
 	DeadAt time.Time
 	// DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force

@@ -42,9 +42,12 @@ func (e *Engine[T]) Forget(key string) error {
 	return e.operate("forget", key, func(ctx context.Context) error {
 		e.cache.forget(key) // under the key: no call can cache it again meanwhile
 		now := e.now()
-		rec, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention})
+		rec, at, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention})
 		if err != nil && !errors.Is(err, ErrCorrupt) {
 			return err // an undecodable record is still deleted below
+		}
+		if !at.IsZero() {
+			now = at // the backend's clock judges (Info.Clock)
 		}
 		found, err := e.b.Forget(ctx, key)
 		if err == nil && (!found || (rec != nil && !e.live(rec, now))) {
@@ -62,8 +65,12 @@ func (e *Engine[T]) Forget(key string) error {
 // the key runs.
 func (e *Engine[T]) Resolve(key string, response []byte, outcome *Error) error {
 	return e.operate("resolve", key, func(ctx context.Context) error {
+		now, err := e.clock(ctx) // judges the record and dates its completion
+		if err != nil {
+			return err
+		}
 		return e.b.Resolve(ctx, key, func(rec *Record) (*Record, error) {
-			if rec == nil || !e.live(rec, e.now()) {
+			if rec == nil || !e.live(rec, now) {
 				return nil, ErrNotFound // an expired record is absent, as for Get
 			}
 			if rec.State != StateStarted {
@@ -78,7 +85,7 @@ func (e *Engine[T]) Resolve(key string, response []byte, outcome *Error) error {
 				return nil, fmt.Errorf("%w: response and error of %d bytes exceed the limit of %d bytes (Options.MaxResponseSize)", ErrResponseTooLarge, n, max)
 			}
 			done := *rec
-			done.State, done.CompletedAt, done.Response = StateDone, e.now(), response
+			done.State, done.CompletedAt, done.Response = StateDone, now, response
 			if outcome != nil {
 				done.Err = &Error{Code: outcome.Code, Message: outcome.Message}
 			}
@@ -119,9 +126,12 @@ func (e *Engine[T]) Records(fn func(r *Record, err error) error) error {
 		return &OpError{Op: "records", Err: err}
 	}
 	defer e.calls.Done()
-	now := e.now()
+	now, err := e.clock(context.Background())
+	if err != nil {
+		return OpErr("records", "", err)
+	}
 	var fnErr error // fn's own error, returned as it is
-	err := e.b.Scan(context.Background(), func(r *Record, err error) error {
+	err = e.b.Scan(context.Background(), func(r *Record, err error) error {
 		if err == nil && !e.live(r, now) {
 			return nil
 		}

@@ -98,7 +98,9 @@ type Options struct {
 	// engine strips the monotonic reading of every time it reads
 	// (t.Round(0)): stored records carry wall-clock times only, so records
 	// in memory do too, and both compare alike across a step of the wall
-	// clock. A backend shared by processes judges leases by its own clock.
+	// clock. A backend shared by several processes judges by a clock they
+	// share instead, and does not read Now for any of these (idempg: the
+	// database's clock; Backend, "Clocks").
 	Now func() time.Time
 
 	// Outbox configures the dispatcher of outbox messages.

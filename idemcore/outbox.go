@@ -240,7 +240,7 @@ func (ob *dispatcher[T]) run(ctx context.Context) error {
 					ob.deliver(ctx, h, m)
 				})
 			}
-			if d := due.Next.Sub(ob.e.now()); !due.Next.IsZero() && d > 0 {
+			if d := due.Next.Sub(ob.e.now()); !due.Next.IsZero() && d > 0 && ob.e.info.Clock == nil {
 				wait = min(wait, d)
 			}
 		}
@@ -327,7 +327,9 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			// Still stored: delivered again after a backoff, not counted
 			// as a failure.
 			ob.e.log.Warn("idem: outbox: removing a delivered message failed; it will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", err)
-			m.NextAttemptAt = ob.e.now().Add(backoff(ob.opts, 1, rand.Float64()))
+			if now, err := ob.e.clock(wctx); err == nil {
+				m.NextAttemptAt = now.Add(backoff(ob.opts, 1, rand.Float64()))
+			}
 			_ = b.Failed(wctx, m)
 		}
 	case ctx.Err() != nil:
@@ -337,7 +339,13 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
 		}
 	default:
 		msg := truncateError(herr.Error(), maxLastErrLen)
-		now := ob.e.now()
+		now, err := ob.e.clock(wctx) // the clock that judges the outbox's times
+		if err != nil {
+			// The store cannot be read: the claim is left to lapse (Postgres;
+			// a backend whose claims are in memory has no clock of its own).
+			ob.e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+			return
+		}
 		m.Failures++
 		m.LastError = msg
 		if o := ob.opts; o.MaxAttempts > 0 && m.Failures >= o.MaxAttempts {
@@ -345,7 +353,7 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
 		} else {
 			m.NextAttemptAt = now.Add(backoff(ob.opts, m.Failures, rand.Float64()))
 		}
-		err := b.Failed(wctx, m)
+		err = b.Failed(wctx, m)
 		if err == nil {
 			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
 		}
@@ -414,9 +422,12 @@ func (e *Engine[T]) Messages(fn func(m *Message, err error) error) error {
 		return &OpError{Op: "messages", Err: err}
 	}
 	defer e.Exit()
-	now := e.now()
+	now, err := e.clock(context.Background())
+	if err != nil {
+		return OpErr("messages", "", err)
+	}
 	var fnErr error // fn's own error, returned as it is
-	err := e.b.Messages(context.Background(), func(m *Message, err error) error {
+	err = e.b.Messages(context.Background(), func(m *Message, err error) error {
 		if err != nil {
 			err = OpErr("messages", "", err)
 		} else {
@@ -442,8 +453,12 @@ func (e *Engine[T]) Messages(fn func(m *Message, err error) error) error {
 func (e *Engine[T]) RetryDead(seq uint64) error {
 	ob := e.ob
 	err := ob.operate("retry dead", func(ctx context.Context) error {
+		now, err := ob.e.clock(ctx)
+		if err != nil {
+			return err
+		}
 		return ob.e.b.RetryDead(ctx, seq, func(m *Message) error {
-			if ob.deadExpired(m, ob.e.now()) {
+			if ob.deadExpired(m, now) {
 				return fmt.Errorf("%w: message %d (expired)", ErrMessageNotFound, seq)
 			}
 			m.Failures, m.NextAttemptAt, m.Dead, m.DeadAt, m.DeadLetterRetention = 0, time.Time{}, false, time.Time{}, 0

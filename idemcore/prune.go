@@ -52,8 +52,12 @@ func (e *Engine[T]) prune(ctx context.Context) (int, error) {
 			o.Observe(Event{Kind: EventPrune, N: r.Deleted, Duration: time.Since(start)})
 		}(time.Now(), &r)
 	}
-	now, limit := e.now(), cmp.Or(e.info.PruneBatch, PruneBatch)
-	r, err := e.b.Prune(ctx, PruneRequest{Now: now, Retention: e.opts.Retention,
+	limit := cmp.Or(e.info.PruneBatch, PruneBatch)
+	now, err := e.clock(ctx)
+	if err != nil {
+		return 0, OpErr("prune", "", err)
+	}
+	r, err = e.b.Prune(ctx, PruneRequest{Now: now, Retention: e.opts.Retention,
 		KeepStarted: e.opts.Recovery == RecoverRefuse, Limit: limit})
 	e.n.Pruned.Add(uint64(r.Deleted))
 	if r.Interrupted > 0 {

@@ -42,8 +42,10 @@ type Record struct {
 	// Attempt counts executions of fn for this key, starting at 1; a
 	// recovered interrupted execution increments it.
 	Attempt int
-	// StartedAt is when the current attempt's started record was committed
-	// (engine clock). CompletedAt is when it became done; zero while started.
+	// StartedAt is when the current attempt's started record was committed.
+	// CompletedAt is when it became done; zero while started. Both are
+	// readings of the clock that judges the store's times: the engine's
+	// (Options.Now) on bbolt, the database's on Postgres.
 	StartedAt   time.Time
 	CompletedAt time.Time
 	// Response is fn's response; nil and empty differ and stay different.

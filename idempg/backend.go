@@ -33,10 +33,13 @@ type backend struct {
 	owner    string
 	ownsPool bool
 
-	// offset is added to the database's now() in every statement that
-	// judges a lease: the tests' way to move the database clock (never
-	// set in production: see export_test.go).
+	// offset is added to the database's clock in every statement that
+	// reads it, and fake, if set, replaces that clock for the times of
+	// records and messages ({now_ns}; leases keep now() and the offset):
+	// the tests' ways to move the database clock (never set in production:
+	// see export_test.go).
 	offset func() time.Duration
+	fake   func() time.Time
 
 	commits chan struct{} // Committed's: capacity 1
 
@@ -71,7 +74,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if err := checkVersion(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset,
+	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset, fake: s.clock,
 		commits: make(chan struct{}, 1)}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
@@ -108,21 +111,59 @@ const txOwner = "a DoTx transaction of another process"
 const recordColumns = `key, fingerprint, state, attempt, fence, owner, lease_until, started_ns, completed_ns,
 	retention_ns, kept_until_resolved, response, has_error, error_code, error_message`
 
-// now is the SQL for the database's clock, the tests' offset added.
+// The database's clock judges every time the backend stores or compares,
+// for every process alike (see doc.go, "Clocks"): leases by {now}, the
+// transaction's now(); the times of records and messages (the *_ns
+// columns) by {now_ns}, statement_timestamp() in Unix nanoseconds (whole
+// microseconds), so that each statement of a long transaction (DoTx's
+// claim, then its done write) is stamped when it runs, and a statement that
+// reads it twice reads one value.
+
+// now is the SQL for the database's clock of leases, the tests' offset
+// added.
 func (b *backend) now() string {
-	if b.offset == nil {
-		return "now()"
+	if d := b.offsetNow(); d != 0 {
+		return "(now() + interval '" + strconv.FormatInt(d.Microseconds(), 10) + " microseconds')"
 	}
-	d := b.offset()
-	if d == 0 {
-		return "now()"
-	}
-	return "(now() + interval '" + strconv.FormatInt(d.Microseconds(), 10) + " microseconds')"
+	return "now()"
 }
 
-// sql returns q with {schema} and {now} replaced.
+// nowNs is the SQL for the database's clock of records and messages, Unix
+// ns, the tests' offset added (or their clock instead).
+func (b *backend) nowNs() string {
+	if b.fake != nil {
+		return strconv.FormatInt(toNs(b.fake()), 10) + "::bigint"
+	}
+	ts := "statement_timestamp()"
+	if d := b.offsetNow(); d != 0 {
+		ts = "(statement_timestamp() + interval '" + strconv.FormatInt(d.Microseconds(), 10) + " microseconds')"
+	}
+	return "((extract(epoch FROM " + ts + ") * 1000000)::bigint * 1000)"
+}
+
+func (b *backend) offsetNow() time.Duration {
+	if b.offset == nil {
+		return 0
+	}
+	return b.offset()
+}
+
+// sql returns q with {schema}, {now} and {now_ns} replaced.
 func (b *backend) sql(q string) string {
-	return strings.ReplaceAll(b.s.sql(q), "{now}", b.now())
+	q = b.s.sql(q)
+	if strings.Contains(q, "{now_ns}") {
+		q = strings.ReplaceAll(q, "{now_ns}", b.nowNs())
+	}
+	return strings.ReplaceAll(q, "{now}", b.now())
+}
+
+// Clock reads the database's clock for the engine (idemcore.Info.Clock): the
+// clock of every time the engine stamps or judges without a statement of
+// its own to read it in.
+func (b *backend) Clock(ctx context.Context) (time.Time, error) {
+	var ns int64
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT {now_ns}`), b.s.args()...).Scan(&ns)
+	return fromNs(ns), err
 }
 
 // leaseSQL is the SQL of a new lease's end.
@@ -133,7 +174,8 @@ func (b *backend) leaseSQL() string {
 // Info implements idemcore.Backend.
 func (b *backend) Info() idemcore.Info {
 	return idemcore.Info{Name: "postgres", Shared: true, Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
-		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient}
+		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient,
+		Clock: b.Clock}
 }
 
 // Guard admits every call: no state of this backend refuses calls as a
@@ -143,7 +185,7 @@ func (b *backend) Guard() error { return nil }
 // transient reports whether err carries a SQLSTATE that means "try again"
 // rather than an outcome of fn: 55P03 lock_not_available (the engine's own
 // lock_timeout), 40001 serialization_failure, 40P01 deadlock_detected. A
-// DoTx fn returning such an error gets it back as idem.Retryable (see
+// DoTx fn returning such an error gets it back as idemcore.Retryable (see
 // Engine.DoTx).
 func transient(err error) bool {
 	var pe *pgconn.PgError
@@ -193,8 +235,7 @@ func (r *scanned) record() (*idemcore.Record, error) {
 	return &rec, nil
 }
 
-// toNs and fromNs convert engine-clock times to the bigint columns: the
-// zero time is 0.
+// toNs and fromNs convert times to the bigint columns: the zero time is 0.
 func toNs(t time.Time) int64 {
 	if t.IsZero() {
 		return 0
@@ -227,20 +268,25 @@ func errFields(r *idemcore.Record) (has bool, code, msg []byte) {
 // has no record here.
 func storable(key string) bool { return utf8.ValidString(key) && strings.IndexByte(key, 0) < 0 }
 
-// Lookup implements idemcore.Backend: one SELECT by key.
-func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, error) {
+// Lookup implements idemcore.Backend: one SELECT by key, which reads the
+// database's clock too (at), by which the engine judges the record.
+func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, time.Time, error) {
 	if !storable(q.Key) {
-		return nil, nil
+		return nil, time.Time{}, nil
 	}
-	var r scanned
-	err := b.pool.QueryRow(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(q.Key)...).Scan(r.dest()...)
+	var (
+		r  scanned
+		at int64
+	)
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, {now_ns} FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(q.Key)...).Scan(append(r.dest(), &at)...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
+		return nil, time.Time{}, nil
 	}
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
-	return r.record()
+	rec, err := r.record()
+	return rec, fromNs(at), err
 }
 
 // Owner implements idemcore.Backend: a started record is owned while its lease
@@ -273,10 +319,10 @@ func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Own
 
 // expiredSQL is the condition under which a stored row (its columns
 // unqualified, or qualified by the table name in ON CONFLICT) may be
-// replaced by a new claim: outside its retention window at the engine's now
-// ($now, ns) with the longer of its window and the engine's ($ret, ns), and
-// not held by a live lease of another engine ($me, %[4]s: this engine's own
-// are interrupted executions).
+// replaced by a new claim: outside its retention window at the database's
+// now (%[3]s, ns: the claim's own stamp) with the longer of its window and
+// the engine's (%[2]s, ns), and not held by a live lease of another engine
+// (%[4]s: this engine's own are interrupted executions).
 const expiredSQL = `NOT (%[1]s.state = 1 AND %[1]s.kept_until_resolved)
 	AND (CASE WHEN %[1]s.state = 2 THEN %[1]s.completed_ns ELSE %[1]s.started_ns END) + GREATEST(%[1]s.retention_ns, %[2]s) <= %[3]s
 	AND (%[1]s.state = 2 OR %[1]s.lease_until <= {now} OR %[1]s.owner = %[4]s)`
@@ -295,17 +341,29 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 		b.claims.do(r, r.done)
 		fence, left, err = r.fence, r.left, r.err
 		before = r.before
+		if err == nil {
+			st.StartedAt = fromNs(r.started)
+		}
 	} else {
 		// Take over the interrupted execution, if it is still the stored
-		// version and its lease has lapsed.
+		// version and its lease has lapsed; stamped by the database, with
+		// the longer of the two windows and the mark if either has it (the
+		// evidence of the first unknown outcome lasts as long as it would
+		// have, also if this attempt's process dies).
 		p := req.Prev
 		q := `UPDATE {schema}.idem_records SET fingerprint = $2::bigint, attempt = $3::integer,
 			fence = nextval('{schema}.idem_fence'), owner = $4::text, lease_until = ` + b.leaseSQL() + `,
-			started_ns = $5::bigint, retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
-		WHERE key = $1::text AND state = 1 AND attempt = $9::integer AND started_ns = $10::bigint AND (lease_until <= {now} OR owner = $4::text)
-		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
+			started_ns = {now_ns}, retention_ns = GREATEST(retention_ns, $5::bigint),
+			kept_until_resolved = kept_until_resolved OR $6::boolean,
+			expires_ns = CASE WHEN kept_until_resolved OR $6::boolean THEN 0 ELSE {now_ns} + GREATEST(retention_ns, $5::bigint) END
+		WHERE key = $1::text AND state = 1 AND attempt = $7::integer AND started_ns = $8::bigint AND (lease_until <= {now} OR owner = $4::text)
+		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
+		var startedNs int64
 		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
-			toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st), p.Attempt, toNs(p.StartedAt)}, &fence, &left)
+			int64(st.Retention), st.KeptUntilResolved, p.Attempt, toNs(p.StartedAt)}, &fence, &left, &startedNs)
+		if err == nil {
+			st.StartedAt = fromNs(startedNs)
+		}
 	}
 	switch {
 	case err == nil:
@@ -324,7 +382,7 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 		return idemcore.ClaimResult{}, err
 	}
 	// Not claimed: say why, from the row now stored.
-	cur, err := b.Lookup(ctx, idemcore.Lookup{Key: st.Key})
+	cur, at, err := b.Lookup(ctx, idemcore.Lookup{Key: st.Key})
 	if err != nil {
 		return idemcore.ClaimResult{}, err
 	}
@@ -337,7 +395,7 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 			return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: own}, nil
 		}
 	}
-	return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: cur}, nil
+	return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: cur, At: at}, nil
 }
 
 // maxStmtBatch is the most claims or completions one statement carries.
@@ -346,31 +404,32 @@ const maxStmtBatch = 64
 // claimReq is one claim of a free key (Claim with Prev nil), queued for or
 // running in a batch.
 type claimReq struct {
-	st     *idemcore.Record
-	before time.Time // just before the statement was sent
-	fence  int64
-	left   int64 // µs of lease left, by the database's clock
-	err    error // pgx.ErrNoRows when not claimed
-	done   chan struct{}
+	st      *idemcore.Record // its StartedAt set to the database's stamp once claimed
+	before  time.Time        // just before the statement was sent
+	fence   int64
+	left    int64 // µs of lease left, by the database's clock
+	started int64 // the database's stamp, ns
+	err     error // pgx.ErrNoRows when not claimed
+	done    chan struct{}
 }
 
 // claimInsertSQL inserts started rows, or replaces rows that have expired
 // but are not pruned yet, from the rows of src: a VALUES row of one claim's
 // parameters, or an unnest of a batch's arrays, with the columns key, fp,
-// attempt, started, ret, kept, exp (the owner is $1).
+// attempt, ret, kept (the owner is $1). The database stamps their start.
 func (b *backend) claimInsertSQL(src string) string {
 	return `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
 		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
-			u.started, 0, u.ret, u.kept, u.exp
-		FROM ` + src + ` AS u(key, fp, attempt, started, ret, kept, exp) ORDER BY u.key
+			{now_ns}, 0, u.ret, u.kept, CASE WHEN u.kept THEN 0 ELSE {now_ns} + u.ret END
+		FROM ` + src + ` AS u(key, fp, attempt, ret, kept) ORDER BY u.key
 		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
 			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
 			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
 			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
 			response = NULL, has_error = false, error_code = '', error_message = '', waiters = false
 		WHERE ` + fmt.Sprintf(expiredSQL, "r", "EXCLUDED.retention_ns", "EXCLUDED.started_ns", "$1::text") + `
-		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`
+		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
 }
 
 // claimBatch claims the free keys of reqs: one statement for all (one
@@ -383,19 +442,19 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
 	if len(reqs) > 1 {
 		n := len(reqs)
-		keys, fps, attempts, started := make([]string, n), make([]int64, n), make([]int32, n), make([]int64, n)
-		rets, kept, exps := make([]int64, n), make([]bool, n), make([]int64, n)
+		keys, fps, attempts := make([]string, n), make([]int64, n), make([]int32, n)
+		rets, kept := make([]int64, n), make([]bool, n)
 		byKey := make(map[string]*claimReq, n)
 		for i, r := range reqs {
 			st := r.st
-			keys[i], fps[i], attempts[i], started[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt), toNs(st.StartedAt)
-			rets[i], kept[i], exps[i] = int64(st.Retention), st.KeptUntilResolved, expiresNs(st)
+			keys[i], fps[i], attempts[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt)
+			rets[i], kept[i] = int64(st.Retention), st.KeptUntilResolved
 			byKey[st.Key] = r
 		}
 		before := time.Now()
 		var err error
-		err = b.write(ctx, b.claimInsertSQL(`unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::bigint[], $7::boolean[], $8::bigint[])`),
-			[]any{b.owner, keys, fps, attempts, started, rets, kept, exps}, func(br pgx.BatchResults) error {
+		err = b.write(ctx, b.claimInsertSQL(`unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::boolean[])`),
+			[]any{b.owner, keys, fps, attempts, rets, kept}, func(br pgx.BatchResults) error {
 				rows, err := br.Query()
 				if err != nil {
 					return err
@@ -403,14 +462,14 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 				defer rows.Close()
 				for rows.Next() {
 					var (
-						key         string
-						fence, left int64
+						key                  string
+						fence, left, started int64
 					)
-					if err := rows.Scan(&key, &fence, &left); err != nil {
+					if err := rows.Scan(&key, &fence, &left, &started); err != nil {
 						return err
 					}
 					if r := byKey[key]; r != nil {
-						r.fence, r.left, r.before = fence, left, before
+						r.fence, r.left, r.before, r.started = fence, left, before, started
 						delete(byKey, key)
 					}
 				}
@@ -433,9 +492,9 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 		st := r.st
 		r.before = time.Now()
 		var key string
-		r.err = b.writeRow(ctx, b.claimInsertSQL(`(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::bigint, $7::boolean, $8::bigint))`),
-			[]any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, toNs(st.StartedAt), int64(st.Retention), st.KeptUntilResolved, expiresNs(st)},
-			&key, &r.fence, &r.left)
+		r.err = b.writeRow(ctx, b.claimInsertSQL(`(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::boolean))`),
+			[]any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, int64(st.Retention), st.KeptUntilResolved},
+			&key, &r.fence, &r.left, &r.started)
 		close(r.done)
 	}
 }
@@ -470,18 +529,35 @@ func (b *backend) Renew(ctx context.Context, c *idemcore.Claim) error {
 }
 
 // completeSQL replaces a started row held by token $2 with its done
-// outcome, and notifies the waiters of the key.
+// outcome, its completion stamped by the database's clock; the row keeps
+// the start its claim stamped. completeStmt makes it answer both and notify
+// the waiters of the key.
 const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, lease_until = NULL,
-	attempt = $3::integer, started_ns = $4::bigint, completed_ns = $5::bigint, retention_ns = $6::bigint,
-	kept_until_resolved = false, expires_ns = $7::bigint, response = $8::bytea, has_error = $9::boolean,
-	error_code = $10::bytea, error_message = $11::bytea
+	attempt = $3::integer, completed_ns = {now_ns}, retention_ns = $4::bigint,
+	kept_until_resolved = false, expires_ns = {now_ns} + $4::bigint, response = $5::bytea, has_error = $6::boolean,
+	error_code = $7::bytea, error_message = $8::bytea
 WHERE key = $1::text AND fence = $2::bigint AND state = 1`
 
 // doneArgs are completeSQL's arguments $3 on.
 func doneArgs(done *idemcore.Record) []any {
 	has, code, msg := errFields(done)
-	return []any{done.Attempt, toNs(done.StartedAt), toNs(done.CompletedAt), int64(done.Retention),
-		expiresNs(done), done.Response, has, code, msg}
+	return []any{done.Attempt, int64(done.Retention), done.Response, has, code, msg}
+}
+
+// completeStmt is the fenced write q (completeSQL and its conditions),
+// answering the row's stored times (started_ns, completed_ns) and a column
+// to ignore (its notification of the key's waiters, unless PollOnly).
+func (b *backend) completeStmt(q string) string {
+	if b.s.PollOnly {
+		return `WITH w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL FROM w`
+	}
+	return `WITH w AS (` + q + ` RETURNING key, waiters, started_ns, completed_ns)
+		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+}
+
+// stamped sets done's times to the row's, as the database stamped them.
+func stamped(done *idemcore.Record, startedNs, completedNs int64) {
+	done.StartedAt, done.CompletedAt = fromNs(startedNs), fromNs(completedNs)
 }
 
 // Complete implements idemcore.Backend: one fenced UPDATE. If its answer is
@@ -504,7 +580,7 @@ func (b *backend) Complete(ctx context.Context, c *idemcore.Claim, done *idemcor
 			return fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
 		}
 		return r.err
-	}, func(cause error) error { return b.readBack(ctx, c, idemcore.StateDone, cause) })
+	}, func(cause error) error { return b.readBack(ctx, c, idemcore.StateDone, cause, done) })
 }
 
 // again runs the fenced write w, and runs it again while it fails because
@@ -578,38 +654,46 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 	ctx := context.Background()
 	if len(reqs) == 1 {
 		r := reqs[0]
-		tag, err := b.exec(ctx, b.notifying(completeSQL), append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...)...)
-		r.found, r.err = err == nil && tag.RowsAffected() > 0, err
+		var (
+			started, completed int64
+			ignored            any
+		)
+		err := b.writeRow(ctx, b.completeStmt(completeSQL), append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...), &started, &completed, &ignored)
+		if err == nil {
+			r.found = true
+			stamped(r.rec, started, completed)
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			r.err = err
+		}
 		close(r.done)
 		return
 	}
 	n := len(reqs)
-	keys, fences, attempts, started, completed := make([]string, n), make([]int64, n), make([]int32, n), make([]int64, n), make([]int64, n)
-	rets, exps, resps := make([]int64, n), make([]int64, n), make([][]byte, n)
+	keys, fences, attempts := make([]string, n), make([]int64, n), make([]int32, n)
+	rets, resps := make([]int64, n), make([][]byte, n)
 	has, codes, msgs := make([]bool, n), make([][]byte, n), make([][]byte, n)
 	byKey := make(map[string]*completeReq, n)
 	for i, r := range reqs {
 		d := r.rec
 		keys[i], fences[i], attempts[i] = r.c.Key, int64(r.c.Token), int32(d.Attempt)
-		started[i], completed[i], rets[i], exps[i], resps[i] = toNs(d.StartedAt), toNs(d.CompletedAt), int64(d.Retention), expiresNs(d), d.Response
+		rets[i], resps[i] = int64(d.Retention), d.Response
 		has[i], codes[i], msgs[i] = errFields(d)
 		byKey[r.c.Key] = r
 	}
 	q := `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
-			attempt = u.attempt, started_ns = u.started, completed_ns = u.completed, retention_ns = u.ret,
-			kept_until_resolved = false, expires_ns = u.exp, response = u.resp, has_error = u.has,
+			attempt = u.attempt, completed_ns = {now_ns}, retention_ns = u.ret,
+			kept_until_resolved = false, expires_ns = {now_ns} + u.ret, response = u.resp, has_error = u.has,
 			error_code = u.code, error_message = u.msg
-		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-			$8::bytea[], $9::boolean[], $10::bytea[], $11::bytea[])
-			AS u(key, fence, attempt, started, completed, ret, exp, resp, has, code, msg)
+		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bytea[], $6::boolean[], $7::bytea[], $8::bytea[])
+			AS u(key, fence, attempt, ret, resp, has, code, msg)
 		WHERE r.key = u.key AND r.fence = u.fence AND r.state = 1
-		RETURNING r.key, r.waiters`
+		RETURNING r.key, r.waiters, r.started_ns, r.completed_ns`
 	if !b.s.PollOnly {
-		q = `WITH w AS (` + q + `) SELECT key, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+		q = `WITH w AS (` + q + `) SELECT key, started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
 	} else {
-		q = `WITH w AS (` + q + `) SELECT key, NULL FROM w`
+		q = `WITH w AS (` + q + `) SELECT key, started_ns, completed_ns, NULL FROM w`
 	}
-	err := b.write(ctx, q, []any{keys, fences, attempts, started, completed, rets, exps, resps, has, codes, msgs}, func(br pgx.BatchResults) error {
+	err := b.write(ctx, q, []any{keys, fences, attempts, rets, resps, has, codes, msgs}, func(br pgx.BatchResults) error {
 		rows, err := br.Query()
 		if err != nil {
 			return err
@@ -617,14 +701,16 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 		defer rows.Close()
 		for rows.Next() {
 			var (
-				key     string
-				ignored any
+				key                string
+				started, completed int64
+				ignored            any
 			)
-			if err := rows.Scan(&key, &ignored); err != nil {
+			if err := rows.Scan(&key, &started, &completed, &ignored); err != nil {
 				return err
 			}
 			if r := byKey[key]; r != nil {
 				r.found = true
+				stamped(r.rec, started, completed)
 			}
 		}
 		return rows.Err()
@@ -636,15 +722,17 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 }
 
 // readBack resolves a write whose outcome is unknown (cause) by reading the
-// key's row: with c's token and state want, the write committed (nil); with
-// c's token and another state, it did not (cause); with another token or
-// none, another owner took the key (ErrFenced).
-func (b *backend) readBack(ctx context.Context, c *idemcore.Claim, want idemcore.State, cause error) error {
+// key's row: with c's token and state want, the write committed (nil; done,
+// if not nil, gets the times the database stamped); with c's token and
+// another state, it did not (cause); with another token or none, another
+// owner took the key (ErrFenced).
+func (b *backend) readBack(ctx context.Context, c *idemcore.Claim, want idemcore.State, cause error, done *idemcore.Record) error {
 	var (
-		fence int64
-		state idemcore.State
+		fence              int64
+		state              idemcore.State
+		started, completed int64
 	)
-	err := b.readRow(ctx, `SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence, &state)
+	err := b.readRow(ctx, `SELECT fence, state, started_ns, completed_ns FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence, &state, &started, &completed)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", idemcore.ErrFenced, cause)
@@ -653,6 +741,9 @@ func (b *backend) readBack(ctx context.Context, c *idemcore.Claim, want idemcore
 	case idemcore.Fence(fence) != c.Token:
 		return fmt.Errorf("%w: the write's answer was lost: %v", idemcore.ErrFenced, cause)
 	case state == want:
+		if done != nil {
+			stamped(done, started, completed)
+		}
 		return nil
 	}
 	return cause

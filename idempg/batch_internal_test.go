@@ -93,7 +93,7 @@ func testClaimAndCompleteBatches(t *testing.T, env string) {
 	}
 	get := func(key string) *idemcore.Record {
 		t.Helper()
-		r, err := b.Lookup(ctx, idemcore.Lookup{Key: key})
+		r, _, err := b.Lookup(ctx, idemcore.Lookup{Key: key})
 		if err != nil || r == nil {
 			t.Fatalf("lookup %s: %+v, %v", key, r, err)
 		}

@@ -22,8 +22,14 @@ import (
 )
 
 // pgHarness opens engines on schemas of the server env names. Its stores
-// are schemas; each has a database clock offset that ExpireOwners moves
-// (the engines of this process add it to now()).
+// are schemas. The suite's clock seam (Options.Now, a fake clock it stops
+// and moves) drives the database's clock, which judges every time on
+// Postgres: each engine's backend reads its Options.Now wherever it would
+// read the database's clock for the times of records and messages
+// (idempg.SetClock), so that the suite's retention and outbox cells run
+// here as they run on bbolt, to the nanosecond. Leases keep the database's
+// clock, with a per-store offset that ExpireOwners moves (the engines of
+// this process add it to now()).
 type pgHarness struct {
 	env string
 
@@ -74,10 +80,15 @@ func (h *pgHarness) offset(store string) *atomic.Int64 {
 	return o
 }
 
-func (h *pgHarness) options(store string) *idempg.Options {
+// options are the backend settings of an engine on store whose suite clock
+// is now (nil for Migrate, which reads no clock).
+func (h *pgHarness) options(store string, now func() time.Time) *idempg.Options {
 	o := &idempg.Options{Schema: store, PollOnly: h.env == pgtest.BouncerEnv, Lease: suiteLease, PollInterval: 10 * time.Millisecond}
 	off := h.offset(store)
 	idempg.SetClockOffset(o, func() time.Duration { return time.Duration(off.Load()) })
+	if now != nil {
+		idempg.SetClock(o, now)
+	}
 	return o
 }
 
@@ -86,7 +97,7 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 		New: func(t testing.TB) string {
 			pool := h.connect(t)
 			schema := pgtest.Schema(t, pool)
-			if _, err := idempg.Migrate(context.Background(), pool, h.options(schema)); err != nil {
+			if _, err := idempg.Migrate(context.Background(), pool, h.options(schema, nil)); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := pool.Exec(context.Background(), "CREATE TABLE "+schema+".effects (key text PRIMARY KEY, value text NOT NULL)"); err != nil {
@@ -95,10 +106,10 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 			return schema
 		},
 		Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[pgx.Tx], error) {
-			return idempg.Open(context.Background(), h.connect(t), h.options(store), o.Engine())
+			return idempg.Open(context.Background(), h.connect(t), h.options(store, o.Now), o.Engine())
 		},
 		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
-			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store), o.Engine(), wrap)
+			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store, o.Now), o.Engine(), wrap)
 		},
 		PutEffect: func(tx pgx.Tx, key, value string) error {
 			ctx := context.Background()

@@ -56,7 +56,7 @@
 //     taken since writes nothing (fenced by the claim's token), so it never
 //     undoes an operator's RetryDead.
 //   - One truth across processes: every replay reads the database (an
-//     engine keeps no replay cache; idem.Options.ReplayCacheBytes is
+//     engine keeps no replay cache; idemcore.Options.ReplayCacheBytes is
 //     ignored), so once an operator's Forget or Resolve has returned in one
 //     process, every engine's next call sees it.
 //   - An ambiguous COMMIT (the connection dropped after the statement was
@@ -112,8 +112,21 @@
 //
 // # Clocks
 //
-// Leases are judged by the database's clock (now()), never a client's, so
-// that processes on machines whose clocks disagree agree on who owns a key.
-// Retention and the outbox's backoff use the engine's clock (idem.Options.Now), as
-// on the bbolt backend.
+// Every time is the database's clock, never a client's, so that processes on
+// machines whose clocks disagree agree on it: leases (now()), and the times
+// of records and messages (statement_timestamp(), stored as Unix
+// nanoseconds in whole microseconds), which the database stamps as it
+// writes them: Record.StartedAt and CompletedAt, Message.EnqueuedAt,
+// NextAttemptAt and DeadAt. Retention, liveness, pruning, the outbox's due
+// times and dead-letter retention are judged by it too: a record written by
+// any process lives its whole window for every other, and a process whose
+// clock runs ahead neither re-runs the others' keys nor prunes their records
+// (the retention window is a floor, idem's doc.go). idemcore.Options.Now is not
+// read for any of these on Postgres; tests that move time move the
+// database's. Each Lookup reads the clock with the record, so a replay costs
+// no extra round trip; the operator calls (Records, Resolve, Messages,
+// RetryDead, Prune) and a failed delivery read it once more. The engine
+// keeps no replay cache here: it could not judge a cached record's expiry
+// without reading that clock. Schema version 4 marks the change: a build
+// that judged by its own clock refuses a schema migrated to it.
 package idempg

@@ -13,7 +13,7 @@ import (
 // Engine is idem's engine on Postgres: the engine of idemcore (the same
 // state machine as the bbolt engine's) over records that several processes
 // share. It is safe for concurrent use, and offers the bbolt engine's
-// methods (idem.Engine) with the same meaning; the backend's own are Schema
+// methods (idemcore.Engine) with the same meaning; the backend's own are Schema
 // and Dispatch's sharing of one outbox among processes.
 type Engine struct {
 	c *idemcore.Engine[pgx.Tx]
@@ -24,16 +24,18 @@ var _ idemcore.TxDoer[pgx.Tx] = (*Engine)(nil)
 
 // Open returns an engine on the schema opts.Schema of the database pool
 // reaches, with the engine settings eo (nil for defaults; idemcore.Options
-// documents each, and they mean what they mean for the bbolt engine: Now is
-// the engine's clock, for retention and the outbox's backoff, never for
-// leases, which use the database's; Outbox.PollInterval is also how often a
-// dispatcher looks for messages other processes enqueued when no NOTIFY
-// comes). The schema must be at SchemaVersion (run Migrate first), else the
-// error wraps ErrSchemaVersion; settings that have no meaning give an error
-// wrapping ErrOptions. Errors are *idemcore.OpError with Op "open". The
-// engine does not close pool. nil opts mean defaults. The pool's own
-// settings decide its size; in PollOnly mode (PgBouncer in transaction
-// pooling mode) set its DefaultQueryExecMode to pgx.QueryExecModeExec or
+// documents each, and they mean what they mean for the bbolt engine, except
+// Now, which is not read for any time stored or judged: on Postgres every
+// time is the database's clock (see "Clocks" in the package doc);
+// Outbox.PollInterval is also how often a dispatcher looks for messages
+// other processes enqueued when no NOTIFY comes; ReplayCacheBytes is not
+// used: there is no replay cache on Postgres). The schema must be at
+// SchemaVersion (run Migrate first), else the error wraps ErrSchemaVersion;
+// settings that have no meaning give an error wrapping ErrOptions. Errors
+// are *idemcore.OpError with Op "open". The engine does not close pool. nil
+// opts mean defaults. The pool's own settings decide its size; in PollOnly
+// mode (PgBouncer in transaction pooling mode) set its DefaultQueryExecMode
+// to pgx.QueryExecModeExec or
 // QueryExecModeSimpleProtocol, for fn's statements in DoTx too.
 func Open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.Options) (*Engine, error) {
 	return open(ctx, pool, opts, eo, nil)
@@ -54,7 +56,6 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.O
 		return nil, &idemcore.OpError{Op: "open", Err: err}
 	}
 	o = o.WithDefaults()
-	s.engineNow = o.Now
 	s.retention = o.Retention
 	b, err := newBackend(ctx, pool, s, false)
 	if err != nil {
@@ -116,7 +117,7 @@ func (e *Engine) Retention() time.Duration { return e.c.Retention() }
 // Get returns key's live record, or an error wrapping ErrNotFound.
 func (e *Engine) Get(key string) (*idemcore.Record, error) { return e.c.Get(key) }
 
-// Forget deletes key's record in any state, as idem.Engine.Forget: once it
+// Forget deletes key's record in any state, as idemcore.Engine.Forget: once it
 // returns, the next call of every engine on the schema, in any process, runs
 // fn as new (replays read the database; no engine keeps a replay cache). A
 // call that runs with the key, in this engine or in another process (its
@@ -125,7 +126,7 @@ func (e *Engine) Get(key string) (*idemcore.Record, error) { return e.c.Get(key)
 func (e *Engine) Forget(key string) error { return e.c.Forget(key) }
 
 // Resolve completes key's interrupted execution by hand, as
-// idem.Engine.Resolve: outcome nil for no stored error; once it returns,
+// idemcore.Engine.Resolve: outcome nil for no stored error; once it returns,
 // every engine on the schema replays the resolution. A started record
 // whose lease another process holds, unlapsed, is a running call, not an
 // interrupted one: the error wraps idemcore.ErrInProgress (wait for the lease

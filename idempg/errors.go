@@ -18,7 +18,7 @@ import (
 var ErrTxEnded = errors.New("idempg: a DoTx fn must not end its transaction (the engine commits it, with the done record)")
 
 // The errors of the multi-process semantics the bbolt engine does not need.
-// They are the root package's idem.ErrFenced and idem.ErrLeaseLost (the
+// They are the root package's idemcore.ErrFenced and idemcore.ErrLeaseLost (the
 // core's sentinels), so errors.Is matches them whichever name the caller
 // uses and whichever engine wrapped them.
 var (

@@ -122,8 +122,10 @@ type Options struct {
 	PruneBatch int
 
 	// clockOffset, if set, is added to the database's clock wherever the
-	// backend reads it (tests only: export_test.go).
+	// backend reads it; clock, if set, replaces that clock (tests only:
+	// export_test.go).
 	clockOffset func() time.Duration
+	clock       func() time.Time
 }
 
 // maxTimeout is the longest Lease, LockTimeout and IdleInTransactionTimeout:
@@ -145,13 +147,9 @@ type settings struct {
 	schema string // the quoted schema, for SQL text
 	mode   []any  // pgx.QueryExecModeExec in PollOnly mode, else nothing
 
-	// The engine's clock and retention window, for the claims the backend
-	// makes inside DoTx's transaction (an expired row may be replaced).
-	engineNow func() time.Time
+	// The engine's retention window, for the claims the backend makes
+	// inside DoTx's transaction (an expired row may be replaced).
 	retention time.Duration
-	// clockOffset, if set, moves the database's clock as the backend reads
-	// it (tests only: export_test.go).
-	clockOffset func() time.Duration
 }
 
 // channel is the NOTIFY channel of the schema's record changes; outbox
@@ -213,8 +211,6 @@ func resolve(o *Options) (*settings, error) {
 		return nil, fmt.Errorf("%w: PruneBatch %d is negative", ErrOptions, s.PruneBatch)
 	}
 	s.schema = pgx.Identifier{s.Schema}.Sanitize()
-	s.clockOffset = s.Options.clockOffset
-	s.engineNow = time.Now
 	if s.PollOnly {
 		s.mode = []any{pgx.QueryExecModeExec}
 	}

@@ -48,31 +48,27 @@ func scanDead(row pgx.Row) (*idemcore.Message, error) {
 // errBytes is a last error for its bytea column: never NULL, any bytes.
 func errBytes(s string) []byte { return append([]byte{}, s...) }
 
-// Enqueue implements idemcore.Backend: an INSERT in fn's transaction, and a
-// notification (at its commit) that wakes the dispatchers of other
-// processes.
+// Enqueue implements idemcore.Backend: an INSERT in fn's transaction, stamped
+// by the database's clock, and a notification (at its commit) that wakes
+// the dispatchers of other processes.
 func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 	ctx := context.Background()
 	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns)
-		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, $6::bigint, $7::bigint) RETURNING seq`
+		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, {now_ns}, $6::bigint) RETURNING seq, enqueued_ns`
 	if !b.s.PollOnly {
-		q = `WITH m AS (` + q + `) SELECT seq, pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
-	}
-	var seq int64
-	var args []any
-	if b.s.PollOnly {
-		err := tx.QueryRow(ctx, b.sql(q), b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))...).Scan(&seq)
-		if err != nil {
-			return err
-		}
+		q = `WITH m AS (` + q + `) SELECT seq, enqueued_ns, pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 	} else {
-		var ignored any
-		args = b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))
-		if err := tx.QueryRow(ctx, b.sql(q), args...).Scan(&seq, &ignored); err != nil {
-			return err
-		}
+		q = `WITH m AS (` + q + `) SELECT seq, enqueued_ns, NULL FROM m`
 	}
-	m.Seq = uint64(seq)
+	var (
+		seq, enqueued int64
+		ignored       any
+	)
+	args := b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.NextAttemptAt))
+	if err := tx.QueryRow(ctx, b.sql(q), args...).Scan(&seq, &enqueued, &ignored); err != nil {
+		return err
+	}
+	m.Seq, m.EnqueuedAt = uint64(seq), fromNs(enqueued)
 	return nil
 }
 
@@ -85,24 +81,25 @@ func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 // runs, the dispatcher renews its claim every Options.Heartbeat
 // (RenewClaims), so a handler slower than Options.Lease keeps its message;
 // only a dispatcher cut off from the database longer than a lease loses it
-// to another. Rows always decode: nothing is quarantined,
-// and Due.Next is left zero (the dispatcher polls).
-func (b *backend) ClaimDue(ctx context.Context, now time.Time, limit int) (idemcore.Due, error) {
+// to another. A message is due by the database's clock (now is not read).
+// Rows always decode: nothing is quarantined, and Due.Next is left zero
+// (the dispatcher polls).
+func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (idemcore.Due, error) {
 	if limit <= 0 {
 		return idemcore.Due{}, nil
 	}
 	rows, err := b.pool.Query(ctx, b.sql(`WITH heads AS (
 			SELECT o.seq FROM {schema}.idem_outbox AS o
-			WHERE o.next_attempt_ns <= $1::bigint
+			WHERE o.next_attempt_ns <= {now_ns}
 				AND (o.claim_until IS NULL OR o.claim_until <= {now})
 				AND NOT EXISTS (SELECT 1 FROM {schema}.idem_outbox AS p WHERE p.ordering_key = o.ordering_key AND p.seq < o.seq)
-			ORDER BY o.seq LIMIT $2::integer
+			ORDER BY o.seq LIMIT $1::integer
 			FOR UPDATE OF o SKIP LOCKED)
-		UPDATE {schema}.idem_outbox AS o SET claimed_by = $3::text, claim_until = `+b.leaseSQL()+`,
+		UPDATE {schema}.idem_outbox AS o SET claimed_by = $2::text, claim_until = `+b.leaseSQL()+`,
 			claim_token = nextval('{schema}.idem_fence')
 		FROM heads WHERE o.seq = heads.seq
 		RETURNING o.claim_token, o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
-		b.s.args(toNs(now), limit, b.owner)...)
+		b.s.args(limit, b.owner)...)
 	if err != nil {
 		return idemcore.Due{}, err
 	}

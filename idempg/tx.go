@@ -193,13 +193,18 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	batch := &pgx.Batch{}
 	batch.Queue("SAVEPOINT " + sp)
 	if r.token == 0 {
+		// Stamped by the database's clock, which judges the row it may
+		// replace too (expired, by the longer window of its and the
+		// engine's). The replaced row's fingerprint and attempt go: the
+		// key is new.
 		batch.Queue(b.sql(`INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 				started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
-			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, `+b.leaseSQL()+`, 0, 0, 0, false, 0)
-			ON CONFLICT (key) DO UPDATE SET state = 1, fence = EXCLUDED.fence, owner = EXCLUDED.owner,
-				lease_until = EXCLUDED.lease_until, response = NULL, has_error = false, waiters = false
-			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "$5::bigint", "$3::text")+`
-			RETURNING fence`), r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention), toNs(b.s.engineNow()))
+			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, `+b.leaseSQL()+`, {now_ns}, 0, 0, false, 0)
+			ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = 1, fence = EXCLUDED.fence,
+				owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, started_ns = EXCLUDED.started_ns, completed_ns = 0,
+				response = NULL, has_error = false, waiters = false
+			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "EXCLUDED.started_ns", "$3::text")+`
+			RETURNING fence`), r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention))
 	}
 	br := tx.SendBatch(ctx, batch)
 	_, err := br.Exec()
@@ -232,8 +237,13 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	if err != nil {
 		return fail(err)
 	}
-	tag, err := tx.Exec(ctx, b.sql(b.notifying(completeSQL+txLiveSQL)), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...)
-	if err == nil && tag.RowsAffected() == 0 {
+	var (
+		startedNs, completedNs int64
+		ignored                any
+	)
+	err = tx.QueryRow(ctx, b.sql(b.completeStmt(completeSQL+txLiveSQL)), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).
+		Scan(&startedNs, &completedNs, &ignored)
+	if errors.Is(err, pgx.ErrNoRows) {
 		if ended := b.txEnded(ctx, tx, true); ended != nil {
 			return ended
 		}
@@ -242,6 +252,7 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	if err != nil {
 		return fail(err)
 	}
+	stamped(done, startedNs, completedNs)
 	return nil
 }
 
@@ -420,9 +431,9 @@ func (b *backend) commitOutcome(ctx context.Context, xid int64, c *idemcore.Clai
 		case err != nil:
 			return fmt.Errorf("the COMMIT's answer was lost (%w), and so was the read back of its outcome: %v", cause, err)
 		case status == nil: // too old to tell: the record says
-			return b.readBack(ctx, c, idemcore.StateDone, cause)
+			return b.readBack(ctx, c, idemcore.StateDone, cause, nil) // done's times came with its write
 		case *status == "committed":
-			return b.readBack(ctx, c, idemcore.StateDone, cause)
+			return b.readBack(ctx, c, idemcore.StateDone, cause, nil) // done's times came with its write
 		case *status == "aborted":
 			return fmt.Errorf("the transaction rolled back, its COMMIT's answer lost: %w", cause)
 		}

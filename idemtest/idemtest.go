@@ -23,7 +23,8 @@
 //	keys         the key rules, for calls and operator calls
 //	fingerprint  ErrFingerprintMismatch on the fast path, cold, while the first
 //	             call runs, and on interrupted executions
-//	retention    expiry through the clock seam (Options.Now), and pruning
+//	retention    expiry through the clock seam (Options.Now, which drives
+//	             the store's own clock too where it has one), and pruning
 //	concurrency  singleflight, InFlightFail's *idem.InProgressError, other keys,
 //	             re-entrance, histories checked against a model (porcupine)
 //	recovery     re-execution with Recovered and the attempt, refusal with
@@ -87,8 +88,13 @@ type Options struct {
 	// MaxResponseSize is the most bytes stored for an outcome; zero means
 	// idem.DefaultMaxResponseSize.
 	MaxResponseSize int
-	// Now is the engine's clock; the suite always sets it (a fake clock it
-	// moves) and the harness must pass it on.
+	// Now is the suite's clock: a fake clock it stops and moves (it always
+	// sets it), the seam through which it drives every time the contract
+	// judges (retention, expiry, pruning, the outbox's backoff). The harness
+	// passes it on as the engine's clock, and, if the store judges time by
+	// a clock of its own (Postgres: the database's), makes that clock read
+	// it too for the times of records and messages, so that the suite's
+	// time is the store's (leases are ExpireOwners' to move).
 	Now func() time.Time
 	// Outbox configures the dispatcher. The suite sets Dispatch, Handlers,
 	// BaseBackoff, MaxBackoff, MaxAttempts and PollInterval as it needs.
@@ -211,9 +217,10 @@ type Harness[T any] struct {
 	// only when it is true: several engines open on one store at once.
 	OwnedAcrossProcesses bool
 
-	// ExpireOwners makes every claim on the store lapse (moves the database
-	// clock past the lease), so that the started records of a killed
-	// process become orphans. Required if OwnedAcrossProcesses.
+	// ExpireOwners makes every claim on the store lapse (moves the store's
+	// clock past the lease, for the engines this process opens on it), so
+	// that the started records of a killed process become orphans. Required
+	// if OwnedAcrossProcesses.
 	ExpireOwners func(t testing.TB, store string)
 
 	// OpenWrapped opens an engine as Open does, over the engine's backend

@@ -49,6 +49,37 @@ func (s *suite[T]) retention(t *testing.T) {
 		}
 	})
 
+	t.Run("an expired key is new to Do and DoTx alike, its record not pruned yet", func(t *testing.T) {
+		for _, v := range []via{viaDo, viaDoTx} {
+			t.Run(v.String(), func(t *testing.T) {
+				c := newClock()
+				e, _ := s.fresh(t, Options{Retention: time.Hour, Now: c.Now})
+				_, err := call(bg, e, v, "k", fp, ok[T]("first"))
+				require.NoError(t, err)
+				first := record(t, e, "k")
+				c.Advance(time.Hour)
+				res, err := call(bg, e, v, "k", other, func(ctx context.Context, _ T) ([]byte, error) {
+					wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 1}, "the expired record is no evidence")
+					return []byte("second"), nil
+				})
+				require.NoError(t, err, "the key is new: any fingerprint")
+				require.False(t, res.Replayed)
+				r := record(t, e, "k")
+				require.NotNil(t, r)
+				require.Equal(t, "second", string(r.Response))
+				require.Equal(t, 1, r.Attempt)
+				require.NotEqual(t, first.Fingerprint, r.Fingerprint, "the new record carries the new fingerprint")
+				require.Equal(t, c.Now(), r.StartedAt.UTC(), "the new record's own times")
+				res, err = call(bg, e, v, "k", other, mustNotRun[T](t))
+				require.NoError(t, err, "the new record carries the new fingerprint")
+				require.True(t, res.Replayed)
+				require.Equal(t, "second", string(res.Response))
+				_, err = call(bg, e, v, "k", fp, mustNotRun[T](t))
+				require.ErrorIs(t, err, idemcore.ErrFingerprintMismatch, "the old fingerprint went with the old record")
+			})
+		}
+	})
+
 	t.Run("the window runs from completion", func(t *testing.T) {
 		c := newClock()
 		e, _ := s.fresh(t, Options{Retention: time.Hour, Now: c.Now})
@@ -136,6 +167,30 @@ func (s *suite[T]) retention(t *testing.T) {
 		res, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.NoError(t, err, "written under a 7-day window: live after 2 days, whatever the window now")
 		require.True(t, res.Replayed)
+	})
+
+	t.Run("a recovering attempt interrupted in turn keeps the window it recovered", func(t *testing.T) {
+		c := newClock()
+		e, store := s.fresh(t, Options{Retention: 7 * 24 * time.Hour, Now: c.Now})
+		s.interrupt(t, e, "k")
+		e = s.reopen(t, e, store, Options{Retention: time.Hour, Now: c.Now})
+		if s.h.OwnedAcrossProcesses {
+			s.h.ExpireOwners(t, store)
+		}
+		o := callRecovering(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
+			wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 2, Recovered: true})
+			panic("interrupted again")
+		})
+		require.Equal(t, "interrupted again", o.panicked)
+		c.Advance(48 * time.Hour)
+		_, err := e.Prune(bg)
+		require.NoError(t, err)
+		res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
+			wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 3, Recovered: true}, "the evidence keeps its 7-day window")
+			return []byte("v"), nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, 3, res.Attempt)
 	})
 
 	t.Run("an interrupted execution written under refuse is kept whatever a later Open says", func(t *testing.T) {
