@@ -299,9 +299,11 @@ func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
 	return err
 }
 
-// RenewClaims implements core.Backend: bbolt's claims are in memory and
+// RenewClaim implements core.Backend: bbolt's claims are in memory and
 // last until Delivered or Failed, so there is nothing to renew.
-func (b *boltBackend) RenewClaims(context.Context, []*core.Message) error { return nil }
+func (b *boltBackend) RenewClaim(context.Context, *core.Message) (time.Time, error) {
+	return time.Time{}, nil
+}
 
 // Failed stores m back, or moves it to the dead letters if m.Dead, and ends
 // its claim in the index, whatever the write's outcome (due again at

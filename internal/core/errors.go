@@ -45,9 +45,11 @@ var (
 	// takeover). bbolt never returns it (one process holds the file).
 	ErrFenced = errors.New("claim fenced off: another owner took the key over")
 
-	// ErrLeaseLost is the cause of fn's context when the backend could not
-	// renew the claim (Backend.Renew failed) before the lease lapsed: another
-	// process may take the key over, so fn should stop. Postgres only.
+	// ErrLeaseLost is the cause of fn's context when the claim's lease
+	// passed unrenewed (Backend.Renew failed or hung, or the process froze
+	// past it), and of an outbox handler's when its message's claim did:
+	// another process may take the key (or the message) over, so fn should
+	// stop. Postgres only.
 	ErrLeaseLost = errors.New("lease lost")
 
 	// ErrClaimTaken is returned by Backend.RunTx for a claim made inside the
