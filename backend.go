@@ -336,9 +336,11 @@ func (b *boltBackend) Delivered(_ context.Context, m *idemcore.Message) error {
 	return err
 }
 
-// RenewClaims implements idemcore.Backend: bbolt's claims are in memory and
+// RenewClaim implements idemcore.Backend: bbolt's claims are in memory and
 // last until Delivered or Failed, so there is nothing to renew.
-func (b *boltBackend) RenewClaims(context.Context, []*idemcore.Message) error { return nil }
+func (b *boltBackend) RenewClaim(context.Context, *idemcore.Message) (time.Time, error) {
+	return time.Time{}, nil
+}
 
 // Failed stores m back, or moves it to the dead letters if m.Dead, and ends
 // its claim in the index, whatever the write's outcome (due again at

@@ -101,6 +101,21 @@
 //     from a Backup.
 //   - Keys and responses are user data: the engine never logs them. Choose keys
 //     that carry no personal data in clear (KeyOf hashes the parts).
+//   - On a shared backend (idempg) fn holds a lease: its context ends with
+//     cause idempg.ErrLeaseLost the moment the lease has passed unrenewed. Its Err
+//     and Done judge the lease as last renewed, by the process's monotonic
+//     clock, on every call, so fn resumed after a freeze (SIGSTOP, a long GC
+//     pause, a starved scheduler) finds it ended on its first look,
+//     whichever goroutine runs first; its Deadline stays the caller's. What
+//     remains: contexts fn derives from it (WithTimeout, a driver's, an HTTP
+//     request's) do not judge the lease themselves and learn of its end
+//     through Done, when fn's context is cancelled (by its timer, or by a
+//     look of fn's); a look and the effect after it are two instants, so a
+//     process frozen between them does its effect late, maybe after the new
+//     owner's (only its done write is refused, ErrFenced). Effects that must
+//     never repeat belong in DoTx, whose writes commit with the record or not
+//     at all, or downstream behind the idempotency key. An outbox handler's
+//     context ends the same way at its message claim's end.
 //
 // # Outbox
 //

@@ -276,13 +276,16 @@ type Outbox[T any] interface {
 	// it).
 	ClaimDue(ctx context.Context, now time.Time, limit int) (Due, error)
 
-	// RenewClaims extends, by one lease, the claims of messages m, claimed
-	// by ClaimDue, whose handlers still run: the dispatcher calls it every
+	// RenewClaim extends, by one lease, the claim of message m, claimed by
+	// ClaimDue, whose handler still runs: the dispatcher calls it every
 	// Info().ClaimRenew while a handler runs, so that a handler slower than
-	// the lease is not delivered again meanwhile. A message whose claim is
-	// no longer this dispatcher's (lapsed and taken, or gone) is skipped.
-	// bbolt's claims are in memory and never lapse: a no-op.
-	RenewClaims(ctx context.Context, m []*Message) error
+	// the lease is not delivered again meanwhile, and ends the handler's
+	// context at the claim's end as last renewed. It returns that new end,
+	// stamped as Due.ClaimUntil is (zero for a backend whose claims never
+	// lapse: bbolt). A claim that is no longer this dispatcher's (lapsed,
+	// taken by another, or the message gone) is not renewed: the error
+	// wraps ErrFenced.
+	RenewClaim(ctx context.Context, m *Message) (time.Time, error)
 
 	// Delivered deletes pending message m, claimed by ClaimDue, after its
 	// handler succeeded, or returns an error wrapping ErrMessageNotFound if
@@ -369,7 +372,7 @@ type Info struct {
 	// no bound (bbolt claims in memory).
 	ClaimTimeout time.Duration
 	// ClaimRenew is how often the dispatcher renews the claims of the
-	// messages whose handlers run (RenewClaims); zero means claims never
+	// messages whose handlers run (RenewClaim); zero means claims never
 	// lapse (bbolt).
 	ClaimRenew time.Duration
 	// Clock, if set, reads the backend's clock (Postgres: the database's,
@@ -401,6 +404,12 @@ type Due struct {
 	// claimed, zero if none or unknown (Postgres): the dispatcher sleeps
 	// until then at most (and at most its PollInterval).
 	Next time.Time
+	// ClaimUntil is when the claims of Messages lapse unless renewed, by
+	// this process's clock with its monotonic reading (a local reading
+	// taken before the claim was sent, plus the lease left as the backend
+	// measured it, so never later than the lapse by the backend's clock):
+	// the handlers' contexts end then. Zero if claims never lapse (bbolt).
+	ClaimUntil time.Time
 }
 
 // Lookup is a Backend.Lookup request.
@@ -437,8 +446,11 @@ type Claim struct {
 	Started *Record
 	// Prev is the interrupted execution the claim took over, nil if none.
 	Prev *Record
-	// LeaseUntil is when the claim lapses unless renewed, by the backend's
-	// clock; zero if it never lapses (bbolt).
+	// LeaseUntil is when the claim lapses unless renewed, by this process's
+	// clock with its monotonic reading: a local reading taken before the
+	// claim (or the renewal) was sent, plus the lease left as the backend
+	// measured it, so never later than the lapse by the backend's clock.
+	// fn's context ends then. Zero if it never lapses (bbolt).
 	LeaseUntil time.Time
 }
 

@@ -37,16 +37,30 @@ func CallFrom(ctx context.Context) (Call, bool) {
 	return c.Call, true
 }
 
-// fnContext derives fn's context: ctx's values and deadline, the Call, and
-// cancellation on Stop and, for a claim that needs renewal, when the lease is
-// lost (cause ErrLeaseLost).
+// fnContext derives fn's context (a leaseCtx): ctx's values and deadline,
+// the Call, and cancellation on Stop and, for a claim that needs renewal,
+// when its lease passes unrenewed or a renewal fails (cause ErrLeaseLost).
 func (e *Engine[T]) fnContext(ctx context.Context, c *leading, inTx bool) (context.Context, func()) {
-	ctx = context.WithValue(ctx, callCtxKey{}, &callCtx{
-		Call: Call{Key: c.key, Attempt: c.attempt, Recovered: c.recovered}, e: e, inTx: inTx})
-	ctx, cancel := context.WithCancelCause(ctx)
-	unregister := context.AfterFunc(e.ctx, func() { cancel(nil) })
-	stopBeat := e.heartbeat(ctx, c.claim, cancel)
-	return ctx, func() { stopBeat(); unregister(); cancel(nil) }
+	cl := c.claim
+	beat := e.info.Heartbeat > 0 && cl != nil && cl.Token != 0
+	var until time.Time
+	if beat {
+		until = cl.LeaseUntil
+	}
+	lc := newLeaseCtx(ctx, until)
+	lc.call = callCtx{Call: Call{Key: c.key, Attempt: c.attempt, Recovered: c.recovered}, e: e, inTx: inTx}
+	lc.hasCall = true
+	if lc.leased {
+		lc.lapsed = func() {
+			e.log.Warn("idem: the claim's lease lapsed before a renewal succeeded: fn's context is cancelled")
+		}
+	}
+	unregister := context.AfterFunc(e.ctx, func() { lc.cancel(nil) })
+	stopBeat := func() {}
+	if beat {
+		stopBeat = e.heartbeat(lc, cl)
+	}
+	return lc, func() { stopBeat(); unregister(); lc.stop() }
 }
 
 // reentrant refuses, from the context fn was given, calls that would
@@ -83,95 +97,58 @@ func (e *Engine[T]) selfWait(f *flight) error {
 	return nil
 }
 
-// heartbeat renews cl every Info().Heartbeat while fn runs, and cancels fn's
-// context with cause ErrLeaseLost when a renewal fails or when the lease
-// lapses first: each Renew runs with a deadline at the claim's last known
-// LeaseUntil (by the local monotonic clock: backends stamp it from a local
-// reading taken before the statement was sent, so it is never later than
-// the lease's end by the backend's clock), and a timer at that instant
-// cancels fn even if Renew has not returned (a blackholed connection, a
-// pool whose connections are all busy). Without this a hung renewal would
-// let fn run past its lease while another process takes the key over.
+// heartbeat renews cl every Info().Heartbeat while fn runs, and ends fn's
+// context lc with cause ErrLeaseLost when a renewal fails. Each renewal
+// moves the lease lc judges by (its end, by the local monotonic clock:
+// backends stamp it from a local reading taken before the statement was
+// sent, so it is never later than the lease's end by the backend's clock),
+// and runs with a deadline at the lease's end as last renewed: lc ends at
+// that instant (its timer, or fn's own look) even if Renew has not returned
+// (a blackholed connection, a pool whose connections are all busy), and a
+// renewal that answers after it is too late to count. Without this a hung
+// renewal would let fn run past its lease while another process takes the
+// key over.
 //
 // The returned stop ends it (and waits for it and for a Renew in flight,
-// whose context it cancels, so no Renew runs after). Nothing runs for a
-// backend whose claims need no renewal (bbolt) or a claim not yet stored; a
-// zero LeaseUntil never lapses.
-func (e *Engine[T]) heartbeat(ctx context.Context, cl *Claim, cancel context.CancelCauseFunc) func() {
+// whose context it cancels, so no Renew runs after). A zero LeaseUntil
+// never lapses.
+func (e *Engine[T]) heartbeat(lc *leaseCtx, cl *Claim) func() {
 	every := e.info.Heartbeat
-	if every <= 0 || cl == nil || cl.Token == 0 {
-		return func() {}
-	}
-	rctx, quit := context.WithCancel(context.WithoutCancel(ctx))
+	rctx, quit := context.WithCancel(context.WithoutCancel(lc))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		until := cl.LeaseUntil
-		lapse := make(<-chan time.Time) // never, for a lease that never lapses
-		var lt *time.Timer
-		arm := func() {
-			if until.IsZero() {
-				return
-			}
-			if lt == nil {
-				lt = time.NewTimer(time.Until(until))
-				lapse = lt.C
-				return
-			}
-			lt.Reset(time.Until(until))
-		}
-		arm()
-		defer func() {
-			if lt != nil {
-				lt.Stop()
-			}
-		}()
-		lost := func(why string, err error) {
-			e.log.Warn("idem: "+why+": fn's context is cancelled", "err", err)
-			cancel(ErrLeaseLost)
-		}
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-rctx.Done():
 				return
-			case <-ctx.Done():
-				return
-			case <-lapse:
-				lost("the claim's lease lapsed before a renewal succeeded", nil)
+			case <-lc.Done():
 				return
 			case <-t.C:
 			}
 			// Renew works on a copy, so that a Renew still running when the
 			// lease lapsed writes nothing the call reads.
 			rc := *cl
-			rc.LeaseUntil = until
 			dctx, dcancel := rctx, context.CancelFunc(func() {})
-			if !until.IsZero() {
-				dctx, dcancel = context.WithDeadline(rctx, until)
+			if lc.leased {
+				dctx, dcancel = context.WithDeadline(rctx, lc.until())
 			}
-			res := make(chan error, 1)
-			go func() { res <- e.b.Renew(dctx, &rc) }()
-			select {
-			case err := <-res:
-				dcancel()
-				if err != nil {
-					lost("cannot renew a claim", err)
-					return
-				}
-				until = rc.LeaseUntil
-				cl.LeaseUntil = until // read by the call only after stop
-				arm()                 // Reset: no stale tick is received after it (Go 1.23 timers)
-			case <-lapse:
-				lost("the claim's lease lapsed while a renewal was in flight", nil)
-				dcancel()
-				<-res
+			err := e.b.Renew(dctx, &rc)
+			dcancel()
+			switch {
+			case rctx.Err() != nil: // stopped: fn has returned
 				return
-			case <-rctx.Done():
-				dcancel()
-				<-res
+			case err != nil:
+				lc.refused(func() { e.log.Warn("idem: cannot renew a claim: fn's context is cancelled", "err", err) })
 				return
+			case lc.Err() != nil: // the lease passed before the renewal answered
+				return
+			}
+			cl.LeaseUntil = rc.LeaseUntil // read by the call only after stop
+			if lc.leased && !rc.LeaseUntil.IsZero() {
+				lc.extend(rc.LeaseUntil)
 			}
 		}
 	}()

@@ -140,10 +140,13 @@ var (
 	ErrFenced = errors.New("claim fenced off: another owner took the key over")
 
 	// ErrLeaseLost is the cause (context.Cause) of fn's context when the
-	// claim's lease could not be renewed before it lapsed (Backend.Renew
-	// failed, or the claim was fenced off): another process may now take the
-	// key over, so fn should stop. fn's error is then an interruption, not
-	// an outcome: the started record stays for recovery.
+	// claim's lease passed unrenewed (Backend.Renew failed or hung, or the
+	// process was frozen past it) or the claim was fenced off, and of an
+	// outbox handler's context when its message's claim did: another
+	// process may now take the key (or the message) over, so fn should
+	// stop. fn's context reports it the moment the lease has passed (see
+	// the root package doc's Caveats). fn's error is then an interruption,
+	// not an outcome: the started record stays for recovery. Postgres only.
 	ErrLeaseLost = errors.New("lease lost")
 
 	// ErrClaimTaken is returned by Backend.RunTx for a claim made inside the

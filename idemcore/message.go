@@ -73,7 +73,11 @@ type Message struct {
 // after a crash or a failed removal, so pass m.DownstreamKey on as the
 // downstream system's idempotency key. ctx is cancelled on Close and when
 // Dispatch's ctx ends; an error returned then does not count as an attempt.
-// A panic counts as a failed attempt. A handler must not call Close.
+// On a shared backend (idempg) it also ends, with cause ErrLeaseLost, the
+// moment the message's claim has passed unrenewed (another dispatcher may
+// deliver it meanwhile); an error returned then does not count either, and
+// the message is left to the dispatcher that holds it. A panic counts as a
+// failed attempt. A handler must not call Close.
 type Handler func(ctx context.Context, m Message) error
 
 // DownstreamKey is the key a message passes on to the downstream system

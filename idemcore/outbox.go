@@ -172,7 +172,12 @@ func (e *Engine[T]) Dispatch(ctx context.Context) error {
 
 // run is the dispatcher: it delivers due messages until ctx ends (it then
 // returns ctx.Err()) or the engine stops (ErrClosed). A second run at once
-// fails with ErrDispatcherRunning. On return every handler it started has
+// fails with ErrDispatcherRunning. Handlers get a context that ends with
+// run; an attempt cut short that way does not count, and its claim is given
+// back. On a backend whose claims lapse it ends too, with cause
+// ErrLeaseLost, at the message claim's end as last renewed (a leaseCtx); an
+// attempt that fails then does not count, and the message is left as it is
+// (another dispatcher may hold it). On return every handler it started has
 // returned, and every parked claim is given back.
 func (ob *dispatcher[T]) run(ctx context.Context) error {
 	if err := ob.e.enter(); err != nil {
@@ -237,7 +242,7 @@ func (ob *dispatcher[T]) run(ctx context.Context) error {
 				busy++
 				wg.Go(func() {
 					defer func() { done <- struct{}{} }()
-					ob.deliver(ctx, h, m)
+					ob.deliver(ctx, h, m, due.ClaimUntil)
 				})
 			}
 			if d := due.Next.Sub(ob.e.now()); !due.Next.IsZero() && d > 0 && ob.e.info.Clock == nil {
@@ -295,8 +300,10 @@ func (ob *dispatcher[T]) handlerOrPark(m *Message) Handler {
 }
 
 // deliver runs on a worker goroutine: the handler, then Delivered or
-// Failed.
-func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
+// Failed. until is when m's claim lapses unless renewed (Due.ClaimUntil);
+// the handler's context ends then (cause ErrLeaseLost), as fn's does at its
+// lease's end.
+func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message, until time.Time) {
 	b, wctx := ob.e.b, context.WithoutCancel(ctx)
 	hm := *m
 	hm.Attempt = m.Failures + 1 // the one in progress
@@ -304,10 +311,24 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
 	// An error at a point before or after the handler counts as a failed
 	// attempt (the handler not called, or its success lost).
 	herr := fault.Err("outbox-before-handler")
+	lost := false // the claim was lost while the handler ran
 	if herr == nil {
-		stopRenew := ob.renewWhileRunning(wctx, m)
-		herr = ob.call(ctx, h, hm)
+		hctx := ctx
+		var lc *leaseCtx
+		if !until.IsZero() {
+			lc = newLeaseCtx(ctx, until)
+			lc.lapsed = func() {
+				ob.e.log.Warn("idem: outbox: a handler's claim lapsed before a renewal succeeded: its context is cancelled", "topic", m.Topic, "seq", m.Seq)
+			}
+			hctx = lc
+		}
+		stopRenew := ob.renewWhileRunning(wctx, m, lc)
+		herr = ob.call(hctx, h, hm)
 		stopRenew()
+		if lc != nil {
+			lost = context.Cause(lc) == ErrLeaseLost
+			lc.stop()
+		}
 		if herr == nil {
 			herr = fault.Err("outbox-after-handler")
 		}
@@ -332,6 +353,11 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message) {
 			}
 			_ = b.Failed(wctx, m)
 		}
+	case lost:
+		// The claim is no longer this dispatcher's: another may hold it,
+		// whose claim a Failed would end. The attempt does not count; the
+		// message is claimed again once its claim has lapsed.
+		ob.e.log.Warn("idem: outbox: a handler failed after its claim was lost; the message will be delivered again", "topic", m.Topic, "seq", m.Seq, "err", herr)
 	case ctx.Err() != nil:
 		// Stopping: the attempt does not count; the claim is given back.
 		if err := b.Failed(wctx, m); err != nil && !errors.Is(err, ErrMessageNotFound) {
@@ -381,11 +407,14 @@ func (ob *dispatcher[T]) call(ctx context.Context, h Handler, m Message) (err er
 
 // renewWhileRunning renews m's claim every Info().ClaimRenew until the
 // returned stop is called (which waits for a renewal in flight), so that a
-// handler slower than the claim's lease keeps its message. A failed renewal
-// is logged; the next one tries again.
-func (ob *dispatcher[T]) renewWhileRunning(ctx context.Context, m *Message) (stop func()) {
+// handler slower than the claim's lease keeps its message, and moves the
+// lease the handler's context lc judges by. A renewal that fails is logged
+// and the next one tries again, each bounded by the claim's end, at which
+// lc ends; one the backend refuses (ErrFenced: the claim is another's) ends
+// lc at once.
+func (ob *dispatcher[T]) renewWhileRunning(ctx context.Context, m *Message, lc *leaseCtx) (stop func()) {
 	every := ob.e.info.ClaimRenew
-	if every <= 0 {
+	if every <= 0 || lc == nil {
 		return func() {}
 	}
 	quit, done := make(chan struct{}), make(chan struct{})
@@ -397,12 +426,27 @@ func (ob *dispatcher[T]) renewWhileRunning(ctx context.Context, m *Message) (sto
 			select {
 			case <-quit:
 				return
+			case <-lc.Done():
+				return
 			case <-t.C:
-				rctx, cancel := context.WithTimeout(ctx, every)
-				if err := ob.e.b.RenewClaims(rctx, []*Message{m}); err != nil {
-					ob.e.log.Warn("idem: outbox: renewing a running handler's claim failed", "topic", m.Topic, "seq", m.Seq, "err", err)
-				}
-				cancel()
+			}
+			end := lc.until()
+			if soon := time.Now().Add(every); soon.Before(end) {
+				end = soon
+			}
+			rctx, cancel := context.WithDeadline(ctx, end)
+			until, err := ob.e.b.RenewClaim(rctx, m)
+			cancel()
+			switch {
+			case errors.Is(err, ErrFenced):
+				lc.refused(func() {
+					ob.e.log.Warn("idem: outbox: a running handler's claim was lost: its context is cancelled", "topic", m.Topic, "seq", m.Seq, "err", err)
+				})
+				return
+			case err != nil:
+				ob.e.log.Warn("idem: outbox: renewing a running handler's claim failed", "topic", m.Topic, "seq", m.Seq, "err", err)
+			case lc.Err() == nil && !until.IsZero(): // not after the claim's end
+				lc.extend(until)
 			}
 		}
 	}()

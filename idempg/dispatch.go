@@ -17,14 +17,16 @@ type Handler = idemcore.Handler
 // ones are given back when a handler is registered or the dispatcher stops.
 func (e *Engine) Handle(topic string, h Handler) { e.c.Handle(topic, h) }
 
-// Dispatch runs this process's dispatcher (idemcore.Engine.Dispatch) until
-// ctx ends (ctx.Err()) or the engine closes (ErrClosed). Dispatchers of
-// several processes drain one outbox together: each claims due heads of
-// ordering keys (FOR UPDATE SKIP LOCKED, then a claim for one
-// Options.Lease), so the messages of one ordering key are delivered one at a
-// time, in enqueue order, at least once. A second Dispatch in one engine
-// fails with an error wrapping ErrDispatcherRunning. On return every handler
-// it started has returned.
+// Dispatch runs this process's dispatcher (idemcore.Engine.Dispatch, shared
+// with the bbolt engine) until ctx ends (ctx.Err()) or the engine closes
+// (ErrClosed). Dispatchers of several processes drain one outbox together:
+// each claims due heads of ordering keys (FOR UPDATE SKIP LOCKED, then a
+// claim for one Options.Lease, renewed while the handler runs), so the
+// messages of one ordering key are delivered one at a time, in enqueue
+// order, at least once. A handler's context ends with cause ErrLeaseLost
+// the moment its message's claim has passed unrenewed. A second Dispatch in
+// one engine fails with an error wrapping ErrDispatcherRunning. On return
+// every handler it started has returned.
 func (e *Engine) Dispatch(ctx context.Context) error { return e.c.Dispatch(ctx) }
 
 // Messages calls fn for every pending message by Seq, then every dead

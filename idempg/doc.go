@@ -34,10 +34,12 @@
 //     ErrIncomplete instead.
 //   - A stale owner never overwrites: every claim takes a new fencing
 //     token, and the owner's renewals and completion name it; a completion
-//     after a takeover is refused with ErrFenced. fn's context is cancelled
-//     with cause ErrLeaseLost when a renewal fails, or when the lease lapses
-//     first (a renewal that hangs on a starved pool or a dead network is
-//     not waited for), so that fn can stop. Ownership is per engine: two
+//     after a takeover is refused with ErrFenced. fn's context ends
+//     with cause ErrLeaseLost when a renewal is refused, or the moment the
+//     lease has passed unrenewed (a renewal that hangs on a starved pool or
+//     a dead network is not waited for; fn resumed after a freeze finds it
+//     ended on its first look), so that fn can stop; an outbox handler's
+//     context ends so at its message claim's end. Ownership is per engine: two
 //     engines with the same Options.Owner label never share a claim. After
 //     fn panics, or returns once its context ended, the engine ends its
 //     lease at once, so another process recovers the key without waiting.
@@ -129,4 +131,8 @@
 // keeps no replay cache here: it could not judge a cached record's expiry
 // without reading that clock. Schema version 4 marks the change: a build
 // that judged by its own clock refuses a schema migrated to it.
+// fn's context (and an outbox handler's) learns its lease's end from this
+// machine's monotonic clock, counted from a reading taken before the claim
+// or renewal was sent plus the lease left by the database's clock, so it
+// ends no later than the lease does there.
 package idempg

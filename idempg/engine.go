@@ -75,9 +75,10 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.O
 
 // Do runs fn once per idempotency key across every process that shares the
 // schema (idemcore.Engine.Do gives the contract). While fn runs, its claim's
-// lease is renewed every Options.Heartbeat; if a renewal fails and the lease
-// lapses, fn's context is cancelled with cause ErrLeaseLost, since another
-// process may now take the key over. A call whose key another process holds
+// lease is renewed every Options.Heartbeat; fn's context ends with cause
+// ErrLeaseLost the moment the lease has passed unrenewed (or a renewal is
+// refused), since another process may now take the key over. A call whose
+// key another process holds
 // waits for it (LISTEN/NOTIFY, polling every Options.PollInterval), or
 // fails with an *InProgressError under InFlightFail. A claim whose lease
 // lapsed (its process died or stalled) is taken over as an interrupted

@@ -30,8 +30,9 @@ var (
 	ErrFenced = idemcore.ErrFenced
 
 	// ErrLeaseLost is the cause (context.Cause) of fn's context when its
-	// claim could not be renewed: another process may take the key over, so
-	// fn should stop.
+	// claim's lease passed unrenewed or a renewal was refused, and of an
+	// outbox handler's when its message's claim did: another process may
+	// take the key (or the message) over, so fn should stop.
 	ErrLeaseLost = idemcore.ErrLeaseLost
 
 	// ErrDispatcherRunning is wrapped by the error of Dispatch while this

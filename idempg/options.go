@@ -63,16 +63,19 @@ type Options struct {
 	// Open fails with ErrOptions.
 	Lease time.Duration
 
-	// Heartbeat is how often the owner renews a claim while fn runs,
-	// wall-clock. Zero means Lease / 3 (DefaultHeartbeat
-	// with the default Lease); it must be shorter than Lease. If a
-	// renewal fails and the lease lapses before the next one succeeds, fn's
-	// context is cancelled with cause idemcore.ErrLeaseLost. Each renewal waits
-	// at most until the lease's last known end (by this machine's monotonic
-	// clock, read before the claim or the last renewal was sent), and fn's
-	// context is cancelled at that instant even if the renewal still hangs
-	// (a blackholed connection), so fn never runs on past its lease
-	// unknowingly while another process takes the key over.
+	// Heartbeat is how often the owner renews a claim while fn runs (and a
+	// dispatcher its running handlers' message claims), wall-clock. Zero
+	// means Lease / 3 (DefaultHeartbeat with the default Lease); it must be
+	// shorter than Lease. fn's context ends with cause idemcore.ErrLeaseLost at
+	// the lease's end as last renewed, by this machine's monotonic clock
+	// (read before the claim or the renewal was sent, so never later than
+	// the end by the database's clock), or when a renewal is refused. Its
+	// Err and Done judge that end on every call: fn resumed after a freeze
+	// (SIGSTOP, a long GC pause, a starved scheduler) finds its context
+	// ended on its first look, whichever goroutine runs first, and a
+	// renewal that hangs (a blackholed connection) is not waited for. So fn
+	// never runs on past its lease unknowingly while another process takes
+	// the key over; what remains is in the root package's Caveats.
 	//
 	// A renewal takes a connection from the pool like any statement: size
 	// the pool (MaxConns) above the DoTx calls that run at once (each holds

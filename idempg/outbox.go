@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,13 +18,17 @@ const outboxColumns = `seq, key, idx, ordering_key, topic, payload, attempt, las
 // Dead letter columns, in the order scanDead reads them.
 const deadColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns`
 
-func scanMessage(row pgx.Row) (*idemcore.Message, error) {
+func scanMessage(row pgx.Row) (*idemcore.Message, error) { return scanMessageAnd(row) }
+
+// scanMessageAnd scans the outbox columns of row, then its further columns
+// into extra.
+func scanMessageAnd(row pgx.Row, extra ...any) (*idemcore.Message, error) {
 	var (
 		m             idemcore.Message
 		seq, enq, nxt int64
 		lastErr       []byte // bytea: any bytes (migration 3)
 	)
-	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &nxt); err != nil {
+	if err := row.Scan(append([]any{&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &nxt}, extra...)...); err != nil {
 		return nil, err
 	}
 	m.LastError = string(lastErr)
@@ -76,18 +81,21 @@ func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 // pending message of lowest seq of each, not held by a live claim), locked
 // with FOR UPDATE SKIP LOCKED so that dispatchers of several processes
 // never claim one message at once, then marked as claimed for one lease
-// (database clock). A claim whose dispatcher died lapses with its lease and
-// the message is claimed again: delivery is at least once. While a handler
-// runs, the dispatcher renews its claim every Options.Heartbeat
-// (RenewClaims), so a handler slower than Options.Lease keeps its message;
-// only a dispatcher cut off from the database longer than a lease loses it
-// to another. A message is due by the database's clock (now is not read).
-// Rows always decode: nothing is quarantined, and Due.Next is left zero
-// (the dispatcher polls).
+// (database clock), stamped in Due.ClaimUntil from a local reading taken
+// before the statement was sent. A claim whose dispatcher died lapses with
+// its lease and the message is claimed again: delivery is at least once.
+// While a handler runs, the dispatcher renews its claim every
+// Options.Heartbeat (RenewClaim), so a handler slower than Options.Lease
+// keeps its message; only a dispatcher cut off from the database (or
+// frozen) longer than a lease loses it to another, and its handler's
+// context ends then. Rows always decode: nothing is quarantined, and
+// Due.Next is left zero (the dispatcher polls). A message is due by the
+// database's clock (now is not read).
 func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (idemcore.Due, error) {
 	if limit <= 0 {
 		return idemcore.Due{}, nil
 	}
+	before := time.Now()
 	rows, err := b.pool.Query(ctx, b.sql(`WITH heads AS (
 			SELECT o.seq FROM {schema}.idem_outbox AS o
 			WHERE o.next_attempt_ns <= {now_ns}
@@ -98,27 +106,33 @@ func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (idemcor
 		UPDATE {schema}.idem_outbox AS o SET claimed_by = $2::text, claim_until = `+b.leaseSQL()+`,
 			claim_token = nextval('{schema}.idem_fence')
 		FROM heads WHERE o.seq = heads.seq
-		RETURNING o.claim_token, o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns`),
+		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns,
+			`+leftSQL("o.claim_until")+`, o.claim_token`),
 		b.s.args(limit, b.owner)...)
 	if err != nil {
 		return idemcore.Due{}, err
 	}
+	left := int64(math.MaxInt64)
 	var tokens []int64
 	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) {
-		var token int64
-		m, err := scanMessage(tokenRow{row, &token})
+		var l, token int64
+		m, err := scanMessageAnd(row, &l, &token)
+		left = min(left, l)
 		tokens = append(tokens, token)
 		return m, err
 	})
 	if err != nil {
 		return idemcore.Due{}, err
 	}
+	if len(ms) == 0 {
+		return idemcore.Due{}, nil
+	}
 	for i, m := range ms {
 		b.outboxClaims.Store(m.Seq, outboxClaim{m: m, token: tokens[i]})
 	}
 	// RETURNING follows no order: deliver in seq order.
 	sortBySeq(ms)
-	return idemcore.Due{Messages: ms}, nil
+	return idemcore.Due{Messages: ms, ClaimUntil: before.Add(time.Duration(left) * time.Microsecond)}, nil
 }
 
 func sortBySeq(ms []*idemcore.Message) {
@@ -129,17 +143,22 @@ func sortBySeq(ms []*idemcore.Message) {
 	}
 }
 
-// RenewClaims implements idemcore.Backend: one UPDATE moves the claims of ms
-// that are still this engine's (claimed_by, and a claim not lapsed) to a
-// new lease from the database's clock.
-func (b *backend) RenewClaims(ctx context.Context, ms []*idemcore.Message) error {
-	seqs := make([]int64, len(ms))
-	for i, m := range ms {
-		seqs[i] = int64(m.Seq)
+// RenewClaim implements idemcore.Backend: one UPDATE moves m's claim, if it is
+// still this engine's (claimed_by, and a claim not lapsed), to a new lease
+// from the database's clock, whose end it returns stamped as ClaimDue's.
+func (b *backend) RenewClaim(ctx context.Context, m *idemcore.Message) (time.Time, error) {
+	before := time.Now()
+	var left int64
+	err := b.writeRow(ctx, `UPDATE {schema}.idem_outbox SET claim_until = `+b.leaseSQL()+`
+		WHERE seq = $1::bigint AND claimed_by = $2::text AND claim_until > {now}
+		RETURNING `+leftSQL("claim_until"), []any{int64(m.Seq), b.owner}, &left)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return time.Time{}, fmt.Errorf("%w: renewing the claim of outbox message %d", idemcore.ErrFenced, m.Seq)
 	}
-	_, err := b.exec(ctx, `UPDATE {schema}.idem_outbox SET claim_until = `+b.leaseSQL()+`
-		WHERE seq = ANY($1::bigint[]) AND claimed_by = $2::text AND claim_until > {now}`, seqs, b.owner)
-	return err
+	if err != nil {
+		return time.Time{}, err
+	}
+	return before.Add(time.Duration(left) * time.Microsecond), nil
 }
 
 // outboxClaim is a claim of the dispatcher's, as ClaimDue made it: the
@@ -148,15 +167,6 @@ type outboxClaim struct {
 	m     *idemcore.Message
 	token int64
 }
-
-// tokenRow scans a claimed row's leading claim_token into token, the rest
-// as scanMessage reads it.
-type tokenRow struct {
-	pgx.Row
-	token *int64
-}
-
-func (r tokenRow) Scan(dest ...any) error { return r.Row.Scan(append([]any{r.token}, dest...)...) }
 
 // endClaim ends the entry of m's claim and returns its token: known is
 // false for a message this dispatcher's ClaimDue did not hand out (then the
@@ -351,4 +361,10 @@ func (b *backend) PruneDead(ctx context.Context, expired func(m *idemcore.Messag
 			return deleted, nil
 		}
 	}
+}
+
+// leftSQL is the time left until the instant in column col, in
+// microseconds by the database's clock (negative once it has passed).
+func leftSQL(col string) string {
+	return "(extract(epoch FROM " + col + " - {now}) * 1000000)::bigint"
 }

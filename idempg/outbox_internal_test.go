@@ -339,3 +339,48 @@ func TestOutboxFailedIsFenced(t *testing.T) {
 		t.Fatalf("Failed of a's current claim: %v", err)
 	}
 }
+
+// TestOutboxClaimLease: ClaimDue stamps its claims' end from a local reading
+// taken before the statement (never later than the claim's end by the
+// database's clock, so a handler's context ends no later than its claim);
+// RenewClaim moves it on, and refuses (ErrFenced) a claim that lapsed and
+// was taken by another dispatcher, which alone renews it then.
+func TestOutboxClaimLease(t *testing.T) {
+	var offset atomic.Int64
+	bs := backends(t, 2, &offset)
+	a, b := bs[0], bs[1]
+	ctx := context.Background()
+	enqueue(t, a, "call-1", "o1")
+	before := time.Now()
+	due, err := a.ClaimDue(ctx, time.Now(), 10)
+	after := time.Now()
+	if err != nil || len(due.Messages) != 1 {
+		t.Fatalf("claim: %+v, %v", due, err)
+	}
+	lease := a.s.Lease
+	if due.ClaimUntil.Before(before.Add(lease-time.Second)) || due.ClaimUntil.After(after.Add(lease)) || due.ClaimUntil == due.ClaimUntil.Round(0) {
+		t.Fatalf("ClaimUntil %v, want about a lease (%v) after the claim, with a monotonic reading", due.ClaimUntil, lease)
+	}
+	m := due.Messages[0]
+	until, err := a.RenewClaim(ctx, m)
+	if err != nil || !until.After(due.ClaimUntil) || until.After(time.Now().Add(lease)) {
+		t.Fatalf("renewal: %v, %v; want a later end, at most a lease from now", until, err)
+	}
+	offset.Add(int64(lease + time.Second)) // a's claim lapses by the database's clock
+	if _, err := a.RenewClaim(ctx, m); !errors.Is(err, idemcore.ErrFenced) {
+		t.Fatalf("renewing a lapsed claim: %v, want ErrFenced", err)
+	}
+	taken, err := b.ClaimDue(ctx, time.Now(), 10)
+	if err != nil || len(taken.Messages) != 1 {
+		t.Fatalf("b's claim of the lapsed one: %+v, %v", taken, err)
+	}
+	if _, err := a.RenewClaim(ctx, m); !errors.Is(err, idemcore.ErrFenced) {
+		t.Fatalf("renewing a claim b took: %v, want ErrFenced", err)
+	}
+	if _, err := b.RenewClaim(ctx, taken.Messages[0]); err != nil {
+		t.Fatalf("b renewing its claim: %v", err)
+	}
+	if empty, err := a.ClaimDue(ctx, time.Now(), 10); err != nil || len(empty.Messages) != 0 || !empty.ClaimUntil.IsZero() {
+		t.Fatalf("nothing due: %+v, %v; want no messages and no lease", empty, err)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -33,6 +34,7 @@ const (
 	envSchema = "IDEMPG_SCHEMA"
 	envKey    = "IDEMPG_KEY"
 	envLease  = "IDEMPG_LEASE" // the child's Lease, if set (default 10 s)
+	envMark   = "IDEMPG_MARK"  // the frozen role's mark: a file the parent creates before it resumes the child
 )
 
 func TestMain(m *testing.M) {
@@ -86,6 +88,31 @@ func childMain(role string) int {
 			_, _ = in.ReadString('\n')
 			return []byte("child"), nil
 		})
+	case "frozen":
+		// fn works in steps, looking at its context before each. A step
+		// that comes after a pause (the clock jumped) with the parent's
+		// mark present is the first after the parent resumed the process:
+		// fn does its effect then if its context is live. The pause is
+		// measured before the look, so a look made before the freeze
+		// never counts as one made after it.
+		mark := os.Getenv(envMark)
+		res, err = e.Do(ctx, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
+			fmt.Println("started", os.Getpid())
+			last := time.Now()
+			for {
+				now := time.Now()
+				resumed := now.Sub(last) > 50*time.Millisecond && marked(mark)
+				last = now
+				if err := ctx.Err(); err != nil {
+					fmt.Printf("ended after the mark=%v cause=%v\n", marked(mark), context.Cause(ctx))
+					return nil, err
+				}
+				if resumed {
+					fmt.Println("effect after the freeze")
+					return []byte("child"), nil
+				}
+			}
+		})
 	default:
 		fmt.Println("error unknown role", role)
 		return 2
@@ -99,6 +126,12 @@ func childMain(role string) int {
 		fmt.Println("result", string(res.Response))
 	}
 	return 0
+}
+
+// marked reports whether the file at path exists.
+func marked(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
 }
 
 // child is a running child process.
@@ -315,6 +348,48 @@ func TestProcessStoppedInDoTx(t *testing.T) {
 	}
 	rec, err := e.Get("k")
 	if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "parent" {
+		t.Fatalf("record: %+v, %v; want this process's outcome", rec, err)
+	}
+}
+
+// TestProcessFrozenOwnerSeesLeaseEnd: a child process whose fn runs (in
+// steps, each after a look at its context) is SIGSTOPped past its lease;
+// this process takes the key over (attempt 2, Recovered) once the lease has
+// lapsed by the database's clock, then resumes the child. fn's first look
+// after the freeze finds its context ended (cause ErrLeaseLost), whichever
+// of its goroutines runs first: it does no effect after attempt 2's (issue
+// 18, item 2). The child runs on one P (GOMAXPROCS=1, a starved scheduler):
+// the goroutine running fn when it froze runs first after it.
+func TestProcessFrozenOwnerSeesLeaseEnd(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	mark := filepath.Join(t.TempDir(), "resumed")
+	c := startChild(t, st, "frozen", "k", envLease+"=1s", envMark+"="+mark, "GOMAXPROCS=1")
+	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	e := st.open(t, nil) // waits for the frozen child's lease to lapse (real time, the database's clock)
+	var call idemcore.Call
+	res, err := e.Do(context.Background(), "k", []byte("fp"), func(ctx context.Context) ([]byte, error) {
+		call, _ = idemcore.CallFrom(ctx)
+		return []byte("parent"), nil
+	})
+	if err != nil || string(res.Response) != "parent" || call.Attempt != 2 || !call.Recovered {
+		t.Fatalf("takeover: %+v, %v, call %+v; want attempt 2, recovered", res, err, call)
+	}
+	if err := os.WriteFile(mark, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	if line := c.next(t); line != "ended after the mark=true cause="+idemcore.ErrLeaseLost.Error() {
+		t.Fatalf("the resumed child's fn: %q; want its first look after the freeze to find its context ended by ErrLeaseLost, before any effect", line)
+	}
+	if line := c.next(t); !strings.HasPrefix(line, "error") {
+		t.Fatalf("the resumed child's Do: %q, want an error (an interruption)", line)
+	}
+	rec, err := e.Get("k")
+	if err != nil || string(rec.Response) != "parent" || rec.Attempt != 2 {
 		t.Fatalf("record: %+v, %v; want this process's outcome", rec, err)
 	}
 }
