@@ -6,45 +6,80 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
-	"sync/atomic"
 	"time"
 	"unsafe"
 
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/idemkit/idem/internal/commit"
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
-	"github.com/idemkit/idem/internal/layout"
 )
 
-// boltBackend is the engine's storage in one bbolt file: core.Backend over
+// boltBackend is the engine's storage in one bbolt file: idemcore.Backend over
 // the store's time slots (store.go), the commit pipeline's shared write
-// transactions (internal/commit), and the outbox buckets. DoTx's
+// transactions (commit.go), and the outbox buckets. DoTx's
 // transaction is *Tx, a bbolt write transaction.
-// The claim rule is in lock.go.
+// The claim rule is in lock.go. It knows nothing of the engine above it: the
+// engine calls it, never the reverse.
 type boltBackend struct {
 	db       *bbolt.DB
 	st       *store
-	pipe     *commit.Pipeline
-	e        *Engine // for the Tx a DoTx fn gets (Enqueue's clock)
+	pipe     *pipeline
 	readOnly bool
-	onCommit atomic.Pointer[func()]
-	ix       *outboxIndex // pending messages, for ClaimDue (outboxindex.go)
+	maxSize  int              // BoltOptions.MaxSize, for ErrFileFull's text
+	now      func() time.Time // the engine clock, for Tx.Enqueue
+	log      *slog.Logger
+	commits  chan struct{} // Committed's: capacity 1
+	ix       *outboxIndex  // pending messages, for ClaimDue (outboxindex.go)
+	reads    readGuard     // goroutines inside Records, View and Messages callbacks
 }
 
-var _ core.Backend[*Tx] = (*boltBackend)(nil)
+var _ idemcore.Backend[*Tx] = (*boltBackend)(nil)
+
+// newBoltBackend returns the backend over db, opened with f, for an engine
+// with options o (defaults filled in): its clock, its logger, its observer
+// (which gets an EventCommit for every commit of the pipeline).
+func newBoltBackend(db *bbolt.DB, st *store, f *BoltOptions, o *Options) *boltBackend {
+	clock := o.Now
+	b := &boltBackend{db: db, st: st, readOnly: f.ReadOnly, maxSize: f.MaxSize,
+		now: func() time.Time { return clock().Round(0) }, log: o.Logger, ix: newOutboxIndex(),
+		commits: make(chan struct{}, 1)}
+	b.pipe = newPipeline(db, b.committed)
+	if ob := o.Observer; ob != nil {
+		b.pipe.Observe = func(n int, d time.Duration) {
+			ob.Observe(idemcore.Event{Kind: idemcore.EventCommit, N: n, Duration: d})
+		}
+	}
+	return b
+}
 
 // Info: no heartbeat, no poll: a bbolt claim never lapses and is never
-// owned elsewhere.
-func (b *boltBackend) Info() core.Info { return core.Info{Name: "bbolt", ReadOnly: b.readOnly} }
+// owned elsewhere. The commits are the pipeline's.
+func (b *boltBackend) Info() idemcore.Info {
+	return idemcore.Info{Name: "bbolt", ReadOnly: b.readOnly, Commits: b.pipe.Stats}
+}
+
+// Guard refuses a call from inside a Records, View or Messages callback
+// (errInsideRead), and fails closed after a failed commit
+// (ErrStorageFailed): every call, replays from the cache too, is refused
+// until a reopen.
+func (b *boltBackend) Guard() error {
+	if b.reads.holding() {
+		return errInsideRead
+	}
+	if err := b.pipe.Failed(); err != nil {
+		return storageErr(err, b.maxSize)
+	}
+	return nil
+}
 
 // Lookup reads the key's newest version in one read transaction; a live
 // done record of another fingerprint is refused from its header alone. The
 // engine's clock judges (no Info.Clock): at is zero.
-func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, at time.Time, err error) {
+func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record, at time.Time, err error) {
 	err = view(b.db, func(tx *bbolt.Tx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
@@ -54,7 +89,7 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, at 
 		}
 		if st, rfp, completed, ok := peekRecord(v); q.CheckFingerprint && ok && st == StateDone && rfp != q.Fingerprint &&
 			q.Now.Before(completed.Add(q.Retention)) {
-			return core.ErrFingerprintMismatch
+			return idemcore.ErrFingerprintMismatch
 		}
 		var err error
 		rec, err = decodeRecord(q.Key, v)
@@ -67,7 +102,7 @@ func (b *boltBackend) Lookup(_ context.Context, q core.Lookup) (rec *Record, at 
 }
 
 // Complete commits done in place of the claim's started record.
-func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) error {
+func (b *boltBackend) Complete(_ context.Context, c *idemcore.Claim, done *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		if err := fault.Err("do-done-commit"); err != nil {
 			return err // as a failed write: the transaction rolls back
@@ -78,7 +113,7 @@ func (b *boltBackend) Complete(_ context.Context, c *core.Claim, done *Record) e
 
 // Release puts back the interrupted execution the claim recovered, or
 // deletes the claim's started record.
-func (b *boltBackend) Release(_ context.Context, c *core.Claim, restore *Record) error {
+func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Record) error {
 	return b.write(func(tx *bbolt.Tx) error {
 		if restore != nil {
 			return b.st.put(tx, restore, c.Started)
@@ -89,12 +124,12 @@ func (b *boltBackend) Release(_ context.Context, c *core.Claim, restore *Record)
 
 // RunTx runs fn in a write transaction of the commit pipeline, shared with
 // concurrent writers (group commit: fn may run again, at most
-// commit.MaxRuns times), and puts the done record fn returns in it. A claim
+// maxRuns times), and puts the done record fn returns in it. A claim
 // of Token zero needs no write of its own: the core holds the key, and the
 // file has one writer.
-func (b *boltBackend) RunTx(_ context.Context, c *core.Claim, fn func(tx *Tx) (*Record, error)) error {
+func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
 	return b.write(func(btx *bbolt.Tx) error {
-		tx := &Tx{tx: btx, e: b.e, key: c.Key}
+		tx := &Tx{tx: btx, b: b, key: c.Key}
 		done, err := fn(tx)
 		tx.tx = nil
 		if err != nil {
@@ -147,14 +182,14 @@ func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record
 }
 
 // Prune is the slot pruner (prune.go).
-func (b *boltBackend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+func (b *boltBackend) Prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
 	return b.prune(ctx, req)
 }
 
 // Scan walks every stored record in one read transaction, slot by slot from
 // the oldest, by key within a slot.
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
-	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
+	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
 	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
 		return b.st.forEach(tx, func(r *Record, err error) error {
@@ -167,7 +202,7 @@ func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) erro
 }
 
 // Enqueue puts m in the outbox bucket inside the DoTx transaction.
-func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
+func (b *boltBackend) Enqueue(tx *Tx, m *idemcore.Message) error {
 	if tx.tx == nil {
 		return ErrTxClosed
 	}
@@ -180,18 +215,20 @@ func (b *boltBackend) Enqueue(tx *Tx, m *core.Message) error {
 		return err
 	}
 	m.Seq = seq
-	return ob.Put(layout.U64(seq), encodeMessage(nil, m))
+	return ob.Put(u64Key(seq), encodeMessage(nil, m))
 }
 
-// OnCommit registers the dispatcher's wake-up, called after every commit.
-func (b *boltBackend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
+// Committed is signalled after every commit of the pipeline.
+func (b *boltBackend) Committed() <-chan struct{} { return b.commits }
 
 // committed runs after every commit of the pipeline: the outbox index
-// reads what it may have enqueued at the next ClaimDue.
+// reads what it may have enqueued at the next ClaimDue, and the dispatcher
+// is woken (Committed), without blocking.
 func (b *boltBackend) committed() {
 	b.ix.dirty.Store(true)
-	if fn := b.onCommit.Load(); fn != nil {
-		(*fn)()
+	select {
+	case b.commits <- struct{}{}:
+	default:
 	}
 }
 
@@ -203,23 +240,23 @@ func (b *boltBackend) committed() {
 // (ErrStorageFailed) nothing is claimed: a message may come from a commit
 // that never reached the disk, and nothing is delivered until a reopen reads
 // what did.
-func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (core.Due, error) {
+func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (idemcore.Due, error) {
 	if err := b.pipe.Failed(); err != nil {
-		return core.Due{}, storageErr(err, b.e.opts.Bolt.MaxSize)
+		return idemcore.Due{}, storageErr(err, b.maxSize)
 	}
 	ix := b.ix
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	corrupt, err := ix.load(b.db)
 	if err != nil {
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
 	seqs, next := ix.due(now, limit)
-	var due core.Due
+	var due idemcore.Due
 	err = view(b.db, func(tx *bbolt.Tx) error {
 		ob := outboxBucket(tx)
 		for _, seq := range seqs {
-			v := ob.Get(layout.U64(seq))
+			v := ob.Get(u64Key(seq))
 			if v == nil {
 				ix.remove(seq) // gone since the load read it
 				continue
@@ -238,9 +275,9 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (cor
 		for _, m := range due.Messages {
 			ix.release(m.Seq, m.NextAttemptAt)
 		}
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
-	slices.SortFunc(due.Messages, func(a, b *core.Message) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortFunc(due.Messages, func(a, b *idemcore.Message) int { return cmp.Compare(a.Seq, b.Seq) })
 	if next.After(now) {
 		due.Next = next
 	}
@@ -248,7 +285,7 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (cor
 		due.Quarantined, err = b.quarantine(corrupt)
 		if err != nil {
 			ix.rescan.Store(true)
-			b.e.log.Warn("idem: outbox: moving corrupt messages to the dead letters failed", "err", err)
+			b.log.Warn("idem: outbox: moving corrupt messages to the dead letters failed", "err", err)
 		}
 	}
 	return due, nil
@@ -261,7 +298,7 @@ func (b *boltBackend) quarantine(seqs []uint64) (moved []uint64, err error) {
 	err = b.write(func(tx *bbolt.Tx) error {
 		moved = moved[:0]
 		for _, seq := range seqs {
-			k := layout.U64(seq)
+			k := u64Key(seq)
 			v := outboxBucket(tx).Get(k)
 			if v == nil {
 				continue
@@ -283,9 +320,9 @@ func (b *boltBackend) quarantine(seqs []uint64) (moved []uint64, err error) {
 }
 
 // Delivered deletes pending message m and drops it from the index.
-func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
+func (b *boltBackend) Delivered(_ context.Context, m *idemcore.Message) error {
 	err := b.write(func(tx *bbolt.Tx) error {
-		ob, k := outboxBucket(tx), layout.U64(m.Seq)
+		ob, k := outboxBucket(tx), u64Key(m.Seq)
 		if ob.Get(k) == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 		}
@@ -299,28 +336,28 @@ func (b *boltBackend) Delivered(_ context.Context, m *core.Message) error {
 	return err
 }
 
-// RenewClaim implements core.Backend: bbolt's claims are in memory and
+// RenewClaim implements idemcore.Backend: bbolt's claims are in memory and
 // last until Delivered or Failed, so there is nothing to renew.
-func (b *boltBackend) RenewClaim(context.Context, *core.Message) (time.Time, error) {
+func (b *boltBackend) RenewClaim(context.Context, *idemcore.Message) (time.Time, error) {
 	return time.Time{}, nil
 }
 
 // Failed stores m back, or moves it to the dead letters if m.Dead, and ends
 // its claim in the index, whatever the write's outcome (due again at
 // m.NextAttemptAt). A message given back unchanged is not written again.
-func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
+func (b *boltBackend) Failed(_ context.Context, m *idemcore.Message) error {
 	enc := encodeMessage(nil, m)
 	same := false
 	if !m.Dead {
 		_ = view(b.db, func(tx *bbolt.Tx) error {
-			same = bytes.Equal(outboxBucket(tx).Get(layout.U64(m.Seq)), enc)
+			same = bytes.Equal(outboxBucket(tx).Get(u64Key(m.Seq)), enc)
 			return nil
 		})
 	}
 	var err error
 	if !same {
 		err = b.write(func(tx *bbolt.Tx) error {
-			ob, k := outboxBucket(tx), layout.U64(m.Seq)
+			ob, k := outboxBucket(tx), u64Key(m.Seq)
 			if ob.Get(k) == nil {
 				return fmt.Errorf("%w: message %d", ErrMessageNotFound, m.Seq)
 			}
@@ -344,8 +381,8 @@ func (b *boltBackend) Failed(_ context.Context, m *core.Message) error {
 }
 
 // Messages walks the pending messages, then the dead letters, by Seq.
-func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err error) error) error {
-	defer b.e.reads.unmark(b.e.reads.mark()) // fn runs inside the read transaction
+func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, err error) error) error {
+	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
 	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
 		for _, dead := range []bool{false, true} {
@@ -355,10 +392,10 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 			}
 			c := bk.Cursor()
 			for k, v := c.First(); k != nil; k, v = c.Next() {
-				seq, _ := layout.ParseU64(k)
+				seq, _ := parseU64Key(k)
 				m, err := decodeMessage(seq, v)
 				if err != nil {
-					m = &core.Message{Seq: seq, Dead: dead}
+					m = &idemcore.Message{Seq: seq, Dead: dead}
 				}
 				inUser = true
 				err = fn(m, err)
@@ -373,9 +410,9 @@ func (b *boltBackend) Messages(_ context.Context, fn func(m *core.Message, err e
 }
 
 // RetryDead moves dead letter seq back to the outbox, as revive leaves it.
-func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *core.Message) error) error {
+func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *idemcore.Message) error) error {
 	err := b.write(func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
+		k := u64Key(seq)
 		v := deadBucket(tx).Get(k)
 		if v == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
@@ -401,7 +438,7 @@ func (b *boltBackend) RetryDead(_ context.Context, seq uint64, revive func(m *co
 // DropDead deletes dead letter seq.
 func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 	return b.write(func(tx *bbolt.Tx) error {
-		k := layout.U64(seq)
+		k := u64Key(seq)
 		if deadBucket(tx).Get(k) == nil {
 			return fmt.Errorf("%w: message %d", ErrMessageNotFound, seq)
 		}
@@ -410,11 +447,11 @@ func (b *boltBackend) DropDead(_ context.Context, seq uint64) error {
 }
 
 // PruneDead deletes the dead letters expired says so, limit per commit.
-func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
+func (b *boltBackend) PruneDead(ctx context.Context, expired func(m *idemcore.Message) bool, limit int) (int, error) {
 	var keys [][]byte
 	err := view(b.db, func(tx *bbolt.Tx) error {
 		return deadBucket(tx).ForEach(func(k, v []byte) error {
-			seq, ok := layout.ParseU64(k)
+			seq, ok := parseU64Key(k)
 			if !ok {
 				return nil
 			}
@@ -453,8 +490,8 @@ func (b *boltBackend) Close() error {
 }
 
 // write runs fn in the commit pipeline; its errors are mapped by storageErr.
-func (b *boltBackend) write(fn commit.Func) error {
-	return storageErr(b.pipe.Do(fn), b.e.opts.Bolt.MaxSize)
+func (b *boltBackend) write(fn commitFunc) error {
+	return storageErr(b.pipe.Do(fn), b.maxSize)
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,
@@ -465,18 +502,18 @@ func storageErr(err error, maxSize int) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, commit.ErrStopped):
+	case errors.Is(err, errPipelineStopped):
 		return ErrClosed
-	case errors.Is(err, commit.ErrFailed):
+	case errors.Is(err, errCommitFailed):
 		return fmt.Errorf("%w: %w", ErrStorageFailed, err)
 	case errors.Is(err, bolterrors.ErrMaxSizeReached):
-		return fmt.Errorf("%w (Options.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
+		return fmt.Errorf("%w (BoltOptions.MaxSize is %d bytes): %w", ErrFileFull, maxSize, err)
 	}
 	// A write's panic is bbolt's on a damaged page (a DoTx fn's own panic
 	// is the core's *PanicError, re-raised in its caller): the transaction
 	// rolled back, the file is as it was.
 	// (A failpoint's injected panic stays what it is.)
-	if pe, ok := errors.AsType[*commit.PanicError](err); ok {
+	if pe, ok := errors.AsType[*commitPanic](err); ok {
 		if _, injected := pe.Value.(*fault.Panic); !injected {
 			return damaged(pe.Value)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The outbox operations of the bbolt backend, as the dispatcher uses them:
@@ -35,7 +35,7 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	enqueue("a", "a1", "a2")
 	enqueue("b", "b1")
 	b := e.b
-	claim := func(now time.Time, limit int) ([]*core.Message, []string, time.Time) {
+	claim := func(now time.Time, limit int) ([]*idemcore.Message, []string, time.Time) {
 		due, err := b.ClaimDue(ctx, now, limit)
 		require.NoError(t, err)
 		require.Empty(t, due.Quarantined)
@@ -45,7 +45,7 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 		}
 		return due.Messages, topics, due.Next
 	}
-	now := e.now()
+	now := e.c.Now()
 	limited, topics, _ := claim(now, 1)
 	require.Equal(t, []string{"a1"}, topics, "the lowest Seq first, up to limit")
 	bs, topics, _ := claim(now, 10)
@@ -76,8 +76,8 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	require.NoError(t, b.Failed(ctx, a1))
 	_, topics, _ = claim(now, 10)
 	require.Equal(t, []string{"a2"}, topics, "a dead letter no longer holds its ordering key")
-	var dead []*core.Message
-	require.NoError(t, b.Messages(ctx, func(m *core.Message, err error) error {
+	var dead []*idemcore.Message
+	require.NoError(t, b.Messages(ctx, func(m *idemcore.Message, err error) error {
 		require.NoError(t, err)
 		if m.Dead {
 			dead = append(dead, m)
@@ -88,10 +88,10 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 	require.Equal(t, "boom", dead[0].LastError)
 	require.Equal(t, time.Hour, dead[0].DeadLetterRetention)
 
-	n, err := b.PruneDead(ctx, func(*core.Message) bool { return false }, 1)
+	n, err := b.PruneDead(ctx, func(*idemcore.Message) bool { return false }, 1)
 	require.NoError(t, err)
 	require.Zero(t, n)
-	n, err = b.PruneDead(ctx, func(*core.Message) bool { return true }, 1)
+	n, err = b.PruneDead(ctx, func(*idemcore.Message) bool { return true }, 1)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	require.ErrorIs(t, b.DropDead(ctx, a1.Seq), ErrMessageNotFound)
@@ -101,7 +101,7 @@ func TestBoltBackendOutboxOperations(t *testing.T) {
 // also when a head due again after its backoff is claimed beside a fresh one
 // (the index keeps heads by next attempt).
 func TestBoltClaimDueBySeq(t *testing.T) {
-	e, err := Open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1, Bolt: BoltOptions{NoSync: true}})
+	e, err := OpenFile(filepath.Join(t.TempDir(), "idem.db"), &BoltOptions{NoSync: true}, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	defer e.Close()
 	ctx := context.Background()
@@ -109,7 +109,7 @@ func TestBoltClaimDueBySeq(t *testing.T) {
 		_, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *Tx) ([]byte, error) { return nil, tx.Enqueue("t", nil) })
 		require.NoError(t, err)
 	}
-	now := e.now()
+	now := e.c.Now()
 	enqueue("x")
 	due, err := e.b.ClaimDue(ctx, now, 10)
 	require.NoError(t, err)

@@ -9,9 +9,8 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/core"
-	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -24,7 +23,7 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 	Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
 		return idem.Open(store, o.Engine())
 	},
-	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[*idem.Tx]) core.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
+	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
 		return idem.OpenWrapped(store, o.Engine(), wrap)
 	},
 	PutEffect: func(tx *idem.Tx, key, value string) error {
@@ -46,7 +45,7 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 		return m, err
 	},
 	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
-	Hook:    hookVia(fault.Set),
+	Hook:    idemtest.CoreHook,
 	Check:   testkit.Check,
 }
 
@@ -58,18 +57,5 @@ func TestConformance(t *testing.T) {
 	idemtest.Run(t, boltHarness)
 }
 
-// hookVia adapts a failpoint setter to Harness.Hook, whichever form its hook
-// takes: func(), or func() error (a hook that may fail the point; this one
-// never does).
-func hookVia[H func() | func() error](set func(point string, hook H) (unset func())) func(string, func()) func() {
-	return func(point string, fn func()) func() {
-		var h H
-		switch any(h).(type) {
-		case func():
-			h = any(fn).(H)
-		case func() error:
-			h = any(func() error { fn(); return nil }).(H)
-		}
-		return set(point, h)
-	}
-}
+// The bbolt engine offers every engine's methods.
+var _ idemtest.Engine[*idem.Tx] = (*idem.Engine)(nil)

@@ -15,6 +15,12 @@
 //	})
 //	// res.Response is the first call's response; res.Replayed tells a retry.
 //
+// The engine is github.com/idemkit/idem/idemcore's (the state machine,
+// written once for every backend, and its vocabulary: Options, Record,
+// Error and the sentinels are its types, aliased here) over a bbolt file;
+// github.com/idemkit/idem/idempg runs the same engine over Postgres.
+// OpenFile takes the file's own settings (BoltOptions) beside the engine's.
+//
 // Keys follow Stripe's rules (1 to 255 bytes) and the IETF Idempotency-Key
 // draft's semantics: a reused key with other arguments is refused
 // (ErrFingerprintMismatch, the draft's 422), a duplicate that arrives while the
@@ -34,7 +40,7 @@
 //     error code and message, after a restart too. A caller can tell a replay only
 //     by Result.Replayed.
 //   - Durability: when Do returns, its record is on disk (fsync), unless
-//     Options.Bolt.NoSync is set. Concurrent calls share commits (group commit).
+//     BoltOptions.NoSync is set. Concurrent calls share commits (group commit).
 //   - A crash at any point leaves either no record (fn did not run), a done record
 //     (replayed), or a started record: an interrupted execution, whose effect is
 //     unknown. The RecoveryPolicy decides: re-execute (the default, at-least-once;
@@ -69,7 +75,7 @@
 // # Caveats
 //
 //   - One process holds the file (bbolt's exclusive lock); a second Open, even
-//     in the same process, fails after Options.Bolt.LockTimeout. Dedupe across
+//     in the same process, fails after BoltOptions.LockTimeout. Dedupe across
 //     processes or machines needs a shared backend, which this package is not.
 //   - Exactly once is impossible for an effect on another system: after a crash
 //     between the effect and the done record, fn runs again (or the key is
@@ -78,7 +84,7 @@
 //   - A DoTx fn may run more than once (shared transactions are retried without
 //     a failing member), never more than 3 times per call, and must touch only
 //     its Tx: no I/O, no shared memory.
-//   - Options.Bolt.NoSync gives up durability: after a machine crash a started record
+//   - BoltOptions.NoSync gives up durability: after a machine crash a started record
 //     may be missing and fn may run twice. For tests and benchmarks.
 //   - The fingerprint is a 64-bit xxhash: two different requests collide with
 //     probability 2^-64, and only matter within one key.
@@ -96,7 +102,7 @@
 //   - Keys and responses are user data: the engine never logs them. Choose keys
 //     that carry no personal data in clear (KeyOf hashes the parts).
 //   - On a shared backend (idempg) fn holds a lease: its context ends with
-//     cause ErrLeaseLost the moment the lease has passed unrenewed. Its Err
+//     cause idempg.ErrLeaseLost the moment the lease has passed unrenewed. Its Err
 //     and Done judge the lease as last renewed, by the process's monotonic
 //     clock, on every call, so fn resumed after a freeze (SIGSTOP, a long GC
 //     pause, a starved scheduler) finds it ended on its first look,

@@ -28,7 +28,7 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 	}
 	for name, fails := range cases {
 		t.Run(name, func(t *testing.T) {
-			e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+			e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 			errFail := errors.New("fn failed")
 			maxRuns, rolledBack := 0, false
 			for round := 0; round < 10 && !rolledBack; round++ {

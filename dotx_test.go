@@ -187,7 +187,7 @@ func TestDoTxRetryableFreesTheKey(t *testing.T) {
 // rollback-and-rerun path is known to be exercised.
 func TestDoTxSharedCommits(t *testing.T) {
 	const callers = 300
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	errFail := errors.New("fn failed")
 
 	var fnRuns, rounds int
@@ -323,7 +323,7 @@ func TestDoTxSharedCommits(t *testing.T) {
 // point into the transaction's memory. The answer and the record must be
 // copies, on success and with a permanent error, while other calls write.
 func TestDoTxMayReturnBytesReadFromItsTransaction(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	_, err := e.DoTx(bg, "seed", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
 		b, err := tx.Bucket([]byte("acct"))
 		if err != nil {

@@ -166,7 +166,7 @@ func TestThousandCallersOneKeyRunFnOnce(t *testing.T) {
 }
 
 func TestThousandKeysAreNotSerialised(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	const n = 1000
 	var inside atomic.Int32
 	all := make(chan struct{})
@@ -282,9 +282,9 @@ func TestNilAndEmptyResponsesDiffer(t *testing.T) {
 }
 
 func TestSecondOpenTimesOut(t *testing.T) {
-	e, path := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: 50 * time.Millisecond}})
+	e, path := testkit.OpenFile(t, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, nil)
 	_ = e
-	_, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: 50 * time.Millisecond}})
+	_, err := idem.OpenFile(path, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, nil)
 	require.ErrorIs(t, err, bolterrors.ErrTimeout)
 	require.Contains(t, err.Error(), "in use")
 }
@@ -461,9 +461,9 @@ func TestReadOnlyOpen(t *testing.T) {
 	before, err := os.ReadFile(path)
 	require.NoError(t, err)
 
-	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
+	ro, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, nil)
 	require.NoError(t, err)
-	ro2, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
+	ro2, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, nil)
 	require.NoError(t, err, "read-only opens share the file")
 	require.NoError(t, ro2.Close())
 	res, err := ro.Do(bg, "k", []byte("fp"), mustNotRun(t))
@@ -479,7 +479,7 @@ func TestReadOnlyOpen(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, before, after, "a read-only open changes nothing")
 
-	_, err = idem.Open(filepath.Join(t.TempDir(), "missing.db"), &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
+	_, err = idem.OpenFile(filepath.Join(t.TempDir(), "missing.db"), &idem.BoltOptions{ReadOnly: true}, nil)
 	require.ErrorIs(t, err, os.ErrNotExist, "a read-only open creates nothing")
 }
 

@@ -12,16 +12,15 @@ import (
 	"github.com/stretchr/testify/require"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/idemkit/idem/internal/layout"
 	"go.etcd.io/bbolt"
 )
 
 // putCorrupt stores bytes that are no record under key.
 func putCorrupt(t *testing.T, e *Engine, key string) {
 	t.Helper()
-	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		slot := layout.SlotAt(e.now(), e.st.width)
-		e.st.addSlot(slot)
+	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+		slot := slotAt(e.c.Now(), e.b.st.width)
+		e.b.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
 		if err != nil {
 			return err
@@ -178,7 +177,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		{"DoTx/reserved bucket", ErrReservedBucket, func(t *testing.T) error {
 			var inner error
 			_, err := open(t, nil).DoTx(t.Context(), "k", nil, func(ctx context.Context, tx *Tx) ([]byte, error) {
-				_, inner = tx.Bucket([]byte(layout.Root))
+				_, inner = tx.Bucket([]byte(rootName))
 				return nil, nil
 			})
 			require.NoError(t, err)
@@ -252,7 +251,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 		{"Open/format", ErrFormat, func(t *testing.T) error {
 			path := filepath.Join(dir, "empty.db")
 			require.NoError(t, os.WriteFile(path, nil, 0o600))
-			_, err := Open(path, &Options{Bolt: BoltOptions{ReadOnly: true}})
+			_, err := OpenFile(path, &BoltOptions{ReadOnly: true}, nil)
 			return err
 		}},
 		{"Open/in use", bolterrors.ErrTimeout, func(t *testing.T) error {
@@ -260,7 +259,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 			e, err := Open(path, nil)
 			require.NoError(t, err)
 			defer e.Close()
-			_, err = Open(path, &Options{Bolt: BoltOptions{LockTimeout: 10 * time.Millisecond}})
+			_, err = OpenFile(path, &BoltOptions{LockTimeout: 10 * time.Millisecond}, nil)
 			return err
 		}},
 		{"RetryDead/not found", ErrMessageNotFound, func(t *testing.T) error {
@@ -274,7 +273,7 @@ func TestErrorTextHasOnePrefix(t *testing.T) {
 			msg := err.Error()
 			require.LessOrEqual(t, strings.Count(msg, "idem:"), 1, "%s", msg)
 			var ie *Error
-			if errors.As(err, &ie) && ie.Replayed == false && ie.Code == codeResponseTooLarge {
+			if errors.As(err, &ie) && ie.Replayed == false && ie.Code == "idem_response_too_large" {
 				return // fn's outcome, stored: its own text, no engine prefix
 			}
 			require.True(t, strings.HasPrefix(msg, "idem: "), "%s", msg)

@@ -46,8 +46,8 @@ func FuzzAPI(f *testing.F) {
 		const ret = time.Hour
 		clock := testkit.NewClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
 		path := filepath.Join(t.TempDir(), "idem.db")
-		opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, Retention: ret, PruneInterval: -1}
-		e, err := idem.Open(path, opts)
+		file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, Retention: ret, PruneInterval: -1}
+		e, err := idem.OpenFile(path, file, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,7 +202,7 @@ func FuzzAPI(f *testing.F) {
 				if err := e.Close(); err != nil {
 					t.Fatalf("%s: Close: %v", step, err)
 				}
-				if e, err = idem.Open(path, opts); err != nil {
+				if e, err = idem.OpenFile(path, file, opts); err != nil {
 					t.Fatalf("%s: reopen: %v", step, err)
 				}
 			case 8: // Get agrees with the model on every key

@@ -11,25 +11,25 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // leasedBackend is the bbolt backend with claims that need renewal, as a
 // Postgres backend's leases do: a heartbeat period, and a Renew that fails
 // from its failAt-th call on.
 type leasedBackend struct {
-	core.Backend[*Tx]
+	idemcore.Backend[*Tx]
 	renews atomic.Int32
 	failAt int32
 }
 
-func (b *leasedBackend) Info() core.Info {
+func (b *leasedBackend) Info() idemcore.Info {
 	i := b.Backend.Info()
 	i.Heartbeat = time.Millisecond
 	return i
 }
 
-func (b *leasedBackend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *leasedBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	if b.renews.Add(1) >= b.failAt {
 		return errors.New("renewal refused")
 	}
@@ -42,13 +42,13 @@ func (b *leasedBackend) Renew(ctx context.Context, c *core.Claim) error {
 // record stays, for recovery.
 func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 	lb := &leasedBackend{failAt: 3}
-	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
-		func(b core.Backend[*Tx]) core.Backend[*Tx] { lb.Backend = b; return lb })
+	e, err := open(filepath.Join(t.TempDir(), "idem.db"), nil, &Options{PruneInterval: -1},
+		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { lb.Backend = b; return lb })
 	require.NoError(t, err)
 	defer e.Close()
 	cause, err := doUntilCancelled(e)
 	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.ErrorIs(t, cause, idemcore.ErrLeaseLost)
 	require.GreaterOrEqual(t, lb.renews.Load(), int32(3), "renewed until it failed")
 	r, err := e.Get("k")
 	require.NoError(t, err)
@@ -76,17 +76,17 @@ func TestHeartbeatFailureCancelsFnWithErrLeaseLost(t *testing.T) {
 // context ends: Claim stamps a lease of 100ms from a reading taken before
 // it, as a Postgres backend does.
 type hangingBackend struct {
-	core.Backend[*Tx]
+	idemcore.Backend[*Tx]
 	renews atomic.Int32
 }
 
-func (b *hangingBackend) Info() core.Info {
+func (b *hangingBackend) Info() idemcore.Info {
 	i := b.Backend.Info()
 	i.Heartbeat = 10 * time.Millisecond
 	return i
 }
 
-func (b *hangingBackend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (b *hangingBackend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	before := time.Now()
 	cr, err := b.Backend.Claim(ctx, req)
 	if err == nil && cr.Claim != nil {
@@ -95,7 +95,7 @@ func (b *hangingBackend) Claim(ctx context.Context, req core.ClaimRequest) (core
 	return cr, err
 }
 
-func (b *hangingBackend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *hangingBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	b.renews.Add(1)
 	<-ctx.Done()
 	return ctx.Err()
@@ -106,13 +106,13 @@ func (b *hangingBackend) Renew(ctx context.Context, c *core.Claim) error {
 // cancels fn's context then with cause ErrLeaseLost (trial finding 1).
 func TestHangingRenewalCancelsFnAtLeaseEnd(t *testing.T) {
 	hb := &hangingBackend{}
-	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
-		func(b core.Backend[*Tx]) core.Backend[*Tx] { hb.Backend = b; return hb })
+	e, err := open(filepath.Join(t.TempDir(), "idem.db"), nil, &Options{PruneInterval: -1},
+		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { hb.Backend = b; return hb })
 	require.NoError(t, err)
 	defer e.Close()
 	cause, err := doUntilCancelled(e)
 	require.ErrorIs(t, err, context.Canceled)
-	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.ErrorIs(t, cause, idemcore.ErrLeaseLost)
 	require.Equal(t, int32(1), hb.renews.Load(), "one renewal, which hung until the lease's end")
 }
 
@@ -137,18 +137,18 @@ func doUntilCancelled(e *Engine) (cause error, err error) {
 // hour: within a test, a lease passes unrenewed, as a frozen owner's does.
 // until is the last claim's lease end.
 type lapsingBackend struct {
-	core.Backend[*Tx]
+	idemcore.Backend[*Tx]
 	lease time.Duration
 	until time.Time
 }
 
-func (b *lapsingBackend) Info() core.Info {
+func (b *lapsingBackend) Info() idemcore.Info {
 	i := b.Backend.Info()
 	i.Heartbeat = time.Hour
 	return i
 }
 
-func (b *lapsingBackend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (b *lapsingBackend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	before := time.Now()
 	cr, err := b.Backend.Claim(ctx, req)
 	if err == nil && cr.Claim != nil {
@@ -215,8 +215,8 @@ func lookAfterLease(t *testing.T, first string, lease time.Duration) (inTime boo
 	deadline := time.Now().Add(time.Hour)
 	lb := &lapsingBackend{lease: lease}
 	held := newHeldLog()
-	e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1, Logger: slog.New(held)},
-		func(b core.Backend[*Tx]) core.Backend[*Tx] { lb.Backend = b; return lb })
+	e, err := open(filepath.Join(t.TempDir(), "idem.db"), nil, &Options{PruneInterval: -1, Logger: slog.New(held)},
+		func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { lb.Backend = b; return lb })
 	require.NoError(t, err)
 	defer e.Close()
 	ctx, cancel := context.WithDeadline(context.WithValue(context.Background(), ctxKey{}, "v"), deadline)
@@ -271,10 +271,10 @@ func lookAfterLease(t *testing.T, first string, lease time.Duration) (inTime boo
 		return false
 	}
 	require.True(t, sawEnd, "fn's first look after its lease passed (%s) found its context live", first)
-	require.ErrorIs(t, cause, core.ErrLeaseLost)
+	require.ErrorIs(t, cause, idemcore.ErrLeaseLost)
 	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorIs(t, early.Err(), context.Canceled, "a child derived before the lapse ends with fn's context")
-	require.ErrorIs(t, context.Cause(early), core.ErrLeaseLost)
+	require.ErrorIs(t, context.Cause(early), idemcore.ErrLeaseLost)
 	endEarly()
 	select {
 	case <-afterFunc:
@@ -297,8 +297,8 @@ func TestRenewalExtendsFnsLease(t *testing.T) {
 			t.Fatal("no renewal came within the first lease in any try")
 		}
 		rb := &renewingBackend{lapsingBackend: lapsingBackend{lease: lease}}
-		e, err := open(filepath.Join(t.TempDir(), "idem.db"), &Options{PruneInterval: -1},
-			func(b core.Backend[*Tx]) core.Backend[*Tx] { rb.Backend = b; return rb })
+		e, err := open(filepath.Join(t.TempDir(), "idem.db"), nil, &Options{PruneInterval: -1},
+			func(b idemcore.Backend[*Tx]) idemcore.Backend[*Tx] { rb.Backend = b; return rb })
 		require.NoError(t, err)
 		var live, inTime bool
 		_, err = e.Do(context.Background(), "k", nil, func(ctx context.Context) ([]byte, error) {
@@ -332,13 +332,13 @@ type renewingBackend struct {
 	renews atomic.Int32
 }
 
-func (b *renewingBackend) Info() core.Info {
+func (b *renewingBackend) Info() idemcore.Info {
 	i := b.Backend.Info()
 	i.Heartbeat = time.Millisecond
 	return i
 }
 
-func (b *renewingBackend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *renewingBackend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	b.renews.Add(1)
 	before := time.Now()
 	if err := b.Backend.Renew(ctx, c); err != nil {

@@ -41,9 +41,9 @@ func historyOps(def int) int {
 func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 	total := historyOps(10000)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1}
+	file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1}
 	var cur atomic.Pointer[idem.Engine]
-	e, err := idem.Open(path, opts)
+	e, err := idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	cur.Store(e)
 
@@ -125,7 +125,7 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 			if err := old.Close(); err != nil {
 				t.Errorf("close: %v", err)
 			}
-			ne, err := idem.Open(path, opts)
+			ne, err := idem.OpenFile(path, file, opts)
 			if err != nil {
 				restart.Unlock()
 				t.Errorf("reopen: %v", err)

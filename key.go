@@ -1,21 +1,9 @@
 package idem
 
-import "github.com/idemkit/idem/internal/core"
-
-// The key rules, documented on ErrInvalidKey, are the state machine's
-// (internal/core): validateKey for new calls (Do, DoTx), validateStoredKey
-// (the rules of every earlier version: non-empty, at most MaxKeyLen bytes,
-// UTF-8) for operator calls, so that records stored under keys the later
-// rules refuse stay reachable.
-
-func validateKey(key string) error { return core.ValidateKey(key) }
-
-func validateStoredKey(key string) error { return core.ValidateStoredKey(key) }
+import "github.com/idemkit/idem/idemcore"
 
 // ValidateKey checks key by the rules Do and DoTx apply to a new call's key
-// (listed on ErrInvalidKey): nil, or an error wrapping ErrInvalidKey that
-// names the rule broken. Adapters that store a hash of a client's key
-// (KeyOf, a scope) check the client's key with it first, so that a key the
-// engine refuses is refused in their hands too rather than hidden in the
-// hash.
-func ValidateKey(key string) error { return validateKey(key) }
+// (listed on idemcore.ErrInvalidKey): nil, or an error wrapping
+// ErrInvalidKey that names the rule broken. Adapters that store a hash of a
+// client's key (KeyOf, a scope) check the client's key with it first.
+func ValidateKey(key string) error { return idemcore.ValidateKey(key) }

@@ -24,7 +24,7 @@ func TestCallsThatPanicOrExitLeakNothing(t *testing.T) {
 	for endName, end := range ends {
 		for _, op := range []string{"Do", "DoTx"} {
 			t.Run(op+" "+endName, func(t *testing.T) {
-				e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+				e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 				call := func() {
 					done := make(chan struct{})
 					go func() { // Goexit ends the goroutine it runs on

@@ -83,7 +83,7 @@ func TestLoadRetentionCompressed(t *testing.T) {
 	const span = 3 * ret
 	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	clock := testkit.NewClock(start)
-	e, path := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, Retention: ret, PruneInterval: -1, ReplayCacheBytes: -1})
+	e, path := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, Retention: ret, PruneInterval: -1, ReplayCacheBytes: -1})
 	step := span / time.Duration(total)
 	perPrune := int(30 * time.Minute / step)
 	if perPrune < 1 {

@@ -7,51 +7,19 @@ import (
 	"math"
 	"time"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
-// Message is an outbox message: as given to a Handler, and as listed by
-// Engine.Messages. The type is the state machine's (internal/core), shared by
-// every backend; its fields:
-//
-//   - Seq names the message in the file (RetryDead, DropDead, the CLI): it is
-//     unique and increases in enqueue order.
-//   - Topic selects the handler.
-//   - Key is the idempotency key of the DoTx call that enqueued the message,
-//     Index its position among the messages of that call, from 0.
-//   - DownstreamKey is DownstreamKey(Key, Index): the key to pass on to the
-//     downstream system. Retries of the message reuse it; other messages
-//     never share it.
-//   - OrderingKey groups the messages delivered in enqueue order, one at a
-//     time: by default Key, else the one given to Tx.EnqueueOrdered.
-//   - Payload is the bytes given to Enqueue (nil and empty differ). The
-//     handler owns its copy.
-//   - Attempt is, in a handler, the delivery attempt in progress: 1 on the
-//     first delivery, Failures+1. Zero in Messages.
-//   - Failures counts the failed delivery attempts recorded so far (a
-//     handler's error or panic); an attempt cut short by a crash or by the
-//     end of Dispatch is not counted. RetryDead resets it to 0.
-//   - EnqueuedAt is when the call enqueued it (engine clock); NextAttemptAt
-//     when a message that failed may be tried again (zero for at once).
-//   - LastError is the text of the last failed attempt's error (its first 4
-//     KiB), empty if none.
-//   - Dead is true for a dead letter, DeadAt when it died (engine clock).
-//   - DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
-//     when the message died, recorded with it: a dead letter lives at least
-//     this long after DeadAt (or a later Open's longer retention), whatever a
-//     later Open passes. Zero for a message that is not dead, and for a dead
-//     letter that died before the file recorded it (format version 1), which
-//     lives at least DefaultOutboxDeadLetterRetention.
-type Message = core.Message
+// Message is an outbox message, as given to a Handler and as listed by
+// Engine.Messages (idemcore.Message documents its fields: Seq, Topic, Key,
+// Index, DownstreamKey, OrderingKey, Payload, Attempt, Failures, EnqueuedAt,
+// NextAttemptAt, LastError, Dead, DeadAt, DeadLetterRetention).
+type Message = idemcore.Message
 
 // DownstreamKey is the key a message passes on to the downstream system
-// (Message.DownstreamKey): key + "/" + index, for example "order-42/0". If
-// that would exceed MaxKeyLen bytes (Stripe's limit, so it stays usable as an
-// Idempotency-Key header), it is "sha256:" + the hex SHA-256 of key + "/" +
-// index instead: 72 bytes and the digits of index. Either way it is a
-// function of key and index only, so every attempt of a message, in any
-// process, passes the same key, and two messages of one call never share one.
-func DownstreamKey(key string, index int) string { return core.DownstreamKey(key, index) }
+// (Message.DownstreamKey): key + "/" + index, or a SHA-256 form past
+// MaxKeyLen bytes (idemcore.DownstreamKey), the same on every attempt.
+func DownstreamKey(key string, index int) string { return idemcore.DownstreamKey(key, index) }
 
 // Message encoding, version 1 (little endian), stored under the message's
 // sequence number (u64 big endian) in idem/outbox or idem/dead:

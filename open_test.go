@@ -22,7 +22,7 @@ import (
 func damagedFile(t *testing.T) (string, []byte) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "idem.db")
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
 	for i := range 200 {
 		_, err := e.Do(bg, fmt.Sprintf("order-%d", i), nil, okFn(strings.Repeat("x", 200)))
@@ -97,7 +97,7 @@ func TestFailedOpenReleasesTheFile(t *testing.T) {
 			require.NoError(t, os.WriteFile(path, tc.damage(good), 0o600))
 			before := fdCount(t)
 			for range 50 {
-				_, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, PruneInterval: -1})
+				_, err := idem.OpenFile(path, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, &idem.Options{PruneInterval: -1})
 				require.ErrorIs(t, err, idem.ErrCorrupt)
 				require.NotContains(t, err.Error(), "in use", "the failed Open before this one left the lock behind")
 			}
@@ -125,7 +125,7 @@ const envOpenChild = "IDEM_TEST_OPEN_CHILD"
 // read-write Open (bbolt reads the freelist through the map).
 func TestOpenOfTruncatedFileIsAnErrorNotASignal(t *testing.T) {
 	if path := os.Getenv(envOpenChild); path != "" {
-		_, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: os.Getenv(envOpenChild+"_RO") != ""}, PruneInterval: -1})
+		_, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: os.Getenv(envOpenChild+"_RO") != ""}, &idem.Options{PruneInterval: -1})
 		fmt.Printf("corrupt=%v err=%v\n", errors.Is(err, idem.ErrCorrupt), err)
 		os.Exit(0)
 	}

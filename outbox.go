@@ -2,137 +2,35 @@ package idem
 
 import (
 	"bytes"
-	"time"
+	"context"
 
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/core"
-	"github.com/idemkit/idem/internal/layout"
+	"github.com/idemkit/idem/idemcore"
 )
 
-// Defaults for the zero values of OutboxOptions, each named DefaultOutbox and
-// its field.
+// Defaults for the zero values of OutboxOptions (idemcore's).
 const (
-	// DefaultOutboxWorkers bounds the handlers running at once.
-	DefaultOutboxWorkers = core.DefaultOutboxWorkers
-	// DefaultOutboxBaseBackoff is the wait after a message's first failed attempt.
-	DefaultOutboxBaseBackoff = core.DefaultOutboxBaseBackoff
-	// DefaultOutboxMaxBackoff caps the wait between two attempts.
-	DefaultOutboxMaxBackoff = core.DefaultOutboxMaxBackoff
-	// DefaultOutboxMaxAttempts is the number of failed attempts after which a
-	// message becomes a dead letter. With the default backoff, the last
-	// attempt comes between about 53 minutes and 1 hour 47 minutes after the
-	// first.
-	DefaultOutboxMaxAttempts = core.DefaultOutboxMaxAttempts
-	// DefaultOutboxDeadLetterRetention is how long a dead letter is kept.
-	DefaultOutboxDeadLetterRetention = core.DefaultOutboxDeadLetterRetention
-	// DefaultOutboxPollInterval is the longest the dispatcher sleeps while a
-	// message waits for its backoff.
-	DefaultOutboxPollInterval = core.DefaultOutboxPollInterval
+	DefaultOutboxWorkers             = idemcore.DefaultOutboxWorkers             // handlers running at once
+	DefaultOutboxBaseBackoff         = idemcore.DefaultOutboxBaseBackoff         // the wait after a first failed attempt
+	DefaultOutboxMaxBackoff          = idemcore.DefaultOutboxMaxBackoff          // the cap of the wait between attempts
+	DefaultOutboxMaxAttempts         = idemcore.DefaultOutboxMaxAttempts         // failed attempts before a dead letter
+	DefaultOutboxDeadLetterRetention = idemcore.DefaultOutboxDeadLetterRetention // how long a dead letter is kept
+	DefaultOutboxPollInterval        = idemcore.DefaultOutboxPollInterval        // the longest the dispatcher sleeps
 )
 
-const maxTopicLen = core.MaxTopicLen // bytes, as for keys
+// OutboxOptions configure the outbox dispatcher (idemcore.OutboxOptions
+// documents each field: Dispatch, Handlers, Workers, backoff, MaxAttempts,
+// DeadLetterRetention, PollInterval).
+type OutboxOptions = idemcore.OutboxOptions
 
-// OutboxOptions configure the outbox dispatcher (see Tx.Enqueue). The zero
-// value of every field means its default.
-type OutboxOptions struct {
-	// Dispatch starts the dispatcher at Open, in the background, until Close
-	// (never on a ReadOnly open). False (the default) leaves the messages in
-	// the file, for a later Open with Dispatch set (or for `idem outbox`).
-	// The dispatcher delivers the outbox's messages to their handlers, at
-	// least once each:
-	//
-	//   - In enqueue order per ordering key, one at a time: a message is
-	//     handed to its handler only after the previous one of its ordering
-	//     key was delivered and removed, or died. A message waiting for its
-	//     retry, or for a handler, holds back the later ones of its key; a
-	//     dead letter does not (they overtake it). Messages of different
-	//     ordering keys run in parallel, up to Workers.
-	//   - A handler's error retries the message after an exponential backoff
-	//     with jitter (BaseBackoff, MaxBackoff); after MaxAttempts failed
-	//     attempts it becomes a dead letter (Engine.Messages, RetryDead,
-	//     DropDead).
-	//   - A delivered message is removed in a commit of its own; if the
-	//     process dies between the handler's return and that commit, the
-	//     message is delivered again after the restart, with the same
-	//     DownstreamKey.
-	//
-	// It wakes on every commit, so a message is dispatched right after the
-	// DoTx that enqueued it commits. Close cancels the context of running
-	// handlers and waits for them.
-	Dispatch bool
+// OutboxStats counts outbox messages, as Engine.ScanFile returns them
+// (FileStats.Outbox; idemcore.OutboxStats documents the counts).
+type OutboxStats = idemcore.OutboxStats
 
-	// Handlers are the handlers by topic, fixed at Open (the map is copied).
-	// Messages of a topic without a handler wait in the outbox
-	// (OutboxStats.Waiting), holding back the later messages of their
-	// ordering key, until an Open with a handler for it.
-	Handlers map[string]Handler
-
-	// Workers bounds the handlers running at once (of different ordering
-	// keys: the messages of one ordering key are delivered one at a time).
-	// Zero means DefaultOutboxWorkers.
-	Workers int
-
-	// BaseBackoff is the wait after a message's first failed attempt; it
-	// doubles after each further failure, up to MaxBackoff (raised to
-	// BaseBackoff if lower). Each wait w is jittered uniformly into
-	// [w/2, w). Wall-clock, measured with Options.Now. Zero means
-	// DefaultOutboxBaseBackoff and DefaultOutboxMaxBackoff respectively.
-	BaseBackoff, MaxBackoff time.Duration
-
-	// MaxAttempts is the number of failed attempts after which a message
-	// becomes a dead letter. Zero means DefaultOutboxMaxAttempts; a negative value
-	// retries forever.
-	MaxAttempts int
-
-	// DeadLetterRetention is how long a dead letter is kept after it died
-	// (wall-clock, Options.Now) before the pruner deletes it; like
-	// Options.Retention it is a floor, and an expired dead letter is absent
-	// to Messages and RetryDead at once. Zero means
-	// DefaultOutboxDeadLetterRetention. It is recorded with each dead letter when it
-	// dies (Message.DeadLetterRetention): a later Open with a shorter one, or
-	// `idem prune`, does not expire it early; a longer one lengthens it.
-	DeadLetterRetention time.Duration
-
-	// PollInterval is the longest the dispatcher sleeps (real time) while a
-	// message waits for its backoff; it wakes at once on every commit. Zero
-	// means DefaultOutboxPollInterval.
-	PollInterval time.Duration
-}
-
-// OutboxStats counts outbox messages, as Engine.ScanFile returns them (FileStats.Outbox).
-type OutboxStats struct {
-	// Pending counts the messages not delivered yet and not dead: the
-	// outbox's length. Retrying and Waiting are among them.
-	Pending int
-	// Retrying counts the pending messages that have failed at least once.
-	Retrying int
-	// Waiting counts the pending messages whose topic has no handler in this
-	// engine (a tool that registers no handlers sees every message waiting).
-	Waiting int
-	// Dead counts the dead letters inside their retention.
-	Dead int
-	// Corrupt counts the messages, pending or dead, that fail to decode.
-	Corrupt int
-	// Delivered counts the messages delivered and removed since Open.
-	Delivered uint64
-}
-
-// Handler delivers one outbox message to the system it is for: a payment
-// gateway, a mailer. It runs outside any transaction, on the dispatcher's
-// worker goroutines, and may do I/O. It returns nil once the effect is done
-// (the message is then removed), or an error to retry the message after a
-// backoff. Delivery is at least once: a message may reach its handler again
-// after a crash or a failed removal, so pass m.DownstreamKey on as the
-// downstream system's idempotency key. ctx is cancelled on Close and when
-// Dispatch's ctx ends; an error returned then does not count as an attempt.
-// On a shared backend (idempg) it also ends, with cause ErrLeaseLost, the
-// moment the message's claim has passed unrenewed (another dispatcher may
-// deliver it meanwhile); an error returned then does not count either, and
-// the message is left to the dispatcher that holds it.
-// A panic counts as a failed attempt. A handler must not call Close. The
-// type is the dispatcher's (internal/core), shared by every backend.
-type Handler = core.Handler
+// Handler delivers one outbox message to the system it is for, at least
+// once: pass m.DownstreamKey on (idemcore.Handler gives the contract).
+type Handler = idemcore.Handler
 
 // Enqueue stores a message for topic's handler in the outbox, in fn's
 // transaction: it commits with the call's record and fn's writes, or not at
@@ -153,15 +51,15 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 	if t.tx == nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
-	if err := core.ValidateMessage(topic, orderingKey); err != nil {
+	if err := idemcore.ValidateMessage(topic, orderingKey); err != nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	if orderingKey == "" {
 		orderingKey = t.key
 	}
 	m := &Message{Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
-		Payload: payload, EnqueuedAt: t.e.now()}
-	if err := t.e.b.Enqueue(t, m); err != nil {
+		Payload: payload, EnqueuedAt: t.b.now()}
+	if err := t.b.Enqueue(t, m); err != nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}
 	t.msgs++
@@ -177,29 +75,37 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 // ErrReentrant, since a write would wait for the transaction to end (collect
 // the Seqs, then act); fn must not call Close. Under ReadOnly, Messages
 // works; RetryDead and DropDead fail.
-func (e *Engine) Messages(fn func(m *Message, err error) error) error {
-	return e.core.Outbox().Messages(fn)
-}
+func (e *Engine) Messages(fn func(m *Message, err error) error) error { return e.c.Messages(fn) }
 
-// RetryDead puts dead letter seq back in the outbox at its old place: its
-// attempt count starts again from 0, and as the oldest message of its
-// ordering key it is delivered before that key's later pending messages. It
-// fails with ErrMessageNotFound if seq is not a dead letter (or expired), with
-// ErrCorrupt if it does not decode. Like every engine call, it returns
-// ErrReentrant from inside a DoTx fn (which holds the writer).
-func (e *Engine) RetryDead(seq uint64) error { return e.core.Outbox().RetryDead(seq) }
+// RetryDead puts dead letter seq back in the outbox at its old place, its
+// failure count from 0 (idemcore.Engine.RetryDead); ErrMessageNotFound if
+// seq is not a dead letter (or expired), ErrCorrupt if it does not decode.
+func (e *Engine) RetryDead(seq uint64) error { return e.c.RetryDead(seq) }
 
 // DropDead deletes dead letter seq, also one that fails to decode. It fails
 // with ErrMessageNotFound if seq is not a dead letter.
-func (e *Engine) DropDead(seq uint64) error { return e.core.Outbox().DropDead(seq) }
+func (e *Engine) DropDead(seq uint64) error { return e.c.DropDead(seq) }
+
+// Handle registers h for topic's messages, replacing the handler given in
+// OutboxOptions.Handlers or by an earlier Handle; a nil h removes it.
+// Messages of a topic without a handler wait in the outbox, holding back the
+// later messages of their ordering key.
+func (e *Engine) Handle(topic string, h Handler) { e.c.Handle(topic, h) }
+
+// Dispatch runs the dispatcher until ctx ends (ctx.Err()) or the engine
+// closes (ErrClosed), for an engine opened without OutboxOptions.Dispatch;
+// one dispatcher per file, so a second one, or one while Dispatch is set,
+// fails with an error wrapping idemcore.ErrDispatcherRunning. On return every
+// handler it started has returned.
+func (e *Engine) Dispatch(ctx context.Context) error { return e.c.Dispatch(ctx) }
 
 // outboxStats counts the messages in tx for Engine.ScanFile.
 func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
-	ob := e.core.Outbox()
-	s.Delivered = ob.Delivered()
-	now := e.now()
+	s.Delivered = e.c.Stats().Delivered
+	now := e.c.Now()
+	retention := e.c.Options().Outbox.DeadLetterRetention
 	err := outboxBucket(tx).ForEach(func(k, v []byte) error {
-		seq, _ := layout.ParseU64(k)
+		seq, _ := parseU64Key(k)
 		m, err := decodeMessage(seq, v)
 		if err != nil {
 			s.Corrupt++
@@ -209,7 +115,7 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 		if m.Failures > 0 {
 			s.Retrying++
 		}
-		if ob.Handler(m.Topic) == nil {
+		if e.c.Handler(m.Topic) == nil {
 			s.Waiting++
 		}
 		return nil
@@ -218,20 +124,20 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 		return err
 	}
 	return deadBucket(tx).ForEach(func(k, v []byte) error {
-		seq, _ := layout.ParseU64(k)
+		seq, _ := parseU64Key(k)
 		m, err := decodeMessage(seq, v)
 		switch {
 		case err != nil:
 			s.Corrupt++
-		case !ob.DeadExpired(m, now):
+		case now.Before(idemcore.DeadLetterExpiry(m, retention)):
 			s.Dead++
 		}
 		return nil
 	})
 }
 
-func outboxBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(layout.Outbox) }
-func deadBucket(tx *bbolt.Tx) *bbolt.Bucket   { return rootBucket(tx).Bucket(layout.Dead) }
+func outboxBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(outboxName) }
+func deadBucket(tx *bbolt.Tx) *bbolt.Bucket   { return rootBucket(tx).Bucket(deadName) }
 
 // moveRaw moves pending message k, as it is, to the dead letters.
 func moveRaw(tx *bbolt.Tx, k []byte) error {

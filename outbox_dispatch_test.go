@@ -12,7 +12,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -23,8 +22,8 @@ import (
 func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	clock := testkit.NewClock(obStart)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1}
-	e, err := idem.Open(path, opts)
+	file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1}
+	e, err := idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	for _, key := range []string{"order-1", "order-2", "order-3"} {
 		require.NoError(t, obEnqueue(e, key, obMsg{"charge", "customer-9", key}))
@@ -35,14 +34,14 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(layout.Root).Bucket(layout.Outbox).Put(layout.U64(2), garbage)
+		return tx.Bucket(idem.RootName).Bucket(idem.OutboxName).Put(idem.U64Key(2), garbage)
 	}))
 	require.NoError(t, db.Close())
 
 	var rec testkit.Recorder
 	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
 		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.Open(path, opts)
+	e, err = idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
 
@@ -69,9 +68,9 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	require.ErrorIs(t, all[0].err, idem.ErrCorrupt)
 	require.Equal(t, idem.OutboxStats{Corrupt: 1, Delivered: 2}, obStats(t, e), "counted as corrupt, not as a dead letter")
 	require.NoError(t, e.View(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(layout.Root)
-		require.Nil(t, root.Bucket(layout.Outbox).Get(layout.U64(2)), "out of the outbox")
-		require.Equal(t, garbage, root.Bucket(layout.Dead).Get(layout.U64(2)), "moved as it was")
+		root := tx.Bucket(idem.RootName)
+		require.Nil(t, root.Bucket(idem.OutboxName).Get(idem.U64Key(2)), "out of the outbox")
+		require.Equal(t, garbage, root.Bucket(idem.DeadName).Get(idem.U64Key(2)), "moved as it was")
 		return nil
 	}))
 

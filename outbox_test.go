@@ -51,7 +51,7 @@ func obOpen(t testing.TB, clock *testkit.Clock, o idem.OutboxOptions) (*idem.Eng
 	if o.PollInterval == 0 {
 		o.PollInterval = time.Millisecond
 	}
-	return testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1, Outbox: o})
+	return testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: o})
 }
 
 // obMsg is a message to enqueue: ordering "" means the default.
@@ -305,7 +305,7 @@ func TestOutboxMessagesWithoutHandlerWait(t *testing.T) {
 
 	// Handlers are fixed at Open: an Open with one for "email" delivers the rest.
 	require.NoError(t, e.Close())
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1,
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
 			Handlers: map[string]idem.Handler{"charge": rec.Handler(nil), "email": rec.Handler(nil)}}})
 	require.NoError(t, err)
@@ -321,10 +321,10 @@ func TestOutboxMessagesWithoutHandlerWait(t *testing.T) {
 func TestOutboxSurvivesRestart(t *testing.T) {
 	clock := testkit.NewClock(obStart)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1}
+	file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1}
 
 	// No dispatcher: the messages stay in the file.
-	e, err := idem.Open(path, opts)
+	e, err := idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	obCall(t, e, "order-1", obMsg{"charge", "", "1"}, obMsg{"charge", "", "2"})
 	obCall(t, e, "order-2", obMsg{"charge", "", "3"})
@@ -336,7 +336,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	var rec testkit.Recorder
 	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
 		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.Open(path, opts)
+	e, err = idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
 	obWait(t, "delivery after the restart", nil, func() bool { return obStats(t, e).Delivered == 3 })
@@ -358,16 +358,16 @@ func TestOutboxCloseCancelsHandlersAndKeepsTheMessage(t *testing.T) {
 		return ctx.Err()
 	}
 	path := filepath.Join(t.TempDir(), "idem.db")
-	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1,
+	file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"charge": h}}}
-	e, err := idem.Open(path, opts)
+	e, err := idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	obCall(t, e, "order-1", obMsg{"charge", "", "1"})
 	<-entered
 	require.NoError(t, e.Close(), "Close cancels the handler's context and waits for it")
 
 	opts.Outbox = idem.OutboxOptions{}
-	e, err = idem.Open(path, opts)
+	e, err = idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
 	defer e.Close()
 	ms := obMessages(t, e)
@@ -478,7 +478,7 @@ func TestOutboxConcurrentEnqueueAllDelivered(t *testing.T) {
 }
 
 func TestEnqueueRefusesInvalidMessages(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	for _, tc := range []struct{ name, topic, ordering string }{
 		{"empty topic", "", ""},
 		{"long topic", strings.Repeat("t", 256), ""},
@@ -499,7 +499,7 @@ func TestEnqueueRefusesInvalidMessages(t *testing.T) {
 }
 
 func TestEnqueueCommitsWithTheCallOrNotAtAll(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	enqueueThen := func(after func() error) func(context.Context, *idem.Tx) ([]byte, error) {
 		return func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 			if err := tx.Enqueue("charge", []byte("1200")); err != nil {
@@ -554,7 +554,7 @@ func TestDownstreamKey(t *testing.T) {
 func TestOutboxReadOnlyInspection(t *testing.T) {
 	clock := testkit.NewClock(obStart)
 	path := filepath.Join(t.TempDir(), "idem.db")
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1, Outbox: idem.OutboxOptions{
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
 		Handlers: map[string]idem.Handler{"charge": func(context.Context, idem.Message) error { return errors.New("declined") }},
 	}})
@@ -564,7 +564,7 @@ func TestOutboxReadOnlyInspection(t *testing.T) {
 	obWait(t, "a dead letter", nil, func() bool { return obStats(t, e).Dead == 1 })
 	require.NoError(t, e.Close())
 
-	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}, Now: clock.Now})
+	ro, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: clock.Now})
 	require.NoError(t, err)
 	defer ro.Close()
 	ms := obMessages(t, ro)

@@ -7,14 +7,12 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
-
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // outboxIndex is the bbolt backend's index of the pending outbox messages,
 // in memory, behind ClaimDue: the pending sequence numbers of every ordering
 // key in order, the claimed ones, and the unclaimed heads by next attempt.
-// The dispatcher (internal/core) never sees it; it only claims.
+// The dispatcher (idemcore) never sees it; it only claims.
 //
 // The outbox only grows at its end (bbolt's NextSequence, in commit order),
 // so after a commit the index reads only what follows the last sequence it
@@ -67,10 +65,10 @@ func (ix *outboxIndex) load(db *bbolt.DB) (corrupt []uint64, err error) {
 		c := outboxBucket(tx).Cursor()
 		k, v := c.First()
 		if !full {
-			k, v = c.Seek(layout.U64(ix.lastSeq + 1))
+			k, v = c.Seek(u64Key(ix.lastSeq + 1))
 		}
 		for ; k != nil; k, v = c.Next() {
-			seq, ok := layout.ParseU64(k)
+			seq, ok := parseU64Key(k)
 			if !ok {
 				continue
 			}

@@ -439,14 +439,14 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 		return // ran in a build with failpoints
 	}
 	big := []byte(strings.Repeat("x", 2<<20))
-	full := &idem.Options{MaxResponseSize: 8 << 20, Bolt: idem.BoltOptions{MaxSize: 1 << 20}, PruneInterval: -1}
+	fullFile, full := &idem.BoltOptions{MaxSize: 1 << 20}, &idem.Options{MaxResponseSize: 8 << 20, PruneInterval: -1}
 	noResponse := func(t *testing.T, res idem.Result, msg string, args ...any) {
 		t.Helper()
 		assert.True(t, res.Response == nil, "%s: the failed call returned %d bytes of response", fmt.Sprintf(msg, args...), len(res.Response))
 	}
 
 	t.Run("Do: the done commit fails, with a waiter", func(t *testing.T) {
-		e, _ := testkit.Open(t, full)
+		e, _ := testkit.OpenFile(t, fullFile, full)
 		release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) { return big, nil })
 		close(release)
 		for i, r := range []run{<-leader, <-waiters} {
@@ -456,7 +456,7 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 	})
 
 	t.Run("DoJSON: the done commit fails", func(t *testing.T) {
-		e, _ := testkit.Open(t, full)
+		e, _ := testkit.OpenFile(t, fullFile, full)
 		v, res, err := idem.DoJSON(bg, e, "k", "args", func(context.Context) (string, error) { return string(big), nil })
 		require.ErrorIs(t, err, idem.ErrFileFull)
 		noResponse(t, res, "DoJSON")
@@ -464,7 +464,7 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 	})
 
 	t.Run("DoTx: the commit fails", func(t *testing.T) {
-		e, _ := testkit.Open(t, full)
+		e, _ := testkit.OpenFile(t, fullFile, full)
 		res, err := e.DoTx(bg, "k", []byte("fp"), func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 			b, err := tx.Bucket([]byte("orders"))
 			if err != nil {

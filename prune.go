@@ -7,9 +7,8 @@ import (
 	"go.etcd.io/bbolt"
 	bolterrors "go.etcd.io/bbolt/errors"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // pruneBatch bounds the records deleted one by one per write transaction, so
@@ -31,12 +30,12 @@ const pruneBatch = 1000
 // Readers treat expired records as absent whether or not Prune has run. Prune
 // stops early with ctx.Err().
 func (e *Engine) Prune(ctx context.Context) (int, error) {
-	return e.core.Prune(ctx)
+	return e.c.Prune(ctx)
 }
 
 // expiredSlot is a slot the pruner found past its window.
 type expiredSlot struct {
-	sl layout.Slot
+	sl timeSlot
 	// n counts its records; interrupted, the expired started ones.
 	n, interrupted int
 	// kept: the slot holds records that are still live (kept until resolved,
@@ -55,8 +54,8 @@ type deadKey struct {
 // prune is the slot pruner, the bbolt backend's Prune: it honours req (its
 // clock reading, retention window, KeepStarted and batch Limit), never the
 // engine's options.
-func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
-	var res core.PruneResult
+func (b *boltBackend) prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
+	var res idemcore.PruneResult
 	limit := req.Limit
 	if limit <= 0 {
 		limit = pruneBatch
@@ -65,7 +64,7 @@ func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.Pr
 	// a slot that ended a window ago takes no more writes.
 	var expired []expiredSlot
 	err := view(b.db, func(tx *bbolt.Tx) error {
-		return b.st.forEachSlot(tx, func(sl layout.Slot, bk *bbolt.Bucket) error {
+		return b.st.forEachSlot(tx, func(sl timeSlot, bk *bbolt.Bucket) error {
 			if sl.EndTime().Add(max(sl.Width(), req.Retention)).After(req.Now) {
 				return nil // some record in it may be live
 			}
@@ -141,7 +140,7 @@ func (b *boltBackend) prune(ctx context.Context, req core.PruneRequest) (core.Pr
 
 // judgeSlot reads the records of slot bucket b, past its window at req.Now:
 // whether one is still live, and which ones are expired.
-func judgeSlot(sl layout.Slot, b *bbolt.Bucket, req core.PruneRequest) expiredSlot {
+func judgeSlot(sl timeSlot, b *bbolt.Bucket, req idemcore.PruneRequest) expiredSlot {
 	s := expiredSlot{sl: sl}
 	c := b.Cursor()
 	for k, v := c.First(); k != nil; k, v = c.Next() {

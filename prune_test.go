@@ -120,7 +120,7 @@ func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
 // round. Without the turns they add up to four times as many.
 func TestConcurrentPrunesTakeTurns(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1, Retention: time.Minute})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Minute})
 	const rounds, perRound, prunes = 20, 20, 4
 	for round := range rounds {
 		for i := range perRound {

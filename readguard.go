@@ -8,7 +8,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem/internal/boltfile"
-	"github.com/idemkit/idem/internal/commit"
+	"github.com/idemkit/idem/internal/goid"
 )
 
 // errInsideRead refuses an engine call from a Records, View or Messages
@@ -30,7 +30,7 @@ type readGuard struct {
 // mark marks the calling goroutine as running a user callback inside a read
 // transaction, until unmark with the id it returns.
 func (g *readGuard) mark() uint64 {
-	id := commit.GoroutineID()
+	id := goid.ID()
 	g.mu.Lock()
 	if g.ids == nil {
 		g.ids = make(map[uint64]int)
@@ -55,7 +55,7 @@ func (g *readGuard) holding() bool {
 	if g.n.Load() == 0 {
 		return false
 	}
-	id := commit.GoroutineID()
+	id := goid.ID()
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.ids[id] > 0

@@ -21,7 +21,7 @@ import (
 // ErrReentrant, as from inside a DoTx fn.
 
 func TestEngineCallsFromReadCallbacksAreReentrant(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	_, err := e.Do(bg, "a", nil, okFn("1"))
 	require.NoError(t, err)
 	_, err = e.DoTx(bg, "m", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {

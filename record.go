@@ -8,49 +8,25 @@ import (
 	"math"
 	"time"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
-// State is the state of a stored record; String gives "started" or "done".
-type State = core.State
+// State is the state of a stored record (idemcore.State): StateStarted or
+// StateDone; String gives "started" or "done".
+type State = idemcore.State
 
 const (
-	// StateStarted: the record was committed before fn ran and fn's outcome is
-	// not recorded yet. Without a live call that owns it, it is an interrupted
-	// execution.
-	StateStarted = core.StateStarted
+	// StateStarted: committed before fn ran; fn's outcome is not recorded
+	// yet (without a live call that owns it, an interrupted execution).
+	StateStarted = idemcore.StateStarted
 	// StateDone: fn returned and its response and error are recorded.
-	StateDone = core.StateDone
+	StateDone = idemcore.StateDone
 )
 
-// Record is the stored outcome of one idempotency key, as Get returns it.
-// The type is the state machine's (internal/core), shared by every backend;
-// its fields:
-//
-//   - Key, State.
-//   - Fingerprint is the 64-bit xxhash of the fingerprint bytes of the call
-//     that created the record.
-//   - Attempt counts executions of fn for this key, starting at 1; a
-//     recovered interrupted execution increments it.
-//   - StartedAt is when the current attempt's started record was committed
-//     (engine clock). CompletedAt is when it became done; zero while started.
-//   - Response is fn's response; nil and empty differ and stay different.
-//   - Err is the stored permanent error, nil if fn succeeded.
-//   - Retention is the retention window in force when the record was written
-//     (the writer's Options.Retention; for a record of a format-1 file, the
-//     width of the time slot it sits in, which was that window). The record
-//     lives at least this long after it completed (after it started, while
-//     started), whatever window a later Open passes; a longer one lengthens
-//     it.
-//   - KeptUntilResolved marks a started record written under RecoverRefuse,
-//     or read from a format-1 file (which did not record the policy, so the
-//     record is kept): it never expires, whatever a later Open passes; a
-//     recovering call, Resolve or Forget ends it. A recovering attempt that
-//     is interrupted in turn keeps the mark (and the longer window).
-type Record = core.Record
-
-// expiresAt is when r leaves the retention window (core.Expiry).
-func expiresAt(r *Record, retention time.Duration) time.Time { return core.Expiry(r, retention) }
+// Record is the stored outcome of one idempotency key, as Get returns it
+// (idemcore.Record documents its fields: Key, State, Fingerprint, Attempt,
+// StartedAt, CompletedAt, Response, Err, Retention, KeptUntilResolved).
+type Record = idemcore.Record
 
 // Record encoding, version 2 (little endian):
 //

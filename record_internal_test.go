@@ -7,7 +7,6 @@ import (
 	"errors"
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/layout"
 	"os"
 	"strings"
 	"testing"
@@ -100,9 +99,9 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	e, err := Open(path, nil)
 	require.NoError(t, err)
 	defer e.Close()
-	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		slot := layout.SlotAt(e.now(), e.st.width)
-		e.st.addSlot(slot)
+	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+		slot := slotAt(e.c.Now(), e.b.st.width)
+		e.b.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
 		if err != nil {
 			return err
@@ -162,14 +161,15 @@ func FuzzDecodeRecord(f *testing.F) {
 // A damaged header must not pass for another fingerprint: the fast path
 // checks the checksum before it compares.
 func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
-	e, err := Open(t.TempDir()+"/idem.db", nil)
+	// No replay cache: the damage is made behind the engine's back.
+	e, err := Open(t.TempDir()+"/idem.db", &Options{ReplayCacheBytes: -1})
 	require.NoError(t, err)
 	defer e.Close()
 	ctx := t.Context()
 	_, err = e.Do(ctx, "k", []byte("args"), func(context.Context) ([]byte, error) { return []byte("v"), nil })
 	require.NoError(t, err)
-	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
-		for _, slot := range e.st.knownSlots() {
+	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+		for _, slot := range e.b.st.knownSlots() {
 			if b := rootBucket(tx).Bucket(slot.Name()); b != nil && b.Get([]byte("k")) != nil {
 				v := bytes.Clone(b.Get([]byte("k")))
 				v[5] ^= 0x01 // a bit of the stored fingerprint
@@ -178,7 +178,6 @@ func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
 		}
 		return errors.New("record not found")
 	}))
-	e.core.Uncache("k")
 	for _, fp := range []string{"args", "other args"} {
 		_, err = e.Do(ctx, "k", []byte(fp), func(context.Context) ([]byte, error) {
 			t.Error("fn ran over a damaged record")
@@ -201,8 +200,8 @@ func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
 	defer e.Close()
 	_, err = e.Do(t.Context(), "k", nil, func(context.Context) ([]byte, error) { return []byte("v"), nil })
 	require.NoError(t, err)
-	stray := layout.Slot{Start: 1, End: 2}.Name() // 1970: expired long ago
-	require.NoError(t, e.pipe.Do(func(tx *bbolt.Tx) error {
+	stray := timeSlot{Start: 1, End: 2}.Name() // 1970: expired long ago
+	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
 		return rootBucket(tx).Put(stray, []byte("not a bucket"))
 	}))
 
@@ -218,7 +217,7 @@ func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
 	n, err = e.Prune(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, 1, n, "k's slot is pruned; the stray value is not counted")
-	require.NoError(t, e.db.View(func(tx *bbolt.Tx) error {
+	require.NoError(t, e.b.db.View(func(tx *bbolt.Tx) error {
 		require.Equal(t, "not a bucket", string(rootBucket(tx).Get(stray)), "the stray value is left alone")
 		return nil
 	}))

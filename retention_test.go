@@ -252,7 +252,7 @@ func TestOpenFormatVersion1File(t *testing.T) {
 	}
 
 	t.Run("read-only", func(t *testing.T) {
-		e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}, Now: clock.Now})
+		e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: clock.Now})
 		require.NoError(t, err)
 		defer e.Close()
 		replays(t, e)
@@ -310,7 +310,7 @@ func formatVersion(t *testing.T, path string) uint32 {
 func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	fail := map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}
-	e, path := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1,
+	e, path := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1, DeadLetterRetention: 30 * day, Handlers: fail}})
 	_, err := e.DoTx(bg, "a", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) { return nil, tx.Enqueue("t", []byte("1")) })
 	require.NoError(t, err)
@@ -320,7 +320,7 @@ func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 	}, 10*time.Second, time.Millisecond, "the message dies after its one attempt")
 	var st idem.FileStats
 
-	e = reopen(t, e, path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Now: clock.Now, PruneInterval: -1,
+	e = reopen(t, e, path, &idem.Options{Now: clock.Now, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{DeadLetterRetention: time.Hour}})
 	clock.Advance(2 * day)
 	_, err = e.Prune(bg)

@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"go.etcd.io/bbolt"
-
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // store is the storage seam: every read and write of records goes through it,
@@ -41,7 +39,7 @@ type store struct {
 
 // knownSlot is a slot and its bucket name, built once.
 type knownSlot struct {
-	layout.Slot
+	timeSlot
 	name []byte
 }
 
@@ -51,37 +49,37 @@ type knownSlot struct {
 func initFile(db *bbolt.DB, readOnly bool) error {
 	if readOnly {
 		return db.View(func(tx *bbolt.Tx) error {
-			root := tx.Bucket(layout.Root)
+			root := tx.Bucket(rootName)
 			if err := checkMeta(root); err != nil {
 				return err
 			}
-			for _, name := range [][]byte{layout.Outbox, layout.Dead} {
+			for _, name := range [][]byte{outboxName, deadName} {
 				if root.Bucket(name) == nil {
-					return fmt.Errorf("%w: bucket %q has no %q bucket", ErrFormat, layout.Root, name)
+					return fmt.Errorf("%w: bucket %q has no %q bucket", ErrFormat, rootName, name)
 				}
 			}
 			return nil
 		})
 	}
 	return db.Update(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(layout.Root)
+		root := tx.Bucket(rootName)
 		if root == nil {
 			var err error
-			if root, err = tx.CreateBucket(layout.Root); err != nil {
+			if root, err = tx.CreateBucket(rootName); err != nil {
 				return err
 			}
-			meta, err := root.CreateBucket(layout.Meta)
+			meta, err := root.CreateBucket(metaName)
 			if err != nil {
 				return err
 			}
-			if err := meta.Put(layout.VersionK, binary.BigEndian.AppendUint32(nil, layout.Version)); err != nil {
+			if err := meta.Put(versionKey, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
 				return err
 			}
 		}
 		if err := checkMeta(root); err != nil {
 			return err
 		}
-		for _, name := range [][]byte{layout.Outbox, layout.Dead} {
+		for _, name := range [][]byte{outboxName, deadName} {
 			if _, err := root.CreateBucketIfNotExists(name); err != nil {
 				return err
 			}
@@ -90,45 +88,45 @@ func initFile(db *bbolt.DB, readOnly bool) error {
 	})
 }
 
-// migrate brings a file of an older format version to layout.Version, in the
+// migrate brings a file of an older format version to formatVersion, in the
 // transaction that opens it. From version 1: its records stay as they are
 // (version-1 record values decode, with their slot's width as their window
 // and started ones kept until resolved), and only the version changes, so
 // that a build of version 1, which would misjudge records of version 2,
 // refuses the file.
 func migrate(root *bbolt.Bucket) error {
-	meta := root.Bucket(layout.Meta)
-	if binary.BigEndian.Uint32(meta.Get(layout.VersionK)) == layout.Version {
+	meta := root.Bucket(metaName)
+	if binary.BigEndian.Uint32(meta.Get(versionKey)) == formatVersion {
 		return nil
 	}
-	return meta.Put(layout.VersionK, binary.BigEndian.AppendUint32(nil, layout.Version))
+	return meta.Put(versionKey, binary.BigEndian.AppendUint32(nil, formatVersion))
 }
 
 // checkMeta checks the format version in root's meta bucket.
 func checkMeta(root *bbolt.Bucket) error {
 	if root == nil {
-		return fmt.Errorf("%w: not an idem file (no %q bucket)", ErrFormat, layout.Root)
+		return fmt.Errorf("%w: not an idem file (no %q bucket)", ErrFormat, rootName)
 	}
-	meta := root.Bucket(layout.Meta)
+	meta := root.Bucket(metaName)
 	if meta == nil {
-		return fmt.Errorf("%w: bucket %q has no meta bucket", ErrFormat, layout.Root)
+		return fmt.Errorf("%w: bucket %q has no meta bucket", ErrFormat, rootName)
 	}
-	v := meta.Get(layout.VersionK)
+	v := meta.Get(versionKey)
 	if len(v) != 4 {
 		return fmt.Errorf("%w: no format version recorded", ErrFormat)
 	}
-	if got := binary.BigEndian.Uint32(v); got < layout.OldestVersion || got > layout.Version {
-		return fmt.Errorf("%w: file has format version %d, this build reads versions %d to %d", ErrFormat, got, layout.OldestVersion, layout.Version)
+	if got := binary.BigEndian.Uint32(v); got < oldestFormatVersion || got > formatVersion {
+		return fmt.Errorf("%w: file has format version %d, this build reads versions %d to %d", ErrFormat, got, oldestFormatVersion, formatVersion)
 	}
 	return nil
 }
 
-func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(layout.Root) }
+func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(rootName) }
 
 // loadSlots reads the list of slot buckets at Open.
 func (s *store) loadSlots(tx *bbolt.Tx) error {
 	var list []knownSlot
-	err := s.forEachSlot(tx, func(sl layout.Slot, _ *bbolt.Bucket) error {
+	err := s.forEachSlot(tx, func(sl timeSlot, _ *bbolt.Bucket) error {
 		list = append(list, knownSlot{sl, sl.Name()})
 		return nil
 	})
@@ -143,7 +141,7 @@ func (s *store) knownSlots() []knownSlot {
 	return nil
 }
 
-func compareSlots(a knownSlot, b layout.Slot) int {
+func compareSlots(a knownSlot, b timeSlot) int {
 	if a.Start != b.Start {
 		return cmpInt64(a.Start, b.Start)
 	}
@@ -161,7 +159,7 @@ func cmpInt64(a, b int64) int {
 }
 
 // addSlot adds sl to the list if it is not there yet.
-func (s *store) addSlot(sl layout.Slot) {
+func (s *store) addSlot(sl timeSlot) {
 	if _, found := slices.BinarySearchFunc(s.knownSlots(), sl, compareSlots); found {
 		return
 	}
@@ -177,10 +175,10 @@ func (s *store) addSlot(sl layout.Slot) {
 }
 
 // removeSlot removes sl from the list, after its bucket was dropped.
-func (s *store) removeSlot(sl layout.Slot) {
+func (s *store) removeSlot(sl timeSlot) {
 	s.slotsMu.Lock()
 	defer s.slotsMu.Unlock()
-	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(x knownSlot) bool { return x.Slot == sl })
+	list := slices.DeleteFunc(slices.Clone(s.knownSlots()), func(x knownSlot) bool { return x.timeSlot == sl })
 	s.slots.Store(&list)
 }
 
@@ -198,7 +196,7 @@ func slotTime(r *Record) time.Time {
 // newest first and skipping those that ended before horizon (a zero horizon
 // skips none). The value points into the mmap, or, for a version-1 record, is
 // its version-2 encoding with the slot's width as its window.
-func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, layout.Slot, bool) {
+func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, timeSlot, bool) {
 	root := rootBucket(tx)
 	slots := s.knownSlots()
 	h := horizon.UnixNano()
@@ -209,11 +207,11 @@ func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, layou
 		}
 		if b := root.Bucket(sl.name); b != nil {
 			if v := b.Get(key); v != nil {
-				return upgradeRecord(key, v, sl.Width()), sl.Slot, true
+				return upgradeRecord(key, v, sl.Width()), sl.timeSlot, true
 			}
 		}
 	}
-	return nil, layout.Slot{}, false
+	return nil, timeSlot{}, false
 }
 
 // rawLookup is find without the slot.
@@ -261,7 +259,7 @@ func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 	if replaces != nil && slotTime(replaces).After(at) {
 		at = slotTime(replaces)
 	}
-	sl := layout.SlotAt(at, w.Retention)
+	sl := slotAt(at, w.Retention)
 	if replaces != nil {
 		if _, old, ok := s.find(tx, key, time.Time{}); ok && old != sl {
 			if err := s.delFrom(tx, old, key); err != nil {
@@ -286,7 +284,7 @@ func (s *store) del(tx *bbolt.Tx, r *Record) error {
 	return nil
 }
 
-func (s *store) delFrom(tx *bbolt.Tx, sl layout.Slot, key []byte) error {
+func (s *store) delFrom(tx *bbolt.Tx, sl timeSlot, key []byte) error {
 	if b := rootBucket(tx).Bucket(sl.Name()); b != nil {
 		return b.Delete(key)
 	}
@@ -297,7 +295,7 @@ func (s *store) delFrom(tx *bbolt.Tx, sl layout.Slot, key []byte) error {
 func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 	k := []byte(key)
 	found := false
-	err := s.forEachSlot(tx, func(_ layout.Slot, b *bbolt.Bucket) error {
+	err := s.forEachSlot(tx, func(_ timeSlot, b *bbolt.Bucket) error {
 		if b.Get(k) != nil {
 			found = true
 			return b.Delete(k)
@@ -311,7 +309,7 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 // record that fails to decode is passed as a Record with only Key set,
 // beside its error. A version-1 record gets its slot's width as its window.
 func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
-	return s.forEachSlot(tx, func(sl layout.Slot, b *bbolt.Bucket) error {
+	return s.forEachSlot(tx, func(sl timeSlot, b *bbolt.Bucket) error {
 		return b.ForEach(func(k, v []byte) error {
 			if v == nil {
 				return nil
@@ -329,13 +327,13 @@ func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error
 
 // forEachSlot calls fn for every slot bucket in the file, by start. fn must
 // not add or drop slot buckets.
-func (s *store) forEachSlot(tx *bbolt.Tx, fn func(sl layout.Slot, b *bbolt.Bucket) error) error {
+func (s *store) forEachSlot(tx *bbolt.Tx, fn func(sl timeSlot, b *bbolt.Bucket) error) error {
 	root := rootBucket(tx)
 	c := root.Cursor()
-	for k, _ := c.Seek(layout.SlotPrefix); k != nil; k, _ = c.Next() {
-		sl, ok := layout.ParseSlot(k)
+	for k, _ := c.Seek(slotPrefix); k != nil; k, _ = c.Next() {
+		sl, ok := parseSlot(k)
 		if !ok {
-			if len(k) < len(layout.SlotPrefix) || string(k[:len(layout.SlotPrefix)]) != string(layout.SlotPrefix) {
+			if len(k) < len(slotPrefix) || string(k[:len(slotPrefix)]) != string(slotPrefix) {
 				return nil // past the slots
 			}
 			continue

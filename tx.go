@@ -7,15 +7,14 @@ import (
 
 	"go.etcd.io/bbolt"
 
-	"github.com/idemkit/idem/internal/core"
-	"github.com/idemkit/idem/internal/layout"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Tx is the write transaction a DoTx fn runs in: the same bbolt transaction
 // that stores the call's done record. It is valid only until fn returns.
 type Tx struct {
 	tx   *bbolt.Tx
-	e    *Engine
+	b    *boltBackend
 	key  string
 	msgs int // outbox messages enqueued by this call, for their index
 }
@@ -28,7 +27,7 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 	if t.tx == nil {
 		return nil, &OpError{Op: "bucket", Key: t.key, Err: ErrTxClosed}
 	}
-	if bytes.Equal(name, layout.Root) {
+	if bytes.Equal(name, rootName) {
 		return nil, &OpError{Op: "bucket", Key: t.key, Err: fmt.Errorf("%w: %q belongs to the engine", ErrReservedBucket, name)}
 	}
 	b, err := t.tx.CreateBucketIfNotExists(name)
@@ -41,26 +40,10 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 // DoTx is Do for effects that live in the same file: fn writes its own data
 // through tx (user buckets, outbox messages) in the bbolt write transaction
 // that stores the done record, so the effect and its record commit together
-// or not at all, and no started record is needed. Key, fingerprint, replay,
-// waiting and the returned errors are as for Do.
-//
-// If fn returns an error or panics, nothing it wrote commits. A permanent
-// error is then recorded without fn's writes (in a transaction of its own) and
-// replayed as in Do; Retryable(err), and any error returned once fn's own
-// context has ended (the caller's ctx or Close), store nothing, so the key is
-// free; a panic is re-raised in the caller as a *PanicError carrying the value
-// and the stack, and the key is free too. A response over MaxResponseSize is
-// recorded as ErrResponseTooLarge, also without fn's writes.
-//
-// Only the end of fn's own context is an interruption: a context error fn
-// returns while its context is live (a downstream timeout) is a permanent
-// error, recorded with its code.
-//
-// A DoTx that recovers an interrupted execution (left by Do, or by a DoTx
-// that recovered one) first commits a started record of its own attempt, as
-// Do does. However it then ends without an outcome (Retryable, the end of its
-// context, a panic, a failed commit), that record stays: the next call still
-// recovers, with the attempt after this one. Attempt numbers never repeat.
+// or not at all, and no started record is needed. idemcore.Engine.DoTx gives
+// the outcomes (a permanent error recorded without fn's writes, Retryable and
+// the end of fn's context storing nothing, a panic re-raised as a
+// *PanicError, a recovering DoTx's own started record).
 //
 // Concurrent DoTx calls share one write transaction (group commit), and bbolt
 // has no savepoints: when one fn fails or panics, the whole transaction rolls
@@ -76,19 +59,11 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 // transaction: do not use it (to commit, roll back, or reach the engine's
 // bucket); the engine's records are not an API. A nil fn is refused with an
 // error, as in Do.
-//
-// DoTx's shape is the same for every backend of the state machine
-// (internal/core): fn receives the backend's own transaction, here *Tx (a
-// bbolt write transaction; idempg's is a pgx.Tx), in which fn's writes, its
-// outbox messages and the done record commit together, with the outcomes
-// above whichever the backend.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
-	return e.core.DoTx(ctx, key, fingerprint, fn)
+	return e.c.DoTx(ctx, key, fingerprint, fn)
 }
 
-// PanicError is the panic value DoTx re-raises in the caller when fn panicked
-// on the committer goroutine: fn's panic value and the stack where it
-// panicked.
-//
-// The type is the state machine's (internal/core).
-type PanicError = core.PanicError
+// PanicError is the panic value DoTx re-raises in the caller when fn
+// panicked, on the caller's goroutine or the committer's (idemcore.PanicError:
+// fn's panic Value and the Stack where it panicked).
+type PanicError = idemcore.PanicError

@@ -14,8 +14,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Operator is the part of an engine the admin handler drives: the operator
@@ -23,27 +22,25 @@ import (
 // backend's engine that offers the same calls. See the Engine methods of the
 // same names for their errors.
 type Operator interface {
-	// Get returns key's live record (idem.ErrNotFound if none).
-	Get(key string) (*idem.Record, error)
+	// Get returns key's live record (idemcore.ErrNotFound if none).
+	Get(key string) (*idemcore.Record, error)
 	// Forget deletes key's record in any state.
 	Forget(key string) error
 	// Resolve completes an interrupted execution by hand.
-	Resolve(key string, response []byte, outcome *idem.Error) error
+	Resolve(key string, response []byte, outcome *idemcore.Error) error
 	// Messages walks the outbox: pending messages, then dead letters.
-	Messages(fn func(m *idem.Message, err error) error) error
+	Messages(fn func(m *idemcore.Message, err error) error) error
 	// RetryDead puts a dead letter back in the outbox.
 	RetryDead(seq uint64) error
 	// DropDead deletes a dead letter.
 	DropDead(seq uint64) error
 	// ScanFile counts the records and messages in the file.
-	ScanFile() (idem.FileStats, error)
+	ScanFile() (idemcore.FileStats, error)
 	// Stats returns the counters since Open.
-	Stats() idem.Stats
+	Stats() idemcore.Stats
 	// Retention is the retention window, wall-clock.
 	Retention() time.Duration
 }
-
-var _ Operator = (*idem.Engine)(nil)
 
 // AdminAction is what an admin request asks to do, as passed to
 // AdminOptions.Authorize.
@@ -60,7 +57,7 @@ const (
 )
 
 // DefaultAdminMaxBody is the largest request body the admin handler reads
-// (a resolve's JSON), in bytes: 4 MiB, room for idem.DefaultMaxResponseSize
+// (a resolve's JSON), in bytes: 4 MiB, room for idemcore.DefaultMaxResponseSize
 // in base64.
 const DefaultAdminMaxBody = 4 << 20
 
@@ -135,7 +132,7 @@ func adminBearer(r *http.Request) (string, bool) {
 // 415) with optional members "response" (a string; absent or null: no
 // response, which differs from ""), "response_encoding" ("utf-8", the
 // default, or "base64") and "error" ({"code", "message"}: a stored
-// *idem.Error), or, instead of those three, "http": {"status", "headers",
+// *idemcore.Error), or, instead of those three, "http": {"status", "headers",
 // "body", "body_encoding"}, an HTTP answer stored in Middleware's format
 // (EncodeResponse: status 200 to 999, headers an object of arrays of
 // strings as http.Header, body a string in body_encoding, "utf-8" by
@@ -151,11 +148,11 @@ func adminBearer(r *http.Request) (string, bool) {
 // latter with Retry-After), unsupported_media_type (415), too_large (413: a
 // body over MaxBody, or a resolution over the engine's MaxResponseSize),
 // closed (503), corrupt and internal (500). "op" and "key" name the
-// engine's operation and key when it reported them (idem.OpError), and
+// engine's operation and key when it reported them (idemcore.OpError), and
 // "detail" says why. The handler logs nothing: keys and responses go only
 // to authorized callers. Keys travel in the query string, so an access log
 // in front of the handler sees them: keep such logs off the admin routes, or
-// use keys that carry no personal data (idem.KeyOf).
+// use keys that carry no personal data (idemcore.KeyOf).
 func Admin(op Operator, opts *AdminOptions) http.Handler {
 	a := &admin{op: op}
 	if opts != nil {
@@ -309,9 +306,9 @@ func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
 			resp = []byte{} // "" is an empty response, not none
 		}
 	}
-	var outcome *idem.Error
+	var outcome *idemcore.Error
 	if body.Error != nil {
-		outcome = &idem.Error{Code: body.Error.Code, Message: body.Error.Message}
+		outcome = &idemcore.Error{Code: body.Error.Code, Message: body.Error.Message}
 	}
 	if err := a.op.Resolve(key, resp, outcome); err != nil {
 		return err
@@ -366,10 +363,10 @@ func (a *admin) listMessages(w http.ResponseWriter, r *http.Request) error {
 	_, byTopic := q["topic"]
 	topic := q.Get("topic")
 	out := AdminMessages{Messages: []AdminMessage{}, Corrupt: []AdminCorrupt{}}
-	err := a.op.Messages(func(m *idem.Message, merr error) error {
+	err := a.op.Messages(func(m *idemcore.Message, merr error) error {
 		switch {
 		case state == "pending" && m.Dead, state == "dead" && !m.Dead:
-		case merr != nil && errors.Is(merr, idem.ErrCorrupt):
+		case merr != nil && errors.Is(merr, idemcore.ErrCorrupt):
 			out.Corrupt = append(out.Corrupt, AdminCorrupt{Seq: m.Seq, Dead: m.Dead})
 		case merr != nil:
 			return merr
@@ -405,8 +402,8 @@ func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	var found *idem.Message
-	err = a.op.Messages(func(m *idem.Message, merr error) error {
+	var found *idemcore.Message
+	err = a.op.Messages(func(m *idemcore.Message, merr error) error {
 		if m.Seq != seq {
 			return nil
 		}
@@ -421,7 +418,7 @@ func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
 	case err != nil:
 		return err
 	case found == nil:
-		return fmt.Errorf("%w: message %d (delivered, dropped, expired or never enqueued)", idem.ErrMessageNotFound, seq)
+		return fmt.Errorf("%w: message %d (delivered, dropped, expired or never enqueued)", idemcore.ErrMessageNotFound, seq)
 	}
 	return adminWriteJSON(w, http.StatusOK, a.message(found))
 }
@@ -446,7 +443,7 @@ func (a *admin) operateDead(w http.ResponseWriter, r *http.Request, name string,
 }
 
 // record renders rec, with its response only under ShowResponses.
-func (a *admin) record(rec *idem.Record) AdminRecord {
+func (a *admin) record(rec *idemcore.Record) AdminRecord {
 	out := AdminRecord{
 		Key:         rec.Key,
 		State:       rec.State.String(),
@@ -467,7 +464,7 @@ func (a *admin) record(rec *idem.Record) AdminRecord {
 }
 
 // message renders m, with its payload only under ShowResponses.
-func (a *admin) message(m *idem.Message) AdminMessage {
+func (a *admin) message(m *idemcore.Message) AdminMessage {
 	out := AdminMessage{
 		Seq:           m.Seq,
 		Topic:         m.Topic,
@@ -516,11 +513,7 @@ func adminTime(t time.Time) *time.Time {
 }
 
 // recordExpiry is when rec leaves the retention window under the engine's
-// retention: the engine's rule (layout.Expiry); the zero time for never.
-func recordExpiry(rec *idem.Record, retention time.Duration) time.Time {
-	at := rec.StartedAt
-	if rec.State == idem.StateDone {
-		at = rec.CompletedAt
-	}
-	return layout.Expiry(rec.State == idem.StateStarted && rec.KeptUntilResolved, at, rec.Retention, retention)
+// retention (idemcore.Expiry); the zero time for never.
+func recordExpiry(rec *idemcore.Record, retention time.Duration) time.Time {
+	return idemcore.Expiry(rec, retention)
 }

@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The JSON documents of the admin handler (see Admin), exported so that a Go
@@ -25,13 +25,13 @@ type AdminIndex struct {
 	ShowResponses bool `json:"show_responses"`
 }
 
-// AdminStats is the answer of GET /stats: idem.Stats.
+// AdminStats is the answer of GET /stats: idemcore.Stats.
 type AdminStats struct {
 	// Retention is the retention window as a Go duration.
 	Retention string `json:"retention"`
 	// FileSize is the bytes of the file in use by bbolt's pages.
 	FileSize int64 `json:"file_size"`
-	// Records counts the records by state (idem.Stats).
+	// Records counts the records by state (idemcore.Stats).
 	Records struct {
 		Started        int `json:"started"`
 		Done           int `json:"done"`
@@ -47,7 +47,7 @@ type AdminStats struct {
 		Commits    uint64 `json:"commits"`
 		Writes     uint64 `json:"writes"`
 	} `json:"since_open"`
-	// Outbox counts the outbox messages (idem.OutboxStats); Retrying and
+	// Outbox counts the outbox messages (idemcore.OutboxStats); Retrying and
 	// Waiting are among Pending, Delivered counts since Open.
 	Outbox struct {
 		Pending   int    `json:"pending"`
@@ -59,8 +59,8 @@ type AdminStats struct {
 	} `json:"outbox"`
 }
 
-// newAdminStats is the one place that reads idem.FileStats and idem.Stats.
-func newAdminStats(fs idem.FileStats, s idem.Stats, retention time.Duration) AdminStats {
+// newAdminStats is the one place that reads idemcore.FileStats and idemcore.Stats.
+func newAdminStats(fs idemcore.FileStats, s idemcore.Stats, retention time.Duration) AdminStats {
 	var out AdminStats
 	out.Retention = retention.String()
 	out.FileSize = fs.FileSize
@@ -75,7 +75,7 @@ func newAdminStats(fs idem.FileStats, s idem.Stats, retention time.Duration) Adm
 	return out
 }
 
-// AdminRecord is a record (idem.Record), the answer of GET /records and of
+// AdminRecord is a record (idemcore.Record), the answer of GET /records and of
 // POST /records/resolve.
 type AdminRecord struct {
 	Key   string `json:"key"`
@@ -92,11 +92,11 @@ type AdminRecord struct {
 	// (a record kept until resolved).
 	ExpiresAt *time.Time `json:"expires_at"`
 	// Retention is the retention window the record was written under, as a
-	// Go duration (idem.Record.Retention); KeptUntilResolved marks an
-	// interrupted execution written under idem.RecoverRefuse.
+	// Go duration (idemcore.Record.Retention); KeptUntilResolved marks an
+	// interrupted execution written under idemcore.RecoverRefuse.
 	Retention         string `json:"retention"`
 	KeptUntilResolved bool   `json:"kept_until_resolved"`
-	// Error is the stored *idem.Error, null if none.
+	// Error is the stored *idemcore.Error, null if none.
 	Error *AdminErrorJSON `json:"error"`
 	// ResponseSize is the response's length in bytes; null when there is no
 	// response, which differs from an empty one.
@@ -109,13 +109,13 @@ type AdminRecord struct {
 	ResponseHidden   bool    `json:"response_hidden"`
 }
 
-// AdminErrorJSON is a stored *idem.Error: its code and message.
+// AdminErrorJSON is a stored *idemcore.Error: its code and message.
 type AdminErrorJSON struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
 }
 
-// AdminMessage is an outbox message (idem.Message), the answer of
+// AdminMessage is an outbox message (idemcore.Message), the answer of
 // GET /outbox/SEQ and an element of AdminMessages.
 type AdminMessage struct {
 	Seq   uint64 `json:"seq"`
@@ -175,7 +175,7 @@ type adminDeadOp struct {
 // "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#AdminProblem-" + Code
 // (the Idempotency-Key draft registers no types; these are this package's);
 // Title is the status's text; Detail says why; Op and Key are the engine's
-// operation and key, when it named them (an idem.OpError).
+// operation and key, when it named them (an idemcore.OpError).
 type AdminProblem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -211,31 +211,31 @@ func toAdminError(err error) *adminError {
 		return ae
 	}
 	out := &adminError{detail: err.Error()}
-	var op *idem.OpError
+	var op *idemcore.OpError
 	if errors.As(err, &op) {
 		out.op, out.key, out.detail = op.Op, op.Key, op.Err.Error()
 	}
-	var ip *idem.InProgressError
+	var ip *idemcore.InProgressError
 	switch {
-	case errors.Is(err, idem.ErrInvalidKey):
+	case errors.Is(err, idemcore.ErrInvalidKey):
 		out.status, out.code = http.StatusBadRequest, "invalid_key"
-	case errors.Is(err, idem.ErrNotFound):
+	case errors.Is(err, idemcore.ErrNotFound):
 		out.status, out.code = http.StatusNotFound, "not_found"
-	case errors.Is(err, idem.ErrMessageNotFound):
+	case errors.Is(err, idemcore.ErrMessageNotFound):
 		out.status, out.code = http.StatusNotFound, "message_not_found"
-	case errors.Is(err, idem.ErrState):
+	case errors.Is(err, idemcore.ErrState):
 		out.status, out.code = http.StatusConflict, "wrong_state"
-	case errors.Is(err, idem.ErrInProgress):
+	case errors.Is(err, idemcore.ErrInProgress):
 		out.status, out.code, out.retryAfter = http.StatusConflict, "in_progress", time.Second
 		if errors.As(err, &ip) {
 			out.retryAfter = ip.RetryAfter
 		}
-	case errors.Is(err, idem.ErrResponseTooLarge):
+	case errors.Is(err, idemcore.ErrResponseTooLarge):
 		// A resolution over the engine's Options.MaxResponseSize.
 		out.status, out.code = http.StatusRequestEntityTooLarge, "too_large"
-	case errors.Is(err, idem.ErrClosed):
+	case errors.Is(err, idemcore.ErrClosed):
 		out.status, out.code = http.StatusServiceUnavailable, "closed"
-	case errors.Is(err, idem.ErrCorrupt):
+	case errors.Is(err, idemcore.ErrCorrupt):
 		out.status, out.code = http.StatusInternalServerError, "corrupt"
 	default:
 		out.status, out.code = http.StatusInternalServerError, "internal"

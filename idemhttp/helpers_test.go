@@ -24,12 +24,8 @@ import (
 // when the test ends.
 func openEngine(t *testing.T, opts *idem.Options) *idem.Engine {
 	t.Helper()
-	var o idem.Options
-	if opts != nil {
-		o = *opts
-	}
-	o.Bolt.NoSync = true // no crash in these tests: fsync only costs time
-	e, _ := testkit.Open(t, &o)
+	// No crash in these tests: fsync only costs time.
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, opts)
 	return e
 }
 

@@ -15,7 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Header names the middleware reads and writes.
@@ -28,7 +28,7 @@ const (
 	HeaderReplayed = "Idempotent-Replayed"
 	// HeaderRetention advertises the retention window on every response to a
 	// request with a key: delta-seconds (like Retry-After), how long after it
-	// completes a request is replayed (idem.Doer.Retention, rounded down).
+	// completes a request is replayed (idemcore.Doer.Retention, rounded down).
 	// The draft defines no such header; the name is ours.
 	HeaderRetention = "Idempotency-Retention"
 )
@@ -40,7 +40,7 @@ const (
 	DefaultMaxBodySize = 1 << 20
 	// DefaultMaxResponseSize is the largest response body stored, in bytes
 	// (1 MiB - 64 KiB, so that the stored record, headers included, fits the
-	// engine's own default limit idem.DefaultMaxResponseSize).
+	// engine's own default limit idemcore.DefaultMaxResponseSize).
 	DefaultMaxResponseSize = 1<<20 - 64<<10
 	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store
 	// fails.
@@ -106,9 +106,8 @@ type Options struct {
 	// so does it when only the trailers pass the limit) and the response is
 	// not stored: the key is done, the handler does not run again, and
 	// replays get 500 ProblemResponseNotStored, never a truncated body. The
-	// engine's own
-	// limit (idem.Options.MaxResponseSize) applies to the stored record,
-	// status and headers included, with the same outcome.
+	// engine's own limit (idemcore.Options.MaxResponseSize) applies to the
+	// stored record, status and headers included, with the same outcome.
 	MaxResponseSize int
 
 	// Headers are the response headers stored and replayed, beside the
@@ -157,7 +156,7 @@ type Options struct {
 // not end when the client goes away (so that its outcome is recorded for the
 // client's retry); it ends when the engine closes, and an answer written
 // after that goes to its caller but is not stored (the key stays started,
-// for the engine's recovery policy). idem.CallFrom on it tells
+// for the engine's recovery policy). idemcore.CallFrom on it tells
 // the attempt and whether the call recovers an interrupted one. The handler
 // may mark its response as not to be stored with NotStored. A handler that
 // panics leaves the key started (the engine's recovery policy decides what a
@@ -175,11 +174,11 @@ type Options struct {
 // replay, as net/http's writer does.
 //
 // Concurrent duplicates follow the engine's in-flight policy: under
-// idem.InFlightWait (the default) they wait and get the replay, under
-// idem.InFlightFail they get 409 with Retry-After.
+// idemcore.InFlightWait (the default) they wait and get the replay, under
+// idemcore.InFlightFail they get 409 with Retry-After.
 //
 // Middleware panics if opts.Headers names a header that is never stored.
-func Middleware(d idem.Doer, opts *Options) func(http.Handler) http.Handler {
+func Middleware(d idemcore.Doer, opts *Options) func(http.Handler) http.Handler {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -221,15 +220,15 @@ func Middleware(d idem.Doer, opts *Options) func(http.Handler) http.Handler {
 }
 
 // StoredKey is the key the middleware stores a request under when
-// Options.Scope is set: idem.KeyOf("idemhttp", scope, key), the namespace
+// Options.Scope is set: idemcore.KeyOf("idemhttp", scope, key), the namespace
 // "idemhttp", ":" and a SHA-256 of the scope and the client's key (so
 // neither sits in the file in clear, and no two (scope, key) pairs meet).
 // Operators compute it to find a client's key with Get, Forget or Resolve.
 // Without Scope the stored key is the client's key itself.
-func StoredKey(scope, key string) string { return idem.KeyOf(scopeNamespace, scope, key) }
+func StoredKey(scope, key string) string { return idemcore.KeyOf(scopeNamespace, scope, key) }
 
 type middleware struct {
-	d       idem.Doer
+	d       idemcore.Doer
 	opts    Options
 	methods map[string]bool
 	headers []string // canonical names
@@ -292,7 +291,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			// whatever became of the record (not stored, over the size
 			// limit, a failed commit that leaves the key to recovery).
 			rec.finish()
-			if err != nil && !errors.Is(err, idem.ErrRetryable) && !errors.Is(err, idem.ErrResponseTooLarge) {
+			if err != nil && !errors.Is(err, idemcore.ErrRetryable) && !errors.Is(err, idemcore.ErrResponseTooLarge) {
 				m.opts.Logger.Warn("idemhttp: the handler ran but its outcome was not recorded", "err", errorClass(err))
 			}
 			return
@@ -303,24 +302,24 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			return
 		}
-		var ipe *idem.InProgressError
-		var se *idem.Error
+		var ipe *idemcore.InProgressError
+		var se *idemcore.Error
 		switch {
-		case errors.Is(err, idem.ErrRetryable) && round+1 < maxRetryableRounds:
+		case errors.Is(err, idemcore.ErrRetryable) && round+1 < maxRetryableRounds:
 			continue // the call waited for was not stored: the key is free
-		case errors.Is(err, idem.ErrRetryable):
+		case errors.Is(err, idemcore.ErrRetryable):
 			problemInProgress(time.Second).write(w)
-		case errors.Is(err, idem.ErrResponseTooLarge):
+		case errors.Is(err, idemcore.ErrResponseTooLarge):
 			problemResponseNotStored().write(w)
-		case errors.Is(err, idem.ErrFingerprintMismatch):
+		case errors.Is(err, idemcore.ErrFingerprintMismatch):
 			problemKeyMismatch().write(w)
 		case errors.As(err, &ipe):
 			problemInProgress(ipe.RetryAfter).write(w)
-		case errors.Is(err, idem.ErrInProgress):
+		case errors.Is(err, idemcore.ErrInProgress):
 			problemInProgress(time.Second).write(w)
-		case errors.Is(err, idem.ErrIncomplete):
+		case errors.Is(err, idemcore.ErrIncomplete):
 			problemIncomplete().write(w)
-		case errors.Is(err, idem.ErrInvalidKey):
+		case errors.Is(err, idemcore.ErrInvalidKey):
 			problemKeyInvalid("not a valid idempotency key").write(w)
 		case errors.As(err, &se):
 			// A stored error (an operator's resolution, or another writer's).
@@ -345,7 +344,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 // name the key, which is user data, so only the innermost cause's text is
 // kept.
 func errorClass(err error) string {
-	var op *idem.OpError
+	var op *idemcore.OpError
 	for errors.As(err, &op) {
 		err = op.Err
 	}
@@ -369,8 +368,8 @@ func parseKey(values []string) (string, *problem) {
 	switch {
 	case strings.TrimSpace(v) == "":
 		return "", problemKeyInvalid("the key is empty")
-	case len(v) > idem.MaxKeyLen:
-		return "", problemKeyInvalid(fmt.Sprintf("the key is longer than %d bytes", idem.MaxKeyLen))
+	case len(v) > idemcore.MaxKeyLen:
+		return "", problemKeyInvalid(fmt.Sprintf("the key is longer than %d bytes", idemcore.MaxKeyLen))
 	case !utf8.ValidString(v):
 		return "", problemKeyInvalid("the key is not valid UTF-8")
 	case strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
@@ -378,8 +377,8 @@ func parseKey(values []string) (string, *problem) {
 	}
 	// The engine's rules (white space at an end, format characters), also
 	// when Scope stores a hash of the key, which the engine cannot check.
-	if err := idem.ValidateKey(v); err != nil {
-		return "", problemKeyInvalid(strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": "))
+	if err := idemcore.ValidateKey(v); err != nil {
+		return "", problemKeyInvalid(strings.TrimPrefix(err.Error(), idemcore.ErrInvalidKey.Error()+": "))
 	}
 	return v, nil
 }
@@ -460,7 +459,7 @@ func fingerprint(r *http.Request, body []byte) []byte {
 }
 
 // handlerContext is the handler's context: fnCtx's values (the request's and
-// idem.CallFrom's), not ended by the client going away (the outcome must be
+// idemcore.CallFrom's), not ended by the client going away (the outcome must be
 // recorded for its retry), but ended when fnCtx ends for another reason
 // while the request is live: the engine closing. fnCtx ends once, so a
 // handler whose client went away first is not cancelled by a later Close,

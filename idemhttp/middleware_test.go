@@ -574,7 +574,7 @@ func TestStoreFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.Close()
-	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
+	ro, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

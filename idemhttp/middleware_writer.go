@@ -9,22 +9,22 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
-// errNotStored is the cause of the idem.Retryable outcome of a response the
+// errNotStored is the cause of the idemcore.Retryable outcome of a response the
 // handler marked NotStored (or a 401 or 403).
 var errNotStored = errors.New("idemhttp: response not stored")
 
 // errOverLimit is the stored error of a response over the size limit; it
-// wraps idem.ErrResponseTooLarge, so the engine stores it with the code
-// replays match idem.ErrResponseTooLarge by.
-var errOverLimit = fmt.Errorf("idemhttp: response over the size limit was sent, not stored: %w", idem.ErrResponseTooLarge)
+// wraps idemcore.ErrResponseTooLarge, so the engine stores it with the code
+// replays match idemcore.ErrResponseTooLarge by.
+var errOverLimit = fmt.Errorf("idemhttp: response over the size limit was sent, not stored: %w", idemcore.ErrResponseTooLarge)
 
 // NotStored marks the response being written to w as not to be stored: a
 // transient failure (a 503 from a dependency, a lock timeout) whose effect
 // did not happen. The handler's caller gets the response; the key is freed
-// (idem.Retryable), so a retry with it runs the handler again. Call it from a
+// (idemcore.Retryable), so a retry with it runs the handler again. Call it from a
 // handler behind Middleware, before or after writing; w may be the
 // middleware's writer or any writer that wraps it and has an
 // Unwrap() http.ResponseWriter method (as http.ResponseController expects).
@@ -153,7 +153,7 @@ func (rec *recorder) outcome(headers []string) ([]byte, error) {
 	r := rec.sentResponse()
 	switch {
 	case rec.notStored || r.status == http.StatusUnauthorized || r.status == http.StatusForbidden:
-		return nil, idem.Retryable(errNotStored)
+		return nil, idemcore.Retryable(errNotStored)
 	case rec.streaming:
 		return nil, errOverLimit
 	}

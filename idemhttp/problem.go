@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Problem type URIs of the middleware's refusals (RFC 9457 problem details,
@@ -19,8 +19,8 @@ const (
 	// an Idempotency-Key header. Stripe code "idempotency_key_missing".
 	ProblemKeyMissing = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemKeyMissing"
 	// ProblemKeyInvalid: HTTP 400, the header is empty, repeated, longer than
-	// idem.MaxKeyLen bytes, has white space at either end or holds control
-	// or format characters (idem.ValidateKey). Stripe code
+	// idemcore.MaxKeyLen bytes, has white space at either end or holds control
+	// or format characters (idemcore.ValidateKey). Stripe code
 	// "idempotency_key_invalid".
 	ProblemKeyInvalid = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemKeyInvalid"
 	// ProblemKeyMismatch: HTTP 422, the key was used with another request
@@ -28,12 +28,12 @@ const (
 	// "idempotency_key_mismatch".
 	ProblemKeyMismatch = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemKeyMismatch"
 	// ProblemInProgress: HTTP 409 with Retry-After, a request with the key
-	// is running (the engine runs with idem.InFlightFail): the draft's 409.
+	// is running (the engine runs with idemcore.InFlightFail): the draft's 409.
 	// Stripe code "idempotency_key_in_use", as Stripe's own.
 	ProblemInProgress = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemInProgress"
 	// ProblemIncomplete: HTTP 409 without Retry-After, the key's first
 	// execution was interrupted (a crash, a panic) and the engine refuses to
-	// run it again (idem.RecoverRefuse) until an operator resolves the key,
+	// run it again (idemcore.RecoverRefuse) until an operator resolves the key,
 	// or the request waited for a first execution that ended without an
 	// outcome. Stripe code "idempotency_key_incomplete".
 	ProblemIncomplete = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemIncomplete"
@@ -60,7 +60,7 @@ const (
 	// "idempotency_record_corrupt".
 	ProblemStoredResponseCorrupt = "https://pkg.go.dev/github.com/idemkit/idem/idemhttp#ProblemStoredResponseCorrupt"
 	// ProblemStoredError: HTTP 500, the key's stored outcome is an
-	// *idem.Error (an operator resolved it with an error, or something other
+	// *idemcore.Error (an operator resolved it with an error, or something other
 	// than this middleware stored one): replayed to every retry, with
 	// Idempotent-Replayed: true. Stripe type "api_error", code the stored
 	// Code ("idempotency_stored_error" when it is empty), message the
@@ -158,7 +158,7 @@ func problemStoredResponseCorrupt() *problem {
 		"Stored response unreadable", "")
 }
 
-func problemStoredError(e *idem.Error) *problem {
+func problemStoredError(e *idemcore.Error) *problem {
 	code := e.Code
 	if code == "" {
 		code = "idempotency_stored_error"

@@ -18,7 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The _meta entries the middleware reads and writes. The prefix is the
@@ -27,7 +27,7 @@ import (
 const (
 	// MetaKey is the request _meta entry that carries the idempotency key:
 	// a JSON string of 1 to 255 bytes of UTF-8, without white space at
-	// either end or control or format characters (idem.ValidateKey). The key is read from there only (go-sdk drops unknown
+	// either end or control or format characters (idemcore.ValidateKey). The key is read from there only (go-sdk drops unknown
 	// fields of params), never from the JSON-RPC id, which differs between
 	// a request and its retry.
 	MetaKey = "io.github.idemkit/idempotency-key"
@@ -38,7 +38,7 @@ const (
 	// front of a server tells it that the call recovers an interrupted
 	// execution, so a key-aware server can reconcile. The middleware does
 	// not read it: behind the middleware, a tool reads
-	// idem.CallFrom(ctx).Recovered.
+	// idemcore.CallFrom(ctx).Recovered.
 	MetaRecovered = "io.github.idemkit/recovered"
 )
 
@@ -66,7 +66,7 @@ type Options struct {
 	// Scope, if set, returns the key space of a call: the authenticated
 	// principal (from req.Extra.TokenInfo on an authenticated HTTP
 	// transport; stdio and in-memory transports have none). The stored key
-	// is then idem.KeyOf("idemmcp", scope, key), so that two principals
+	// is then idemcore.KeyOf("idemmcp", scope, key), so that two principals
 	// sending one key never meet and neither learns the other's key exists.
 	// An error refuses the call with it and stores nothing.
 	Scope func(ctx context.Context, req *mcp.CallToolRequest) (string, error)
@@ -101,7 +101,7 @@ type Options struct {
 // result's _meta. See the package documentation for what is stored and what
 // is refused.
 type Middleware struct {
-	d    idem.Doer
+	d    idemcore.Doer
 	opts Options
 
 	mu      sync.Mutex
@@ -116,7 +116,7 @@ type toolEntry struct {
 	// middleware learns whether it ran (else the SDK refused the input).
 	tracked bool
 	// do runs fn under the key: the engine's Do, or DoTx for a DoTx tool.
-	do func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idem.Result, error)
+	do func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idemcore.Result, error)
 	tx bool
 }
 
@@ -128,7 +128,7 @@ type flight struct {
 
 // New returns a Middleware over d: any idem engine (idem.Engine, or another
 // backend's). Tools of the DoTx form are registered with AddTxTool.
-func New(d idem.Doer, opts *Options) *Middleware {
+func New(d idemcore.Doer, opts *Options) *Middleware {
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -223,8 +223,8 @@ func (m *Middleware) register(t *mcp.Tool, p *Policy, te *toolEntry) {
 	if t.Annotations != nil && t.Annotations.ReadOnlyHint {
 		te.policy.ReadOnly = true
 	}
-	if te.policy.Key.kind == keyArgs && (len(t.Name) == 0 || len(t.Name) > idem.MaxNamespaceLen) {
-		panic(fmt.Sprintf("idemmcp: tool %q: KeyFromArgs needs a name of 1 to %d bytes", t.Name, idem.MaxNamespaceLen))
+	if te.policy.Key.kind == keyArgs && (len(t.Name) == 0 || len(t.Name) > idemcore.MaxNamespaceLen) {
+		panic(fmt.Sprintf("idemmcp: tool %q: KeyFromArgs needs a name of 1 to %d bytes", t.Name, idemcore.MaxNamespaceLen))
 	}
 	te.tracked = true
 	if te.do == nil {
@@ -279,14 +279,14 @@ func (m *Middleware) call(ctx context.Context, method string, r *mcp.CallToolReq
 	if len(r.Params.InputResponses) > 0 || r.Params.RequestState != "" {
 		// A continuation is a call of its own: its round may perform the
 		// effect, and it must not meet the first round's key.
-		key = idem.KeyOf("idemmcp-continuation", key, r.Params.RequestState)
+		key = idemcore.KeyOf("idemmcp-continuation", key, r.Params.RequestState)
 	}
 	if m.opts.Scope != nil {
 		scope, err := m.opts.Scope(ctx, r)
 		if err != nil {
 			return nil, err
 		}
-		key = idem.KeyOf("idemmcp", scope, key)
+		key = idemcore.KeyOf("idemmcp", scope, key)
 	}
 
 	release, err := m.enter(ctx, key, string(fp))
@@ -379,7 +379,7 @@ func (m *Middleware) key(t *toolEntry, r *mcp.CallToolRequest) (string, error) {
 			}
 			parts = append(parts, b.String())
 		}
-		return idem.KeyOf(parts...), nil
+		return idemcore.KeyOf(parts...), nil
 	}
 	v, ok := r.Params.Meta[MetaKey]
 	if !ok || v == nil {
@@ -401,8 +401,8 @@ func badKey(key string) string {
 	switch {
 	case strings.TrimSpace(key) == "":
 		return "empty or blank"
-	case len(key) > idem.MaxKeyLen:
-		return fmt.Sprintf("%d bytes, the limit is %d", len(key), idem.MaxKeyLen)
+	case len(key) > idemcore.MaxKeyLen:
+		return fmt.Sprintf("%d bytes, the limit is %d", len(key), idemcore.MaxKeyLen)
 	case !utf8.ValidString(key):
 		return "not valid UTF-8"
 	case strings.ContainsFunc(key, unicode.IsControl):
@@ -411,8 +411,8 @@ func badKey(key string) string {
 	// The engine's rules (white space at an end, format characters), also
 	// when the stored key is a hash (Scope, a continuation), which the
 	// engine cannot check.
-	if err := idem.ValidateKey(key); err != nil {
-		return strings.TrimPrefix(err.Error(), idem.ErrInvalidKey.Error()+": ")
+	if err := idemcore.ValidateKey(key); err != nil {
+		return strings.TrimPrefix(err.Error(), idemcore.ErrInvalidKey.Error()+": ")
 	}
 	return ""
 }
@@ -453,20 +453,20 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		ran, ranRes, ranErr = true, res, err
 		keep := func(why error) ([]byte, error) {
 			own, ownRes, ownErr = true, res, err
-			return nil, idem.Retryable(why)
+			return nil, idemcore.Retryable(why)
 		}
 		if t.tracked && !st.ran {
 			return keep(errNotRun)
 		}
 		if err != nil {
-			if errors.Is(err, idem.ErrRetryable) {
+			if errors.Is(err, idemcore.ErrRetryable) {
 				return keep(err)
 			}
 			if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 				own, ownRes, ownErr = true, nil, err
 				return nil, err
 			}
-			return nil, idem.WithCode(errors.New(string(encodeWireError(err))), codeProtocolError)
+			return nil, idemcore.WithCode(errors.New(string(encodeWireError(err))), codeProtocolError)
 		}
 		ctr, ok := res.(*mcp.CallToolResult)
 		if !ok || ctr == nil {
@@ -475,7 +475,7 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		switch {
 		case ctr.InputRequests != nil:
 			return keep(errNotFinal)
-		case errors.Is(ctr.GetError(), idem.ErrRetryable):
+		case errors.Is(ctr.GetError(), idemcore.ErrRetryable):
 			return keep(ctr.GetError())
 		case !t.tracked && ctr.IsError && ctr.GetError() != nil &&
 			strings.HasPrefix(ctr.GetError().Error(), `validating "arguments": `):
@@ -486,7 +486,7 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 			return keep(err)
 		}
 		if ctr.IsError {
-			return nil, idem.WithCode(errors.New(string(b)), codeToolError)
+			return nil, idemcore.WithCode(errors.New(string(b)), codeToolError)
 		}
 		return b, nil
 	}
@@ -494,27 +494,27 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 	if own {
 		return ownRes, ownErr // not stored: this execution's own answer
 	}
-	if ran && errors.Is(err, idem.ErrResponseTooLarge) {
+	if ran && errors.Is(err, idemcore.ErrResponseTooLarge) {
 		// The tool ran and answered, but the answer is over the engine's
 		// limit: its caller gets it; retries get the stored error.
 		return ranRes, ranErr
 	}
-	var ie *idem.Error
-	var ip *idem.InProgressError
+	var ie *idemcore.Error
+	var ip *idemcore.InProgressError
 	switch {
 	case err == nil:
 		return answer(res.Response, false, res.Replayed)
 	case errors.As(err, &ie) && (ie.Code == codeToolError || ie.Code == codeProtocolError):
 		return answer([]byte(ie.Message), ie.Code == codeProtocolError, res.Replayed || ie.Replayed)
-	case errors.Is(err, idem.ErrFingerprintMismatch):
+	case errors.Is(err, idemcore.ErrFingerprintMismatch):
 		return nil, refuse(CodeConflict, TypeConflict, 0, "the key was used with another tool or other arguments")
 	case errors.As(err, &ip):
 		return nil, m.inProgress(ip.RetryAfter)
-	case errors.Is(err, idem.ErrInvalidKey):
+	case errors.Is(err, idemcore.ErrInvalidKey):
 		return nil, refuse(CodeKeyInvalid, TypeKeyInvalid, 0, "invalid key")
-	case errors.Is(err, idem.ErrIncomplete):
+	case errors.Is(err, idemcore.ErrIncomplete):
 		return nil, refuse(CodeIncomplete, TypeIncomplete, 0, "an earlier execution with this key was interrupted; an operator must resolve the key")
-	case errors.Is(err, idem.ErrRetryable):
+	case errors.Is(err, idemcore.ErrRetryable):
 		// The call this one waited for ended without an outcome to share.
 		return nil, m.inProgress(m.opts.RetryAfter)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -529,7 +529,7 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		// the handler's response); the key stays started, for the recovery
 		// policy. A DoTx tool's writes rolled back with the failed commit.
 		cause := err
-		if oe, ok := errors.AsType[*idem.OpError](err); ok && oe.Err != nil {
+		if oe, ok := errors.AsType[*idemcore.OpError](err); ok && oe.Err != nil {
 			cause = oe.Err // no key in logs
 		}
 		m.opts.Logger.Warn("idemmcp: the tool ran but its outcome was not recorded", "tool", r.Params.Name, "err", cause)

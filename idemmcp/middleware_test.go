@@ -769,7 +769,7 @@ func TestKeyRulesWithAndWithoutScope(t *testing.T) {
 // failed and the tool did not run would be false), and a retry with the key
 // gets an internal error, not a refusal that invites it to retry.
 func TestResultOverTheEngineLimit(t *testing.T) {
-	_, cs, runs := exportServer(t, &idem.Options{PruneInterval: -1, MaxResponseSize: 1 << 10}, 4<<10)
+	_, cs, runs := exportServer(t, nil, &idem.Options{PruneInterval: -1, MaxResponseSize: 1 << 10}, 4<<10)
 
 	ctx := idemmcp.WithKey(t.Context(), "big-1")
 	first, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
@@ -790,8 +790,8 @@ func TestResultOverTheEngineLimit(t *testing.T) {
 // policy decides). A DoTx tool's writes roll back with the failed commit, so
 // there the refusal is true.
 func TestStoreFailureAfterTheToolRanAnswersItsResult(t *testing.T) {
-	e, cs, runs := exportServer(t, &idem.Options{
-		PruneInterval: -1, MaxResponseSize: 8 << 20, Bolt: idem.BoltOptions{MaxSize: 1 << 20}}, 2<<20)
+	e, cs, runs := exportServer(t, &idem.BoltOptions{MaxSize: 1 << 20}, &idem.Options{
+		PruneInterval: -1, MaxResponseSize: 8 << 20}, 2<<20)
 
 	first, err := cs.CallTool(idemmcp.WithKey(t.Context(), "full-1"), &mcp.CallToolParams{Name: "export", Arguments: map[string]any{}})
 	require.NoError(t, err, "the tool ran: its caller gets its result")
@@ -805,9 +805,9 @@ func TestStoreFailureAfterTheToolRanAnswersItsResult(t *testing.T) {
 // exportServer opens an engine with opts and serves, behind the middleware,
 // a Do tool "export" that answers size bytes of text and counts its runs; it
 // returns the engine, a connected client and the count.
-func exportServer(t *testing.T, opts *idem.Options, size int) (*idem.Engine, *mcp.ClientSession, *atomic.Int32) {
+func exportServer(t *testing.T, file *idem.BoltOptions, opts *idem.Options, size int) (*idem.Engine, *mcp.ClientSession, *atomic.Int32) {
 	t.Helper()
-	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), opts)
+	e, err := idem.OpenFile(filepath.Join(t.TempDir(), "idem.db"), file, opts)
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	runs := new(atomic.Int32)

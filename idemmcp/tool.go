@@ -6,7 +6,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // txKey is the context key of a DoTx tool's transaction.
@@ -19,7 +19,7 @@ type txKey struct{}
 // replayed. Because the handler is registered here, m knows when the SDK
 // refused the input before calling it (schema validation, unmarshaling):
 // such an answer is not stored. AddTool panics where mcp.AddTool does, and
-// for KeyFromArgs on a tool whose name is longer than idem.MaxNamespaceLen.
+// for KeyFromArgs on a tool whose name is longer than idemcore.MaxNamespaceLen.
 func AddTool[In, Out any](s *mcp.Server, m *Middleware, t *mcp.Tool, h mcp.ToolHandlerFor[In, Out], p *Policy) {
 	m.register(t, p, &toolEntry{})
 	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
@@ -31,7 +31,7 @@ func AddTool[In, Out any](s *mcp.Server, m *Middleware, t *mcp.Tool, h mcp.ToolH
 // AddRawTool is AddTool for a raw handler (Server.AddTool), which unmarshals
 // and validates its arguments itself: every answer it gives, a protocol
 // error included, is an outcome and is stored, except those listed in the
-// package documentation (idem.Retryable, input requests).
+// package documentation (idemcore.Retryable, input requests).
 func AddRawTool(s *mcp.Server, m *Middleware, t *mcp.Tool, h mcp.ToolHandler, p *Policy) {
 	m.register(t, p, &toolEntry{})
 	s.AddTool(t, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
@@ -59,8 +59,8 @@ type TxToolHandlerFor[In, Out, T any] func(ctx context.Context, req *mcp.CallToo
 // call without a key runs under a fresh random key of its own (stored for
 // the retention window, deduping nothing). It panics if the tool is
 // read-only (it would have no transaction), and where AddTool does.
-func AddTxTool[In, Out, T any](s *mcp.Server, m *Middleware, d idem.TxDoer[T], t *mcp.Tool, h TxToolHandlerFor[In, Out, T], p *Policy) {
-	te := &toolEntry{tx: true, do: func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idem.Result, error) {
+func AddTxTool[In, Out, T any](s *mcp.Server, m *Middleware, d idemcore.TxDoer[T], t *mcp.Tool, h TxToolHandlerFor[In, Out, T], p *Policy) {
+	te := &toolEntry{tx: true, do: func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idemcore.Result, error) {
 		return d.DoTx(ctx, key, fp, func(ctx context.Context, tx T) ([]byte, error) {
 			return fn(context.WithValue(ctx, txKey{}, tx))
 		})

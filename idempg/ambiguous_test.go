@@ -5,8 +5,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestAmbiguousCommitReadBack cuts the connection of the done record's
@@ -54,7 +54,7 @@ func TestAmbiguousCommitReadBack(t *testing.T) {
 			if err != nil || string(res.Response) != "charged-7f3a" {
 				t.Fatalf("Do after a cut done write: %+v, %v; want its answer", res, err)
 			}
-			if rec.State != core.StateDone || string(rec.Response) != "charged-7f3a" || rec.Attempt != 1 {
+			if rec.State != idemcore.StateDone || string(rec.Response) != "charged-7f3a" || rec.Attempt != 1 {
 				t.Fatalf("record: %+v, want done, attempt 1", rec)
 			}
 		})

@@ -20,13 +20,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/goid"
-	"github.com/idemkit/idem/internal/layout"
 )
 
-// backend is the Postgres storage of one engine: core.Backend over pgx, with
+// backend is the Postgres storage of one engine: idemcore.Backend over pgx, with
 // fn's DoTx transaction a pgx.Tx.
 type backend struct {
 	pool     *pgxpool.Pool
@@ -42,7 +41,7 @@ type backend struct {
 	offset func() time.Duration
 	fake   func() time.Time
 
-	onCommit atomic.Pointer[func()]
+	commits chan struct{} // Committed's: capacity 1
 
 	// inFn counts RunTx fns running; fnGoroutines holds their goroutine
 	// ids, for Holding.
@@ -64,7 +63,7 @@ type backend struct {
 	closeOnce sync.Once
 }
 
-var _ core.Backend[pgx.Tx] = (*backend)(nil)
+var _ idemcore.Backend[pgx.Tx] = (*backend)(nil)
 
 // newBackend returns the backend over pool with s; the schema must be at
 // SchemaVersion.
@@ -75,7 +74,8 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	if err := checkVersion(ctx, pool, s); err != nil {
 		return nil, err
 	}
-	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset, fake: s.clock}
+	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset, fake: s.clock,
+		commits: make(chan struct{}, 1)}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
 	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
@@ -157,7 +157,7 @@ func (b *backend) sql(q string) string {
 	return strings.ReplaceAll(q, "{now}", b.now())
 }
 
-// Clock reads the database's clock for the engine (core.Info.Clock): the
+// Clock reads the database's clock for the engine (idemcore.Info.Clock): the
 // clock of every time the engine stamps or judges without a statement of
 // its own to read it in.
 func (b *backend) Clock(ctx context.Context) (time.Time, error) {
@@ -171,17 +171,21 @@ func (b *backend) leaseSQL() string {
 	return "(" + b.now() + " + interval '" + strconv.FormatInt(b.s.Lease.Microseconds(), 10) + " microseconds')"
 }
 
-// Info implements core.Backend.
-func (b *backend) Info() core.Info {
-	return core.Info{Name: "postgres", Shared: true, Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
+// Info implements idemcore.Backend.
+func (b *backend) Info() idemcore.Info {
+	return idemcore.Info{Name: "postgres", Shared: true, Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
 		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient,
 		Clock: b.Clock}
 }
 
+// Guard admits every call: no state of this backend refuses calls as a
+// whole (a failed statement fails its call only).
+func (b *backend) Guard() error { return nil }
+
 // transient reports whether err carries a SQLSTATE that means "try again"
 // rather than an outcome of fn: 55P03 lock_not_available (the engine's own
 // lock_timeout), 40001 serialization_failure, 40P01 deadlock_detected. A
-// DoTx fn returning such an error gets it back as idem.Retryable (see
+// DoTx fn returning such an error gets it back as idemcore.Retryable (see
 // Engine.DoTx).
 func transient(err error) bool {
 	var pe *pgconn.PgError
@@ -197,7 +201,7 @@ func transient(err error) bool {
 
 // scanned is one record row as read.
 type scanned struct {
-	rec         core.Record
+	rec         idemcore.Record
 	fence       int64
 	owner       *string
 	leaseUntil  *time.Time
@@ -216,17 +220,17 @@ func (r *scanned) dest() []any {
 }
 
 // record finishes r's Record.
-func (r *scanned) record() (*core.Record, error) {
+func (r *scanned) record() (*idemcore.Record, error) {
 	rec := r.rec
 	rec.Fingerprint = uint64(r.fp)
 	rec.StartedAt = fromNs(r.startedNs)
 	rec.CompletedAt = fromNs(r.completedNs)
 	rec.Retention = time.Duration(r.retentionNs)
 	if r.hasError {
-		rec.Err = &core.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
+		rec.Err = &idemcore.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
 	}
-	if rec.State != core.StateStarted && rec.State != core.StateDone {
-		return &core.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", core.ErrCorrupt, rec.Key, rec.State)
+	if rec.State != idemcore.StateStarted && rec.State != idemcore.StateDone {
+		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, rec.State)
 	}
 	return &rec, nil
 }
@@ -246,21 +250,13 @@ func fromNs(n int64) time.Time {
 	return time.Unix(0, n)
 }
 
-// expiresNs is the end of r's own retention window, Unix ns; 0 for never.
-func expiresNs(r *core.Record) int64 {
-	if r.State == core.StateStarted && r.KeptUntilResolved {
-		return 0
-	}
-	at := r.StartedAt
-	if r.State == core.StateDone {
-		at = r.CompletedAt
-	}
-	return toNs(layout.Expiry(false, at, r.Retention, 0))
-}
+// expiresNs is the end of r's own retention window (idemcore.Expiry), Unix
+// ns; 0 for never.
+func expiresNs(r *idemcore.Record) int64 { return toNs(idemcore.Expiry(r, 0)) }
 
 // errFields are the stored error columns of r: bytea, never NULL, so that
 // a code or message of any bytes (NUL, invalid UTF-8) is stored exactly.
-func errFields(r *core.Record) (has bool, code, msg []byte) {
+func errFields(r *idemcore.Record) (has bool, code, msg []byte) {
 	if r.Err == nil {
 		return false, []byte{}, []byte{}
 	}
@@ -272,9 +268,9 @@ func errFields(r *core.Record) (has bool, code, msg []byte) {
 // has no record here.
 func storable(key string) bool { return utf8.ValidString(key) && strings.IndexByte(key, 0) < 0 }
 
-// Lookup implements core.Backend: one SELECT by key, which reads the
+// Lookup implements idemcore.Backend: one SELECT by key, which reads the
 // database's clock too (at), by which the engine judges the record.
-func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, time.Time, error) {
+func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, time.Time, error) {
 	if !storable(q.Key) {
 		return nil, time.Time{}, nil
 	}
@@ -293,9 +289,9 @@ func (b *backend) Lookup(ctx context.Context, q core.Lookup) (*core.Record, time
 	return rec, fromNs(at), err
 }
 
-// Owner implements core.Backend: a started record is owned while its lease
+// Owner implements idemcore.Backend: a started record is owned while its lease
 // has not lapsed by the database's clock.
-func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
+func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Ownership, error) {
 	var (
 		owner  string
 		left   int64 // µs until the lease lapses; ≤ 0 once it has
@@ -306,19 +302,19 @@ func (b *backend) Owner(ctx context.Context, rec *core.Record) (core.Ownership, 
 		b.s.args(rec.Key, rec.Attempt, toNs(rec.StartedAt))...).Scan(&owner, &left)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The record changed since it was read: Claim says how.
-		return core.Ownership{}, nil
+		return idemcore.Ownership{}, nil
 	}
 	if err != nil {
-		return core.Ownership{}, err
+		return idemcore.Ownership{}, err
 	}
 	if left <= 0 || owner == b.owner {
 		// Lapsed; or claimed by this engine, whose calls the engine knows:
 		// none runs for the key while it asks (it holds the key), so the
 		// record is an interrupted execution of this engine's, recovered at
 		// once, as on bbolt.
-		return core.Ownership{Owner: owner}, nil
+		return idemcore.Ownership{Owner: owner}, nil
 	}
-	return core.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
+	return idemcore.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
 }
 
 // expiredSQL is the condition under which a stored row (its columns
@@ -331,8 +327,8 @@ const expiredSQL = `NOT (%[1]s.state = 1 AND %[1]s.kept_until_resolved)
 	AND (CASE WHEN %[1]s.state = 2 THEN %[1]s.completed_ns ELSE %[1]s.started_ns END) + GREATEST(%[1]s.retention_ns, %[2]s) <= %[3]s
 	AND (%[1]s.state = 2 OR %[1]s.lease_until <= {now} OR %[1]s.owner = %[4]s)`
 
-// Claim implements core.Backend.
-func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+// Claim implements idemcore.Backend.
+func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	st := req.Started
 	before := time.Now()
 	var (
@@ -372,8 +368,8 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 	switch {
 	case err == nil:
 		started := *st
-		return core.ClaimResult{Status: core.Claimed, Claim: &core.Claim{
-			Key: st.Key, Fingerprint: st.Fingerprint, Token: core.Fence(fence), Started: &started, Prev: req.Prev,
+		return idemcore.ClaimResult{Status: idemcore.Claimed, Claim: &idemcore.Claim{
+			Key: st.Key, Fingerprint: st.Fingerprint, Token: idemcore.Fence(fence), Started: &started, Prev: req.Prev,
 			LeaseUntil: before.Add(time.Duration(left) * time.Microsecond),
 		}}, nil
 	case isLockTimeout(err):
@@ -381,25 +377,25 @@ func (b *backend) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimR
 		// nil: uncommitted, invisible to Lookup): the key is owned by a
 		// live owner, so that the engine waits or fails fast and never
 		// takes the key for free.
-		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true, Owner: txOwner}}, nil
+		return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true, Owner: txOwner}}, nil
 	case !errors.Is(err, pgx.ErrNoRows):
-		return core.ClaimResult{}, err
+		return idemcore.ClaimResult{}, err
 	}
 	// Not claimed: say why, from the row now stored.
-	cur, at, err := b.Lookup(ctx, core.Lookup{Key: st.Key})
+	cur, at, err := b.Lookup(ctx, idemcore.Lookup{Key: st.Key})
 	if err != nil {
-		return core.ClaimResult{}, err
+		return idemcore.ClaimResult{}, err
 	}
-	if req.Prev != nil && cur != nil && cur.State == core.StateStarted && cur.Attempt == req.Prev.Attempt && cur.StartedAt.Equal(req.Prev.StartedAt) {
+	if req.Prev != nil && cur != nil && cur.State == idemcore.StateStarted && cur.Attempt == req.Prev.Attempt && cur.StartedAt.Equal(req.Prev.StartedAt) {
 		own, err := b.Owner(ctx, cur)
 		if err != nil {
-			return core.ClaimResult{}, err
+			return idemcore.ClaimResult{}, err
 		}
 		if own.Owned {
-			return core.ClaimResult{Status: core.ClaimOwned, Ownership: own}, nil
+			return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: own}, nil
 		}
 	}
-	return core.ClaimResult{Status: core.ClaimChanged, Current: cur, At: at}, nil
+	return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: cur, At: at}, nil
 }
 
 // maxStmtBatch is the most claims or completions one statement carries.
@@ -408,8 +404,8 @@ const maxStmtBatch = 64
 // claimReq is one claim of a free key (Claim with Prev nil), queued for or
 // running in a batch.
 type claimReq struct {
-	st      *core.Record // its StartedAt set to the database's stamp once claimed
-	before  time.Time    // just before the statement was sent
+	st      *idemcore.Record // its StartedAt set to the database's stamp once claimed
+	before  time.Time        // just before the statement was sent
 	fence   int64
 	left    int64 // µs of lease left, by the database's clock
 	started int64 // the database's stamp, ns
@@ -503,10 +499,10 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	}
 }
 
-// Renew implements core.Backend: it extends c's lease, fenced. A failure
+// Renew implements idemcore.Backend: it extends c's lease, fenced. A failure
 // other than the fence is tried again, every quarter of a heartbeat, until
 // the lease would lapse; then the last error is returned.
-func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
+func (b *backend) Renew(ctx context.Context, c *idemcore.Claim) error {
 	for {
 		before := time.Now()
 		var left int64
@@ -518,15 +514,15 @@ func (b *backend) Renew(ctx context.Context, c *core.Claim) error {
 			return nil
 		}
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: renewing the lease", core.ErrFenced)
+			return fmt.Errorf("%w: renewing the lease", idemcore.ErrFenced)
 		}
 		wait := b.s.Heartbeat / 4
 		if time.Now().Add(wait).After(c.LeaseUntil) || ctx.Err() != nil {
-			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+			return fmt.Errorf("%w: %w", idemcore.ErrLeaseLost, err)
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w: %w", core.ErrLeaseLost, err)
+			return fmt.Errorf("%w: %w", idemcore.ErrLeaseLost, err)
 		case <-time.After(wait):
 		}
 	}
@@ -543,7 +539,7 @@ const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, l
 WHERE key = $1::text AND fence = $2::bigint AND state = 1`
 
 // doneArgs are completeSQL's arguments $3 on.
-func doneArgs(done *core.Record) []any {
+func doneArgs(done *idemcore.Record) []any {
 	has, code, msg := errFields(done)
 	return []any{done.Attempt, int64(done.Retention), done.Response, has, code, msg}
 }
@@ -560,11 +556,11 @@ func (b *backend) completeStmt(q string) string {
 }
 
 // stamped sets done's times to the row's, as the database stamped them.
-func stamped(done *core.Record, startedNs, completedNs int64) {
+func stamped(done *idemcore.Record, startedNs, completedNs int64) {
 	done.StartedAt, done.CompletedAt = fromNs(startedNs), fromNs(completedNs)
 }
 
-// Complete implements core.Backend: one fenced UPDATE. If its answer is
+// Complete implements idemcore.Backend: one fenced UPDATE. If its answer is
 // lost (the connection dropped after the statement, and so its COMMIT, was
 // sent), the record is read back by the claim's fencing token: done with
 // that token means the write committed; anything else that it did not.
@@ -576,15 +572,15 @@ func stamped(done *core.Record, startedNs, completedNs int64) {
 // a session ended by the server, a dropped TCP connection) is retried on a
 // fresh connection (see again), so that a live claim's outcome is stored,
 // not lost to a driver error.
-func (b *backend) Complete(ctx context.Context, c *core.Claim, done *core.Record) error {
+func (b *backend) Complete(ctx context.Context, c *idemcore.Claim, done *idemcore.Record) error {
 	return b.again(ctx, func() error {
 		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
 		b.completes.do(r, r.done)
 		if r.err == nil && !r.found {
-			return fmt.Errorf("%w: completing the call", core.ErrFenced)
+			return fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
 		}
 		return r.err
-	}, func(cause error) error { return b.readBack(ctx, c, core.StateDone, cause, done) })
+	}, func(cause error) error { return b.readBack(ctx, c, idemcore.StateDone, cause, done) })
 }
 
 // again runs the fenced write w, and runs it again while it fails because
@@ -600,7 +596,7 @@ func (b *backend) again(ctx context.Context, w func() error, readBack func(cause
 	p := connPace{lease: b.s.Lease}
 	for retried := false; ; retried = true {
 		err := w()
-		if retried && errors.Is(err, core.ErrFenced) {
+		if retried && errors.Is(err, idemcore.ErrFenced) {
 			// The write this one repeats arrived late and landed first
 			// (the read back came before it): done with this claim's
 			// token is the outcome; another token is a real fence.
@@ -610,7 +606,7 @@ func (b *backend) again(ctx context.Context, w func() error, readBack func(cause
 			return err
 		}
 		if ambiguous(err) {
-			if rerr := readBack(err); rerr == nil || errors.Is(rerr, core.ErrFenced) {
+			if rerr := readBack(err); rerr == nil || errors.Is(rerr, idemcore.ErrFenced) {
 				return rerr
 			}
 		}
@@ -646,8 +642,8 @@ func connLost(err error) bool {
 
 // completeReq is one completion, queued for or running in a batch.
 type completeReq struct {
-	c     *core.Claim
-	rec   *core.Record
+	c     *idemcore.Claim
+	rec   *idemcore.Record
 	found bool // the row held c's token and is done now
 	err   error
 	done  chan struct{}
@@ -730,20 +726,20 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 // if not nil, gets the times the database stamped); with c's token and
 // another state, it did not (cause); with another token or none, another
 // owner took the key (ErrFenced).
-func (b *backend) readBack(ctx context.Context, c *core.Claim, want core.State, cause error, done *core.Record) error {
+func (b *backend) readBack(ctx context.Context, c *idemcore.Claim, want idemcore.State, cause error, done *idemcore.Record) error {
 	var (
 		fence              int64
-		state              core.State
+		state              idemcore.State
 		started, completed int64
 	)
 	err := b.readRow(ctx, `SELECT fence, state, started_ns, completed_ns FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence, &state, &started, &completed)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
-		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", core.ErrFenced, cause)
+		return fmt.Errorf("%w: the key's record is gone (the write's answer was lost: %v)", idemcore.ErrFenced, cause)
 	case err != nil:
 		return fmt.Errorf("the write's answer was lost (%w), and so was the read back: %v", cause, err)
-	case core.Fence(fence) != c.Token:
-		return fmt.Errorf("%w: the write's answer was lost: %v", core.ErrFenced, cause)
+	case idemcore.Fence(fence) != c.Token:
+		return fmt.Errorf("%w: the write's answer was lost: %v", idemcore.ErrFenced, cause)
 	case state == want:
 		if done != nil {
 			stamped(done, started, completed)
@@ -863,15 +859,15 @@ func (b *backend) write(ctx context.Context, q string, args []any, read func(pgx
 	return err
 }
 
-// Release implements core.Backend. Like Complete, it is written again on
+// Release implements idemcore.Backend. Like Complete, it is written again on
 // a fresh connection when its connection dies (again).
-func (b *backend) Release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+func (b *backend) Release(ctx context.Context, c *idemcore.Claim, restore *idemcore.Record) error {
 	return b.again(ctx, func() error { return b.release(ctx, c, restore) },
 		func(cause error) error { return b.readBackGone(ctx, c, restore == nil, cause) })
 }
 
 // release is one attempt of Release.
-func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Record) error {
+func (b *backend) release(ctx context.Context, c *idemcore.Claim, restore *idemcore.Record) error {
 	var (
 		tag pgconn.CommandTag
 		err error
@@ -891,7 +887,7 @@ func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Reco
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: releasing the key", core.ErrFenced)
+		return fmt.Errorf("%w: releasing the key", idemcore.ErrFenced)
 	}
 	return nil
 }
@@ -899,7 +895,7 @@ func (b *backend) release(ctx context.Context, c *core.Claim, restore *core.Reco
 // readBackGone resolves a Release whose answer was lost: the row is gone
 // (deleted) or no longer holds c's token (restored), or the write did not
 // happen (cause).
-func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool, cause error) error {
+func (b *backend) readBackGone(ctx context.Context, c *idemcore.Claim, deleted bool, cause error) error {
 	var fence int64
 	err := b.readRow(ctx, `SELECT fence FROM {schema}.idem_records WHERE key = $1::text`, []any{c.Key}, &fence)
 	switch {
@@ -907,13 +903,13 @@ func (b *backend) readBackGone(ctx context.Context, c *core.Claim, deleted bool,
 		if deleted {
 			return nil
 		}
-		return fmt.Errorf("%w: the key's record is gone", core.ErrFenced)
+		return fmt.Errorf("%w: the key's record is gone", idemcore.ErrFenced)
 	case err != nil:
 		return fmt.Errorf("the write's answer was lost (%w), and so was the read back: %v", cause, err)
-	case core.Fence(fence) == c.Token:
+	case idemcore.Fence(fence) == c.Token:
 		return cause
 	case deleted:
-		return fmt.Errorf("%w: the write's answer was lost: %v", core.ErrFenced, cause)
+		return fmt.Errorf("%w: the write's answer was lost: %v", idemcore.ErrFenced, cause)
 	}
 	// Restored (a new token), or another owner's: the restore is the only
 	// write that gives the row a token of no claim, and another owner's
@@ -936,7 +932,7 @@ func isLockWait(err error) bool {
 	return errors.As(err, &pe) && (pe.Code == "55P03" || pe.Code == "40P01")
 }
 
-// Holding implements core.Backend: true on a goroutine running a RunTx fn.
+// Holding implements idemcore.Backend: true on a goroutine running a RunTx fn.
 func (b *backend) Holding() bool {
 	if b.inFn.Load() == 0 {
 		return false
@@ -945,7 +941,7 @@ func (b *backend) Holding() bool {
 	return ok
 }
 
-// Forget implements core.Backend: a started row whose lease another engine
+// Forget implements idemcore.Backend: a started row whose lease another engine
 // holds, unlapsed, is not deleted (ErrInProgress).
 func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 	if !storable(key) {
@@ -966,7 +962,7 @@ func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 	case err != nil:
 		return false, err
 	case held:
-		return false, fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
+		return false, fmt.Errorf("%w: a live call of another engine holds the key", idemcore.ErrInProgress)
 	}
 	return false, nil
 }
@@ -976,22 +972,22 @@ func (b *backend) Forget(ctx context.Context, key string) (bool, error) {
 // lapsed: a call running elsewhere, which no operator write may touch.
 const liveElsewhereSQL = `(state = 1 AND lease_until > {now} AND owner IS DISTINCT FROM $2::text)`
 
-// Resolve implements core.Backend: fn runs with the row locked (FOR
+// Resolve implements idemcore.Backend: fn runs with the row locked (FOR
 // UPDATE); its record replaces the row with a new token, so that a claim
 // still running is fenced off. A started row whose lease another engine
 // holds, unlapsed, is refused with ErrInProgress before fn runs.
-func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Record) (*core.Record, error)) error {
+func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *idemcore.Record) (*idemcore.Record, error)) error {
 	if !storable(key) {
 		_, err := fn(nil)
 		if err == nil {
-			err = fmt.Errorf("%w: key %q cannot be stored in Postgres", core.ErrInvalidKey, key)
+			err = fmt.Errorf("%w: key %q cannot be stored in Postgres", idemcore.ErrInvalidKey, key)
 		}
 		return err
 	}
 	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		var (
 			r   scanned
-			cur *core.Record
+			cur *idemcore.Record
 		)
 		var held bool
 		err := tx.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, `+liveElsewhereSQL+` FROM {schema}.idem_records WHERE key = $1::text FOR UPDATE`),
@@ -1001,7 +997,7 @@ func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Rec
 		case err != nil:
 			return err
 		case held:
-			return fmt.Errorf("%w: a live call of another engine holds the key", core.ErrInProgress)
+			return fmt.Errorf("%w: a live call of another engine holds the key", idemcore.ErrInProgress)
 		default:
 			if cur, err = r.record(); err != nil {
 				return err
@@ -1021,10 +1017,10 @@ func (b *backend) Resolve(ctx context.Context, key string, fn func(cur *core.Rec
 
 // put stores rec in tx in place of any row of its key, with a new token
 // and, for a started record, a lapsed lease (no live call holds it).
-func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *core.Record) error {
+func (b *backend) put(ctx context.Context, tx pgx.Tx, rec *idemcore.Record) error {
 	has, code, msg := errFields(rec)
 	var owner, lease any
-	if rec.State == core.StateStarted {
+	if rec.State == idemcore.StateStarted {
 		owner, lease = b.owner, "epoch"
 	}
 	_, err := tx.Exec(ctx, b.sql(b.notifying(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
@@ -1076,14 +1072,14 @@ func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error
 // ms is d in whole milliseconds (at least 1), as a setting's text.
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
 
-// Prune implements core.Backend: DELETEs of at most req.Limit expired rows
+// Prune implements idemcore.Backend: DELETEs of at most req.Limit expired rows
 // each, by the expiry index, until none is left.
-func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneResult, error) {
+func (b *backend) Prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
 	limit := req.Limit
 	if limit <= 0 {
 		limit = b.s.PruneBatch
 	}
-	var res core.PruneResult
+	var res idemcore.PruneResult
 	now := toNs(req.Now)
 	for {
 		if err := ctx.Err(); err != nil {
@@ -1110,7 +1106,7 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 		}
 		for _, s := range states {
 			res.Deleted++
-			if core.State(s) == core.StateStarted {
+			if idemcore.State(s) == idemcore.StateStarted {
 				res.Interrupted++
 			}
 		}
@@ -1120,8 +1116,8 @@ func (b *backend) Prune(ctx context.Context, req core.PruneRequest) (core.PruneR
 	}
 }
 
-// Scan implements core.Backend: one REPEATABLE READ transaction, by key.
-func (b *backend) Scan(ctx context.Context, fn func(r *core.Record, err error) error) error {
+// Scan implements idemcore.Backend: one REPEATABLE READ transaction, by key.
+func (b *backend) Scan(ctx context.Context, fn func(r *idemcore.Record, err error) error) error {
 	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, b.sql(`SELECT `+recordColumns+` FROM {schema}.idem_records ORDER BY key`), b.s.args()...)
 		if err != nil {
@@ -1141,20 +1137,22 @@ func (b *backend) Scan(ctx context.Context, fn func(r *core.Record, err error) e
 	})
 }
 
-// OnCommit implements core.Backend.
-func (b *backend) OnCommit(fn func()) { b.onCommit.Store(&fn) }
+// Committed implements idemcore.Backend.
+func (b *backend) Committed() <-chan struct{} { return b.commits }
 
-// committed wakes the dispatcher after a commit that may have enqueued.
+// committed wakes the dispatcher after a commit that may have enqueued,
+// without blocking.
 func (b *backend) committed() {
-	if fn := b.onCommit.Load(); fn != nil && *fn != nil {
-		(*fn)()
+	select {
+	case b.commits <- struct{}{}:
+	default:
 	}
 }
 
 // notifiedOutbox is the listener's callback for another process's enqueue.
 func (b *backend) notifiedOutbox() { b.committed() }
 
-// WaitChange implements core.Backend: a notification for key, or one poll
+// WaitChange implements idemcore.Backend: a notification for key, or one poll
 // period, or the end of ctx.
 //
 // Unless PollOnly, it subscribes to key's notifications, then marks the
@@ -1188,7 +1186,7 @@ func (b *backend) WaitChange(ctx context.Context, key string) error {
 	return nil
 }
 
-// Close implements core.Backend.
+// Close implements idemcore.Backend.
 //
 // The engine calls it after its last call returned, so every started record
 // this backend claimed is an interrupted execution: Close ends their leases

@@ -4,7 +4,7 @@ import "sync"
 
 // batcher gathers concurrent requests of one kind into shared statements or
 // transactions, as the bbolt engine's commit pipeline does
-// (internal/commit): a request that finds fewer than max batches running
+// (the root package's commit.go): a request that finds fewer than max batches running
 // runs at once, alone, with no delay; requests that arrive while max run
 // queue, and the next batch to end hands them, up to limit at a time, to a
 // new one. run answers every request of its batch.

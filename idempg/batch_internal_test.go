@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestClaimAndCompleteBatches: the statements Do's concurrent claims and
@@ -49,7 +49,7 @@ func testClaimAndCompleteBatches(t *testing.T, env string) {
 		t.Helper()
 		var reqs []*claimReq
 		for _, k := range keys {
-			reqs = append(reqs, &claimReq{st: &core.Record{Key: k, State: core.StateStarted, Fingerprint: 7, Attempt: 1,
+			reqs = append(reqs, &claimReq{st: &idemcore.Record{Key: k, State: idemcore.StateStarted, Fingerprint: 7, Attempt: 1,
 				StartedAt: now, Retention: time.Hour}, done: make(chan struct{})})
 		}
 		b.claimBatch(reqs)
@@ -72,15 +72,15 @@ func testClaimAndCompleteBatches(t *testing.T, env string) {
 		t.Fatalf("claims of a live key and a free one: %v, %v (fence %d)", again[0].err, again[1].err, again[1].fence)
 	}
 
-	done := func(r *claimReq, resp []byte, e *core.Error) *completeReq {
+	done := func(r *claimReq, resp []byte, e *idemcore.Error) *completeReq {
 		d := *r.st
-		d.State, d.CompletedAt, d.Response, d.Err = core.StateDone, now, resp, e
-		return &completeReq{c: &core.Claim{Key: r.st.Key, Token: core.Fence(r.fence)}, rec: &d, done: make(chan struct{})}
+		d.State, d.CompletedAt, d.Response, d.Err = idemcore.StateDone, now, resp, e
+		return &completeReq{c: &idemcore.Claim{Key: r.st.Key, Token: idemcore.Fence(r.fence)}, rec: &d, done: make(chan struct{})}
 	}
 	cs := []*completeReq{
 		done(reqs[0], nil, nil),
 		done(reqs[1], []byte{}, nil),
-		done(reqs[2], []byte("partial"), &core.Error{Code: "E1", Message: "failed"}),
+		done(reqs[2], []byte("partial"), &idemcore.Error{Code: "E1", Message: "failed"}),
 		done(reqs[3], []byte("stale"), nil),
 		done(reqs[4], []byte("ok"), nil),
 	}
@@ -91,27 +91,27 @@ func testClaimAndCompleteBatches(t *testing.T, env string) {
 			t.Errorf("completion of %s: found %v, %v; want found unless fenced", c.c.Key, c.found, c.err)
 		}
 	}
-	get := func(key string) *core.Record {
+	get := func(key string) *idemcore.Record {
 		t.Helper()
-		r, _, err := b.Lookup(ctx, core.Lookup{Key: key})
+		r, _, err := b.Lookup(ctx, idemcore.Lookup{Key: key})
 		if err != nil || r == nil {
 			t.Fatalf("lookup %s: %+v, %v", key, r, err)
 		}
 		return r
 	}
-	if r := get("k0"); r.State != core.StateDone || r.Response != nil {
+	if r := get("k0"); r.State != idemcore.StateDone || r.Response != nil {
 		t.Errorf("k0: %+v, want done with a nil response", r)
 	}
-	if r := get("k1"); r.State != core.StateDone || r.Response == nil || len(r.Response) != 0 {
+	if r := get("k1"); r.State != idemcore.StateDone || r.Response == nil || len(r.Response) != 0 {
 		t.Errorf("k1: %+v, want done with an empty response", r)
 	}
-	if r := get("k2"); r.State != core.StateDone || string(r.Response) != "partial" || r.Err == nil || r.Err.Code != "E1" || r.Err.Message != "failed" {
+	if r := get("k2"); r.State != idemcore.StateDone || string(r.Response) != "partial" || r.Err == nil || r.Err.Code != "E1" || r.Err.Message != "failed" {
 		t.Errorf("k2: %+v, want done with its error", r)
 	}
-	if r := get("k3"); r.State != core.StateStarted {
+	if r := get("k3"); r.State != idemcore.StateStarted {
 		t.Errorf("k3: %+v, want still started: a stale token writes nothing", r)
 	}
-	if r := get("k4"); r.State != core.StateDone || string(r.Response) != "ok" {
+	if r := get("k4"); r.State != idemcore.StateDone || string(r.Response) != "ok" {
 		t.Errorf("k4: %+v", r)
 	}
 

@@ -10,10 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // Issue 18 item 3: one host with a skewed clock must not void dedupe for
@@ -59,7 +58,7 @@ func near(t *testing.T, st *store, what string, at time.Time) {
 // mustNotRun is an fn that fails the test if it runs.
 func mustNotRun(t *testing.T, what string) func(context.Context) ([]byte, error) {
 	return func(ctx context.Context) ([]byte, error) {
-		c, _ := idem.CallFrom(ctx)
+		c, _ := idemcore.CallFrom(ctx)
 		t.Errorf("%s: fn ran (%+v), want a replay", what, c)
 		return []byte("ran again"), nil
 	}
@@ -82,9 +81,9 @@ func TestSkewedClockAhead(t *testing.T) {
 		for _, c := range skews {
 			t.Run(env+"/"+c.name, func(t *testing.T) {
 				st := newStore(t, env)
-				a := st.open(t, &idem.Options{Retention: c.retention})
-				b := st.open(t, &idem.Options{Retention: c.retention, Now: skewed(c.skew)})
-				bFail := st.open(t, &idem.Options{Retention: c.retention, Now: skewed(c.skew), InFlight: core.InFlightFail})
+				a := st.open(t, &idemcore.Options{Retention: c.retention})
+				b := st.open(t, &idemcore.Options{Retention: c.retention, Now: skewed(c.skew)})
+				bFail := st.open(t, &idemcore.Options{Retention: c.retention, Now: skewed(c.skew), InFlight: idemcore.InFlightFail})
 				ctx := bounded(t)
 				fp := []byte("fp")
 
@@ -115,7 +114,7 @@ func TestSkewedClockAhead(t *testing.T) {
 				}()
 				<-started
 				_, err = bFail.Do(ctx, "running", fp, mustNotRun(t, "Do of a running key"))
-				var ip *idem.InProgressError
+				var ip *idemcore.InProgressError
 				if !errors.As(err, &ip) {
 					t.Errorf("the skewed engine's Do of a key whose owner runs: %v, want an *InProgressError", err)
 				}
@@ -158,9 +157,9 @@ func TestSkewedClockBehind(t *testing.T) {
 		for _, c := range skews {
 			t.Run(env+"/"+c.name, func(t *testing.T) {
 				st := newStore(t, env)
-				a := st.open(t, &idem.Options{Retention: c.retention})
-				aFail := st.open(t, &idem.Options{Retention: c.retention, InFlight: core.InFlightFail})
-				b := st.open(t, &idem.Options{Retention: c.retention, Now: skewed(-c.skew)})
+				a := st.open(t, &idemcore.Options{Retention: c.retention})
+				aFail := st.open(t, &idemcore.Options{Retention: c.retention, InFlight: idemcore.InFlightFail})
+				b := st.open(t, &idemcore.Options{Retention: c.retention, Now: skewed(-c.skew)})
 				ctx := bounded(t)
 				fp := []byte("fp")
 
@@ -206,7 +205,7 @@ func TestSkewedClockBehind(t *testing.T) {
 				}()
 				<-started
 				_, err = aFail.Do(ctx, "running", fp, mustNotRun(t, "Do of a running key"))
-				var ip *idem.InProgressError
+				var ip *idemcore.InProgressError
 				if !errors.As(err, &ip) {
 					t.Errorf("Do of a key the skewed engine runs: %v, want an *InProgressError", err)
 				}
@@ -223,7 +222,7 @@ func TestSkewedClockBehind(t *testing.T) {
 func recordKeys(t *testing.T, e *idempg.Engine) []string {
 	t.Helper()
 	var keys []string
-	if err := e.Records(func(r *idem.Record, err error) error {
+	if err := e.Records(func(r *idemcore.Record, err error) error {
 		if err != nil {
 			return err
 		}
@@ -251,16 +250,16 @@ func TestSkewedClockOutbox(t *testing.T) {
 		mu        sync.Mutex
 		delivered []delivery
 	)
-	record := func(_ context.Context, m idem.Message) error {
+	record := func(_ context.Context, m idemcore.Message) error {
 		mu.Lock()
 		defer mu.Unlock()
 		delivered = append(delivered, delivery{string(m.Payload), m.Attempt})
 		return nil
 	}
-	failing := func(context.Context, idem.Message) error { return errors.New("down") }
+	failing := func(context.Context, idemcore.Message) error { return errors.New("down") }
 	// dispatching are engine options that deliver topic t with h.
-	dispatching := func(now func() time.Time, h idem.Handler, maxAttempts int) *idem.Options {
-		return &idem.Options{Now: now, Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": h},
+	dispatching := func(now func() time.Time, h idemcore.Handler, maxAttempts int) *idemcore.Options {
+		return &idemcore.Options{Now: now, Outbox: idemcore.OutboxOptions{Dispatch: true, Handlers: map[string]idemcore.Handler{"t": h},
 			BaseBackoff: hour, MaxBackoff: hour, MaxAttempts: maxAttempts, PollInterval: 10 * time.Millisecond}}
 	}
 	enqueue := func(t *testing.T, e *idempg.Engine, key string) {
@@ -272,10 +271,10 @@ func TestSkewedClockOutbox(t *testing.T) {
 		}
 	}
 	// messages lists e's messages by payload.
-	messages := func(t *testing.T, e *idempg.Engine) map[string]*idem.Message {
+	messages := func(t *testing.T, e *idempg.Engine) map[string]*idemcore.Message {
 		t.Helper()
-		ms := map[string]*idem.Message{}
-		if err := e.Messages(func(m *idem.Message, err error) error {
+		ms := map[string]*idemcore.Message{}
+		if err := e.Messages(func(m *idemcore.Message, err error) error {
 			if err == nil {
 				ms[string(m.Payload)] = m
 			}
@@ -287,7 +286,7 @@ func TestSkewedClockOutbox(t *testing.T) {
 	}
 	// await polls e's messages until cond holds (a bound on a hang, not a
 	// timing claim).
-	await := func(t *testing.T, e *idempg.Engine, what string, cond func(map[string]*idem.Message) bool) map[string]*idem.Message {
+	await := func(t *testing.T, e *idempg.Engine, what string, cond func(map[string]*idemcore.Message) bool) map[string]*idemcore.Message {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
 		for {
@@ -301,11 +300,11 @@ func TestSkewedClockOutbox(t *testing.T) {
 			time.Sleep(10 * time.Millisecond) // polls a state the dispatcher reaches; no timing claim
 		}
 	}
-	failedOnce := func(key string) func(map[string]*idem.Message) bool {
-		return func(ms map[string]*idem.Message) bool { m := ms[key]; return m != nil && m.Failures == 1 }
+	failedOnce := func(key string) func(map[string]*idemcore.Message) bool {
+		return func(ms map[string]*idemcore.Message) bool { m := ms[key]; return m != nil && m.Failures == 1 }
 	}
-	deadOne := func(key string) func(map[string]*idem.Message) bool {
-		return func(ms map[string]*idem.Message) bool { m := ms[key]; return m != nil && m.Dead }
+	deadOne := func(key string) func(map[string]*idemcore.Message) bool {
+		return func(ms map[string]*idemcore.Message) bool { m := ms[key]; return m != nil && m.Dead }
 	}
 
 	for _, skew := range []time.Duration{25 * hour, -25 * hour} {
@@ -333,7 +332,7 @@ func TestSkewedClockOutbox(t *testing.T) {
 		// A due message of another ordering key: once it is delivered, the
 		// skewed dispatcher has claimed the due heads at least once.
 		enqueue(t, b, "due")
-		await(t, b, "the due message delivered", func(ms map[string]*idem.Message) bool { return ms["due"] == nil })
+		await(t, b, "the due message delivered", func(ms map[string]*idemcore.Message) bool { return ms["due"] == nil })
 		mu.Lock()
 		got := delivered
 		delivered = nil
@@ -365,7 +364,7 @@ func TestSkewedClockOutbox(t *testing.T) {
 		enqueue(t, a, "dead")
 		await(t, a, "a dead letter", deadOne("dead"))
 		_ = a.Close()
-		b := st.open(t, &idem.Options{Now: skewed(8 * 24 * hour)}) // past the default 7 days
+		b := st.open(t, &idemcore.Options{Now: skewed(8 * 24 * hour)}) // past the default 7 days
 		m := messages(t, b)["dead"]
 		if m == nil {
 			t.Fatal("the skewed engine's Messages hides a fresh dead letter")

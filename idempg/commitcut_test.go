@@ -12,10 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // proxiedEngine opens an engine on st's schema through a pgtest.Proxy in
@@ -36,7 +35,7 @@ func proxiedEngine(t *testing.T, st *store) (*idempg.Engine, *pgtest.Proxy) {
 	}
 	t.Cleanup(pool.Close)
 	o := st.opts
-	e, err := idempg.Open(context.Background(), pool, &o, &idem.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+	e, err := idempg.Open(context.Background(), pool, &o, &idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +127,7 @@ func TestDoTxCommitCut(t *testing.T) {
 				}
 				return n
 			}
-			check := st.open(t, &idem.Options{ReplayCacheBytes: -1})
+			check := st.open(t, &idemcore.Options{ReplayCacheBytes: -1})
 			switch {
 			case err == nil && tc.want == aborted:
 				t.Fatalf("DoTx whose COMMIT never arrived answered %+v", res)
@@ -136,10 +135,10 @@ func TestDoTxCommitCut(t *testing.T) {
 				t.Fatalf("DoTx whose COMMIT committed: %v; want fn's answer", err)
 			case err != nil:
 				t.Logf("rolled back: %v", err)
-				if errors.Is(err, core.ErrFenced) {
+				if errors.Is(err, idemcore.ErrFenced) {
 					t.Fatalf("DoTx: %v; no other owner exists", err)
 				}
-				if _, gerr := check.Get("k"); !errors.Is(gerr, core.ErrNotFound) || effect() != 0 {
+				if _, gerr := check.Get("k"); !errors.Is(gerr, idemcore.ErrNotFound) || effect() != 0 {
 					t.Fatalf("the call failed (%v), yet the key has a record (%v) or the effect committed (%d)", err, gerr, effect())
 				}
 				if res, err = check.DoTx(ctx, "k", []byte("fp"), fn); err != nil || runs.Load() != 2 || res.Replayed {
@@ -151,7 +150,7 @@ func TestDoTxCommitCut(t *testing.T) {
 			}
 			// What the caller was told is what is stored.
 			rec, err := check.Get("k")
-			if err != nil || rec.State != core.StateDone || string(rec.Response) != "charged-7f3a" {
+			if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "charged-7f3a" {
 				t.Fatalf("record: %+v, %v; want done with the caller's answer", rec, err)
 			}
 			if n := effect(); n != 1 {
@@ -211,7 +210,7 @@ func TestDoCompleteCut(t *testing.T) {
 			)
 			fn := func(ctx context.Context) ([]byte, error) {
 				if runs.Add(1) > 1 {
-					c, _ := core.CallFrom(ctx)
+					c, _ := idemcore.CallFrom(ctx)
 					recovered.Store(c.Recovered && c.Attempt == 2)
 				}
 				return []byte("charged-7f3a"), nil
@@ -228,7 +227,7 @@ func TestDoCompleteCut(t *testing.T) {
 				t.Fatalf("Do whose write ran: %+v, %v; want fn's answer", res, err)
 			case err == nil && string(res.Response) != "charged-7f3a":
 				t.Fatalf("Do: %+v; want fn's answer", res)
-			case errors.Is(err, core.ErrFenced):
+			case errors.Is(err, idemcore.ErrFenced):
 				t.Fatalf("Do: %v; no other owner exists", err)
 			case err != nil:
 				t.Logf("unknown outcome: %v", err)
@@ -251,7 +250,7 @@ func TestDoCompleteCut(t *testing.T) {
 				t.Fatalf("fn ran %d times", runs.Load())
 			}
 			rec, err := st.open(t, nil).Get("k")
-			if err != nil || rec.State != core.StateDone || string(rec.Response) != "charged-7f3a" || rec.Attempt != int(runs.Load()) {
+			if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "charged-7f3a" || rec.Attempt != int(runs.Load()) {
 				t.Fatalf("record: %+v, %v; want done by the last execution", rec, err)
 			}
 		})

@@ -14,11 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/core"
-	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -109,7 +108,7 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 		Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[pgx.Tx], error) {
 			return idempg.Open(context.Background(), h.connect(t), h.options(store, o.Now), o.Engine())
 		},
-		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
+		OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
 			return idempg.OpenWrapped(context.Background(), h.connect(t), h.options(store, o.Now), o.Engine(), wrap)
 		},
 		PutEffect: func(tx pgx.Tx, key, value string) error {
@@ -132,7 +131,7 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 			return m, err
 		},
 		Enqueue:              func(tx pgx.Tx, topic string, payload []byte) error { return idempg.Enqueue(tx, topic, payload) },
-		Hook:                 hookVia(fault.Set),
+		Hook:                 idemtest.CoreHook,
 		OwnedAcrossProcesses: true,
 		ExpireOwners: func(t testing.TB, store string) {
 			h.offset(store).Add(int64(suiteLease + time.Second))
@@ -164,17 +163,5 @@ func TestConformancePgBouncer(t *testing.T) {
 	idemtest.Run(t, bouncer.harness())
 }
 
-// hookVia adapts a failpoint setter to Harness.Hook, whichever form its hook
-// takes: func(), or func() error.
-func hookVia[H func() | func() error](set func(point string, hook H) (unset func())) func(string, func()) func() {
-	return func(point string, fn func()) func() {
-		var h H
-		switch any(h).(type) {
-		case func():
-			h = any(fn).(H)
-		case func() error:
-			h = any(func() error { fn(); return nil }).(H)
-		}
-		return set(point, h)
-	}
-}
+// The Postgres engine offers every engine's methods, as the bbolt engine does.
+var _ idemtest.Engine[pgx.Tx] = (*idempg.Engine)(nil)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -54,7 +54,7 @@ func TestWritesRetriedOnFreshConnection(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	pool, name := namedPool(t, pgtest.Env)
 	o := idempg.Options{Schema: st.opts.Schema, Lease: 5 * time.Second, PollInterval: 20 * time.Millisecond}
-	e, err := idempg.Open(context.Background(), pool, &o, &idem.Options{PruneInterval: -1})
+	e, err := idempg.Open(context.Background(), pool, &o, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,9 +76,9 @@ func TestWritesRetriedOnFreshConnection(t *testing.T) {
 
 	_, err = e.Do(ctx, "retryable", []byte("fp"), func(context.Context) ([]byte, error) {
 		terminate(t, st, name)
-		return nil, idem.Retryable(errTemporary)
+		return nil, idemcore.Retryable(errTemporary)
 	})
-	if !errors.Is(err, idem.ErrRetryable) || !errors.Is(err, errTemporary) {
+	if !errors.Is(err, idemcore.ErrRetryable) || !errors.Is(err, errTemporary) {
 		t.Fatalf("a Retryable fn whose connections died: %v, want its Retryable error alone", err)
 	}
 	res, err = e.Do(ctx, "retryable", []byte("fp"), func(context.Context) ([]byte, error) { return []byte("B"), nil })

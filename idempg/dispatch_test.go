@@ -11,11 +11,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
-
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestDispatchAcrossEngines: DoTx calls enqueue messages of a few ordering
@@ -34,7 +32,7 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				fails     = map[string]int{}
 				total     = make(chan struct{}, 100)
 			)
-			handler := func(ctx context.Context, m idem.Message) error {
+			handler := func(ctx context.Context, m idemcore.Message) error {
 				mu.Lock()
 				defer mu.Unlock()
 				if string(m.Payload) == "poison" {
@@ -46,8 +44,8 @@ func TestDispatchAcrossEngines(t *testing.T) {
 				total <- struct{}{}
 				return nil
 			}
-			eo := func() *idem.Options {
-				return &idem.Options{Outbox: idem.OutboxOptions{Dispatch: true, Handlers: map[string]idem.Handler{"t": handler},
+			eo := func() *idemcore.Options {
+				return &idemcore.Options{Outbox: idemcore.OutboxOptions{Dispatch: true, Handlers: map[string]idemcore.Handler{"t": handler},
 					BaseBackoff: time.Millisecond, MaxBackoff: time.Millisecond, MaxAttempts: 3, PollInterval: 20 * time.Millisecond}}
 			}
 			a, b := st.open(t, eo()), st.open(t, eo())
@@ -94,10 +92,10 @@ func TestDispatchAcrossEngines(t *testing.T) {
 			}
 			mu.Unlock()
 			// The poisoned message dies after 3 attempts.
-			var dead *core.Message
+			var dead *idemcore.Message
 			deadline := time.Now().Add(30 * time.Second) // a bound on a hang
 			for dead == nil && time.Now().Before(deadline) {
-				_ = a.Messages(func(m *core.Message, err error) error {
+				_ = a.Messages(func(m *idemcore.Message, err error) error {
 					if err == nil && m.Dead {
 						dead = m
 					}
@@ -116,7 +114,7 @@ func TestDispatchAcrossEngines(t *testing.T) {
 			if err := b.DropDead(dead.Seq); err != nil {
 				t.Fatal(err)
 			}
-			if err := b.DropDead(dead.Seq); !errors.Is(err, core.ErrMessageNotFound) {
+			if err := b.DropDead(dead.Seq); !errors.Is(err, idemcore.ErrMessageNotFound) {
 				t.Fatalf("second DropDead: %v", err)
 			}
 		})
@@ -131,7 +129,7 @@ func TestDispatchAcrossEngines(t *testing.T) {
 // ErrClosed.
 func TestDispatchParksATopicWithoutAHandler(t *testing.T) {
 	st := newStore(t, pgtest.Env)
-	e := st.open(t, &idem.Options{Outbox: idem.OutboxOptions{PollInterval: 20 * time.Millisecond}})
+	e := st.open(t, &idemcore.Options{Outbox: idemcore.OutboxOptions{PollInterval: 20 * time.Millisecond}})
 	ctx := context.Background()
 	for key, topics := range map[string][]string{"a": {"late", "now"}, "b": {"now"}} {
 		if _, err := e.DoTx(ctx, key, nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
@@ -146,7 +144,7 @@ func TestDispatchParksATopicWithoutAHandler(t *testing.T) {
 		}
 	}
 	got := make(chan string, 10)
-	h := func(ctx context.Context, m idem.Message) error {
+	h := func(ctx context.Context, m idemcore.Message) error {
 		got <- string(m.Payload)
 		return nil
 	}
@@ -181,7 +179,7 @@ func TestDispatchParksATopicWithoutAHandler(t *testing.T) {
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.Dispatch(ctx); !errors.Is(err, idem.ErrClosed) {
+	if err := e.Dispatch(ctx); !errors.Is(err, idemcore.ErrClosed) {
 		t.Fatalf("Dispatch after Close: %v, want ErrClosed", err)
 	}
 }

@@ -58,7 +58,7 @@
 //     taken since writes nothing (fenced by the claim's token), so it never
 //     undoes an operator's RetryDead.
 //   - One truth across processes: every replay reads the database (an
-//     engine keeps no replay cache; idem.Options.ReplayCacheBytes is
+//     engine keeps no replay cache; idemcore.Options.ReplayCacheBytes is
 //     ignored), so once an operator's Forget or Resolve has returned in one
 //     process, every engine's next call sees it.
 //   - An ambiguous COMMIT (the connection dropped after the statement was
@@ -123,7 +123,7 @@
 // times and dead-letter retention are judged by it too: a record written by
 // any process lives its whole window for every other, and a process whose
 // clock runs ahead neither re-runs the others' keys nor prunes their records
-// (the retention window is a floor, idem's doc.go). idem.Options.Now is not
+// (the retention window is a floor, idem's doc.go). idemcore.Options.Now is not
 // read for any of these on Postgres; tests that move time move the
 // database's. Each Lookup reads the clock with the record, so a replay costs
 // no extra round trip; the operator calls (Records, Resolve, Messages,

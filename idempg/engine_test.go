@@ -11,10 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
 )
@@ -41,10 +40,10 @@ func newStore(t *testing.T, env string) *store {
 // expireLeases moves the database's clock past every lease taken so far.
 func (st *store) expireLeases() { st.offset.Add(int64(st.opts.Lease + time.Second)) }
 
-func (st *store) open(t *testing.T, eo *idem.Options) *idempg.Engine {
+func (st *store) open(t *testing.T, eo *idemcore.Options) *idempg.Engine {
 	t.Helper()
 	if eo == nil {
-		eo = &idem.Options{}
+		eo = &idemcore.Options{}
 	}
 	eo.PruneInterval = -1
 	e, err := idempg.Open(context.Background(), st.pool, &st.opts, eo)
@@ -76,7 +75,7 @@ func TestDoReplays(t *testing.T) {
 			if runs.Load() != 1 {
 				t.Fatalf("fn ran %d times", runs.Load())
 			}
-			if _, err := e2.Do(ctx, "k1", []byte("other"), fn); !errors.Is(err, core.ErrFingerprintMismatch) {
+			if _, err := e2.Do(ctx, "k1", []byte("other"), fn); !errors.Is(err, idemcore.ErrFingerprintMismatch) {
 				t.Fatalf("other fingerprint: %v", err)
 			}
 			// nil and empty stay apart.
@@ -91,9 +90,9 @@ func TestDoReplays(t *testing.T) {
 			}
 			// A permanent error is stored and replayed with its code.
 			_, err = e.Do(ctx, "fail", nil, func(context.Context) ([]byte, error) {
-				return nil, core.WithCode(errors.New("declined"), "card_declined")
+				return nil, idemcore.WithCode(errors.New("declined"), "card_declined")
 			})
-			var ie *core.Error
+			var ie *idemcore.Error
 			if !errors.As(err, &ie) || ie.Code != "card_declined" {
 				t.Fatalf("permanent error: %v", err)
 			}
@@ -155,20 +154,19 @@ func TestDoTxCommitsWithRecord(t *testing.T) {
 	}
 }
 
-// TestOpenRefusesBoltOptions: the bbolt file's settings (idem.Options.Bolt)
-// mean nothing on Postgres; Open refuses them with ErrOptions instead of
-// ignoring them, and opens no engine. The engine settings beside them are
-// taken: Retention reaches the state machine.
-func TestOpenRefusesBoltOptions(t *testing.T) {
+// TestOpenTakesTheEngineOptions: Open takes the engine's settings
+// (idemcore.Options, the bbolt engine's too): Retention reaches the state
+// machine, and settings that have no meaning are refused with ErrOptions in
+// an *idemcore.OpError, opening no engine.
+func TestOpenTakesTheEngineOptions(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	ctx := context.Background()
-	for _, bolt := range []idem.BoltOptions{{NoSync: true}, {ReadOnly: true}, {LockTimeout: time.Second}, {MaxSize: 1 << 20}, {InitialMmapSize: 1 << 20}} {
-		e, err := idempg.Open(ctx, st.pool, &st.opts, &idem.Options{Retention: time.Hour, Bolt: bolt})
-		if !errors.Is(err, idempg.ErrOptions) || e != nil {
-			t.Errorf("Bolt %+v: %v, %v; want ErrOptions and no engine", bolt, e, err)
-		}
+	e, err := idempg.Open(ctx, st.pool, &st.opts, &idemcore.Options{Retention: -time.Hour})
+	var op *idemcore.OpError
+	if !errors.Is(err, idempg.ErrOptions) || !errors.As(err, &op) || op.Op != "open" || e != nil {
+		t.Errorf("negative Retention: %v, %v; want ErrOptions in an open OpError, and no engine", e, err)
 	}
-	e := st.open(t, &idem.Options{Retention: time.Hour})
+	e = st.open(t, &idemcore.Options{Retention: time.Hour})
 	if got := e.Retention(); got != time.Hour {
 		t.Errorf("Retention %v, want 1h", got)
 	}
@@ -185,7 +183,7 @@ func TestPruneHonoursPruneBatch(t *testing.T) {
 	}
 	st := newStore(t, pgtest.Env)
 	st.opts.PruneBatch = 2
-	e := st.open(t, &idem.Options{Retention: time.Minute})
+	e := st.open(t, &idemcore.Options{Retention: time.Minute})
 	ctx := context.Background()
 	for i := range 5 {
 		if _, err := e.Do(ctx, fmt.Sprintf("k%d", i), nil, func(context.Context) ([]byte, error) { return nil, nil }); err != nil {

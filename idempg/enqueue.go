@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // txState is what Enqueue needs of the DoTx call whose transaction it is
@@ -24,8 +24,8 @@ var txs sync.Map // pgx.Tx → *txState
 // DoTx fn: it commits with the call's done record and fn's writes, or not
 // at all. Its ordering key is the call's idempotency key; payload is stored
 // as given (nil and empty differ). topic is 1 to 255 bytes of UTF-8 without
-// NUL, else the error wraps idem.ErrInvalidMessage. A tx that is not a running DoTx fn's
-// gives an error wrapping idem.ErrTxClosed.
+// NUL, else the error wraps idemcore.ErrInvalidMessage. A tx that is not a running DoTx fn's
+// gives an error wrapping idemcore.ErrTxClosed.
 func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 	return EnqueueOrdered(tx, topic, "", payload)
 }
@@ -34,20 +34,20 @@ func Enqueue(tx pgx.Tx, topic string, payload []byte) error {
 // id): the messages of one ordering key are delivered one at a time, in
 // enqueue order, by however many processes drain the outbox. An empty
 // orderingKey means the call's idempotency key; it is at most 255 bytes of
-// UTF-8 without NUL, else idem.ErrInvalidMessage.
+// UTF-8 without NUL, else idemcore.ErrInvalidMessage.
 func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error {
 	v, ok := txs.Load(tx)
 	if !ok {
-		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", core.ErrTxClosed)
+		return fmt.Errorf("%w: the transaction is not a running DoTx fn's", idemcore.ErrTxClosed)
 	}
 	st := v.(*txState)
-	if err := core.ValidateMessage(topic, orderingKey); err != nil {
+	if err := idemcore.ValidateMessage(topic, orderingKey); err != nil {
 		return err
 	}
 	if orderingKey == "" {
 		orderingKey = st.key
 	}
-	m := &core.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey, Payload: payload}
+	m := &idemcore.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey, Payload: payload}
 	if err := st.b.Enqueue(tx, m); err != nil {
 		return err
 	}

@@ -3,7 +3,7 @@ package idempg
 import (
 	"errors"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // ErrTxEnded is wrapped by the error of a DoTx whose fn ended the
@@ -18,7 +18,7 @@ import (
 var ErrTxEnded = errors.New("idempg: a DoTx fn must not end its transaction (the engine commits it, with the done record)")
 
 // The errors of the multi-process semantics the bbolt engine does not need.
-// They are the root package's idem.ErrFenced and idem.ErrLeaseLost (the
+// They are the root package's idemcore.ErrFenced and idemcore.ErrLeaseLost (the
 // core's sentinels), so errors.Is matches them whichever name the caller
 // uses and whichever engine wrapped them.
 var (
@@ -27,16 +27,16 @@ var (
 	// this one's lease lapsed. Nothing was written: the new owner's record
 	// stands. fn may have had its effect (at least once, as for any
 	// takeover).
-	ErrFenced = core.ErrFenced
+	ErrFenced = idemcore.ErrFenced
 
 	// ErrLeaseLost is the cause (context.Cause) of fn's context when its
 	// claim's lease passed unrenewed or a renewal was refused, and of an
 	// outbox handler's when its message's claim did: another process may
 	// take the key (or the message) over, so fn should stop.
-	ErrLeaseLost = core.ErrLeaseLost
+	ErrLeaseLost = idemcore.ErrLeaseLost
 
 	// ErrDispatcherRunning is wrapped by the error of Dispatch while this
 	// engine's dispatcher already runs (one per engine; run one engine per
 	// process to drain the outbox from several).
-	ErrDispatcherRunning = core.ErrDispatcherRunning
+	ErrDispatcherRunning = idemcore.ErrDispatcherRunning
 )

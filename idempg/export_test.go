@@ -7,8 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // SetClockOffset makes the backends opened with o add offset() to the
@@ -28,6 +27,6 @@ func SetClock(o *Options, now func() time.Time) { o.clock = now }
 
 // OpenWrapped is Open with the state machine over wrap(the backend), for
 // the conformance suite's test backends.
-func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idem.Options, wrap func(core.Backend[pgx.Tx]) core.Backend[pgx.Tx]) (*Engine, error) {
+func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (*Engine, error) {
 	return open(ctx, pool, opts, eo, wrap)
 }

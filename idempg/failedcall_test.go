@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -22,11 +22,11 @@ func TestFailedCallCarriesNoResponse(t *testing.T) {
 	// stalled runs fn on engine a (which renews rarely) until b (whose
 	// clock is past a's lease) has taken key over and stored "B", then
 	// returns a's answer.
-	stalled := func(t *testing.T, st *store, a, b *idempg.Engine, run func(release <-chan struct{}, started chan<- struct{}) (idem.Result, error)) (idem.Result, error) {
+	stalled := func(t *testing.T, st *store, a, b *idempg.Engine, run func(release <-chan struct{}, started chan<- struct{}) (idemcore.Result, error)) (idemcore.Result, error) {
 		t.Helper()
 		started, release := make(chan struct{}), make(chan struct{})
 		type answer struct {
-			res idem.Result
+			res idemcore.Result
 			err error
 		}
 		done := make(chan answer, 1)
@@ -52,14 +52,14 @@ func TestFailedCallCarriesNoResponse(t *testing.T) {
 		st := newStore(t, pgtest.Env)
 		a := st.openWith(t, lease, 0, nil)
 		b := st.openWith(t, lease, 11*time.Second, nil)
-		res, err := stalled(t, st, a, b, func(release <-chan struct{}, started chan<- struct{}) (idem.Result, error) {
+		res, err := stalled(t, st, a, b, func(release <-chan struct{}, started chan<- struct{}) (idemcore.Result, error) {
 			return a.Do(ctx, "k", []byte("fp"), func(context.Context) ([]byte, error) {
 				close(started)
 				<-release
 				return []byte("A"), nil
 			})
 		})
-		if !errors.Is(err, idem.ErrFenced) {
+		if !errors.Is(err, idemcore.ErrFenced) {
 			t.Fatalf("the stalled owner's call: %v, want ErrFenced", err)
 		}
 		if res.Response != nil {
@@ -75,14 +75,14 @@ func TestFailedCallCarriesNoResponse(t *testing.T) {
 			defer func() { _ = recover() }()
 			_, _ = a.Do(ctx, "k", []byte("fp"), func(context.Context) ([]byte, error) { panic("interrupted") })
 		}()
-		res, err := stalled(t, st, a, b, func(release <-chan struct{}, started chan<- struct{}) (idem.Result, error) {
+		res, err := stalled(t, st, a, b, func(release <-chan struct{}, started chan<- struct{}) (idemcore.Result, error) {
 			return a.DoTx(ctx, "k", []byte("fp"), func(context.Context, pgx.Tx) ([]byte, error) {
 				close(started)
 				<-release
 				return []byte("A"), nil
 			})
 		})
-		if !errors.Is(err, idem.ErrFenced) {
+		if !errors.Is(err, idemcore.ErrFenced) {
 			t.Fatalf("the stalled owner's DoTx: %v, want ErrFenced", err)
 		}
 		if res.Response != nil {
@@ -104,7 +104,7 @@ func TestFailedCallCarriesNoResponse(t *testing.T) {
 			if res.Response != nil {
 				t.Errorf("the failed DoTx returned the response %q, never stored (%v)", res.Response, err)
 			}
-			if _, gerr := e.Get("k"); !errors.Is(gerr, idem.ErrNotFound) {
+			if _, gerr := e.Get("k"); !errors.Is(gerr, idemcore.ErrNotFound) {
 				t.Errorf("after the failed DoTx: %v, want no record", gerr)
 			}
 		})

@@ -19,10 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -53,7 +52,7 @@ func faultEngine(t *testing.T, pool *pgxpool.Pool, schema string, pollOnly bool)
 	t.Helper()
 	e, err := idempg.Open(context.Background(), pool,
 		&idempg.Options{Schema: schema, PollOnly: pollOnly, Lease: 5 * time.Second, PollInterval: 20 * time.Millisecond},
-		&idem.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+		&idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,14 +80,14 @@ type faultLog struct {
 	clock   atomic.Int64 // orders the calls' starts and ends, for porcupine
 	mu      sync.Mutex
 	tx      map[string]bool // the key's calls are DoTx
-	runs    map[string][]core.Call
+	runs    map[string][]idemcore.Call
 	answers map[string][]string
 	errs    map[string][]error
 	history []porcupine.Operation
 }
 
 func newFaultLog() *faultLog {
-	return &faultLog{tx: map[string]bool{}, runs: map[string][]core.Call{}, answers: map[string][]string{}, errs: map[string][]error{}}
+	return &faultLog{tx: map[string]bool{}, runs: map[string][]idemcore.Call{}, answers: map[string][]string{}, errs: map[string][]error{}}
 }
 
 // call makes one Do or DoTx call of key on e; fn records its execution, adds
@@ -100,7 +99,7 @@ func (l *faultLog) call(e *idempg.Engine, schema, key string, tx bool, hold <-ch
 	l.mu.Unlock()
 	var returned string // the response fn returned, if it did
 	ran := func(ctx context.Context) []byte {
-		c, _ := core.CallFrom(ctx)
+		c, _ := idemcore.CallFrom(ctx)
 		l.mu.Lock()
 		l.runs[key] = append(l.runs[key], c)
 		l.mu.Unlock()
@@ -115,7 +114,7 @@ func (l *faultLog) call(e *idempg.Engine, schema, key string, tx bool, hold <-ch
 		}
 	}
 	var (
-		res core.Result
+		res idemcore.Result
 		err error
 		ctx = context.Background()
 	)
@@ -252,7 +251,7 @@ func throughFault(t *testing.T, e *idempg.Engine, open func() *idempg.Engine, sc
 		if strings.Contains(key, "true") && *err == nil {
 			t.Errorf("%s: a DoTx whose transaction was open through the fault answered; its transaction must have died", key)
 		}
-		if errors.Is(*err, core.ErrFenced) {
+		if errors.Is(*err, idemcore.ErrFenced) {
 			t.Errorf("%s: %v; no other owner exists", key, *err)
 		}
 	}
@@ -305,7 +304,7 @@ func throughFault(t *testing.T, e *idempg.Engine, open func() *idempg.Engine, sc
 			}
 		}
 		rec, err := fresh.Get(key)
-		if err != nil || rec.State != core.StateDone || string(rec.Response) != answers[0] {
+		if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != answers[0] {
 			t.Errorf("%s: stored %+v, %v; want done with %q", key, rec, err, answers[0])
 		}
 		runs := l.runs[key]

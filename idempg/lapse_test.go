@@ -4,9 +4,8 @@ import (
 	"context"
 	"testing"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestEndedFnLapsesLease: once fn has panicked, or returned after its
@@ -21,7 +20,7 @@ func TestEndedFnLapsesLease(t *testing.T) {
 			st := newStore(t, pgtest.Env)
 			st.opts.Lease = 60e9 // a lease no test waits out
 			a := st.open(t, nil)
-			b := st.open(t, &idem.Options{InFlight: core.InFlightFail})
+			b := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail})
 			ctx := context.Background()
 			switch how {
 			case "panic":
@@ -37,9 +36,9 @@ func TestEndedFnLapsesLease(t *testing.T) {
 					return nil, ctx.Err()
 				})
 			}
-			var call core.Call
+			var call idemcore.Call
 			res, err := b.Do(ctx, "k", []byte("fp"), func(ctx context.Context) ([]byte, error) {
-				call, _ = core.CallFrom(ctx)
+				call, _ = idemcore.CallFrom(ctx)
 				return []byte("B"), nil
 			})
 			if err != nil {

@@ -9,21 +9,20 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // openWith opens an engine on st's schema with o's backend settings, and its
 // database clock offset by offset.
-func (st *store) openWith(t *testing.T, o idempg.Options, offset time.Duration, eo *idem.Options) *idempg.Engine {
+func (st *store) openWith(t *testing.T, o idempg.Options, offset time.Duration, eo *idemcore.Options) *idempg.Engine {
 	t.Helper()
 	o.Schema = st.opts.Schema
 	o.PollOnly = st.opts.PollOnly
 	idempg.SetClockOffset(&o, func() time.Duration { return time.Duration(st.offset.Load()) + offset })
 	if eo == nil {
-		eo = &idem.Options{}
+		eo = &idemcore.Options{}
 	}
 	eo.PruneInterval = -1
 	e, err := idempg.Open(context.Background(), st.pool, &o, eo)
@@ -52,7 +51,7 @@ func TestOwnedElsewhere(t *testing.T) {
 		t.Run(env, func(t *testing.T) {
 			st := newStore(t, env)
 			a := st.open(t, nil)
-			bFail := st.open(t, &idem.Options{InFlight: core.InFlightFail, RetryAfter: 3 * time.Second})
+			bFail := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail, RetryAfter: 3 * time.Second})
 			bWait := st.open(t, nil)
 			ctx := context.Background()
 			started, release := make(chan context.Context, 1), make(chan struct{})
@@ -66,19 +65,19 @@ func TestOwnedElsewhere(t *testing.T) {
 			other := func(context.Context) ([]byte, error) { runs.Add(1); return []byte("B"), nil }
 
 			_, err := bFail.Do(ctx, "k", []byte("fp"), other)
-			var ip *core.InProgressError
-			if !errors.As(err, &ip) || !errors.Is(err, core.ErrInProgress) {
+			var ip *idemcore.InProgressError
+			if !errors.As(err, &ip) || !errors.Is(err, idemcore.ErrInProgress) {
 				t.Fatalf("InFlightFail on a key owned elsewhere: %v, want an *InProgressError", err)
 			}
 			if ip.RetryAfter != 3*time.Second {
 				t.Errorf("RetryAfter %v, want 3s", ip.RetryAfter)
 			}
-			if _, err := bFail.Do(ctx, "k", []byte("other"), other); !errors.Is(err, core.ErrFingerprintMismatch) {
+			if _, err := bFail.Do(ctx, "k", []byte("other"), other); !errors.Is(err, idemcore.ErrFingerprintMismatch) {
 				t.Errorf("another fingerprint while owned elsewhere: %v", err)
 			}
 
 			waited := make(chan error, 1)
-			var res core.Result
+			var res idemcore.Result
 			go func() {
 				var err error
 				res, err = bWait.Do(ctx, "k", []byte("fp"), other)
@@ -115,9 +114,9 @@ func TestTakeoverFencesStalledOwner(t *testing.T) {
 	}()
 	<-started
 
-	var call core.Call
+	var call idemcore.Call
 	res, err := b.Do(ctx, "k", []byte("fp"), func(ctx context.Context) ([]byte, error) {
-		call, _ = core.CallFrom(ctx)
+		call, _ = idemcore.CallFrom(ctx)
 		return []byte("B"), nil
 	})
 	if err != nil {
@@ -127,7 +126,7 @@ func TestTakeoverFencesStalledOwner(t *testing.T) {
 		t.Fatalf("takeover: %+v, call %+v; want B's answer, attempt 2, recovered", res, call)
 	}
 	close(release)
-	if err := <-aDone; !errors.Is(err, idem.ErrFenced) || !errors.Is(err, idempg.ErrFenced) {
+	if err := <-aDone; !errors.Is(err, idemcore.ErrFenced) || !errors.Is(err, idempg.ErrFenced) {
 		t.Fatalf("the stalled owner's completion: %v, want ErrFenced", err)
 	}
 	rec, err := a.Get("k")
@@ -159,7 +158,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 	if _, err := b.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("B"), nil }); err != nil {
 		t.Fatal(err)
 	}
-	if c := <-cause; !errors.Is(c, idem.ErrLeaseLost) || !errors.Is(c, idempg.ErrLeaseLost) {
+	if c := <-cause; !errors.Is(c, idemcore.ErrLeaseLost) || !errors.Is(c, idempg.ErrLeaseLost) {
 		t.Fatalf("fn's context ended with cause %v, want ErrLeaseLost", c)
 	}
 	if err := <-aDone; err == nil {
@@ -178,7 +177,7 @@ func TestLeaseLostCancelsFn(t *testing.T) {
 func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	a := st.open(t, nil)
-	b := st.openWith(t, idempg.Options{LockTimeout: 50 * time.Millisecond}, 0, &idem.Options{InFlight: core.InFlightFail})
+	b := st.openWith(t, idempg.Options{LockTimeout: 50 * time.Millisecond}, 0, &idemcore.Options{InFlight: idemcore.InFlightFail})
 	ctx := context.Background()
 	started, release := make(chan struct{}), make(chan struct{})
 	aDone := make(chan error, 1)
@@ -199,7 +198,7 @@ func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	}()
 	<-started
 	_, err := b.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("B"), nil })
-	if !errors.Is(err, core.ErrInProgress) {
+	if !errors.Is(err, idemcore.ErrInProgress) {
 		t.Fatalf("claim of a key a DoTx transaction holds: %v, want ErrInProgress", err)
 	}
 	// DoTx's claim inside its own transaction meets the same row lock: the
@@ -208,7 +207,7 @@ func TestDoTxHoldsKeyAgainstOtherProcesses(t *testing.T) {
 	tctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	_, err = b.DoTx(tctx, "k", nil, func(context.Context, pgx.Tx) ([]byte, error) { return []byte("B"), nil })
-	var ip *core.InProgressError
+	var ip *idemcore.InProgressError
 	if !errors.As(err, &ip) || !ip.StartedAt.IsZero() {
 		t.Fatalf("DoTx of a key a DoTx transaction holds: %v, want an InProgressError with no start time (none is visible)", err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
@@ -101,18 +101,18 @@ func TestMigrateFromVersion3(t *testing.T) {
 	if err != nil || !slices.Equal(did, []int{4}) {
 		t.Fatalf("Migrate from version 3: %v, %v; want [4]", did, err)
 	}
-	e, err := Open(ctx, pool, &s.Options, &idem.Options{PruneInterval: -1})
+	e, err := Open(ctx, pool, &s.Options, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
 	res, err := e.Do(ctx, "done", []byte("fp"), func(context.Context) ([]byte, error) { return nil, errors.New("ran again") })
-	var stored *idem.Error
+	var stored *idemcore.Error
 	if !errors.As(err, &stored) || stored.Code != "code" || !res.Replayed || string(res.Response) != "v3" || res.CompletedAt.UnixNano() != at {
 		t.Errorf("the done record after the migration: %+v, %v; want v3's outcome replayed, its times kept", res, err)
 	}
 	res, err = e.Do(ctx, "started", []byte("fp"), func(ctx context.Context) ([]byte, error) {
-		if c, _ := idem.CallFrom(ctx); !c.Recovered || c.Attempt != 2 {
+		if c, _ := idemcore.CallFrom(ctx); !c.Recovered || c.Attempt != 2 {
 			t.Errorf("the interrupted execution after the migration ran as %+v, want attempt 2, recovered", c)
 		}
 		return []byte("recovered"), nil
@@ -120,8 +120,8 @@ func TestMigrateFromVersion3(t *testing.T) {
 	if err != nil || res.Attempt != 2 {
 		t.Errorf("the interrupted execution after the migration: %+v, %v", res, err)
 	}
-	var pending, dead *idem.Message
-	if err := e.Messages(func(m *idem.Message, err error) error {
+	var pending, dead *idemcore.Message
+	if err := e.Messages(func(m *idemcore.Message, err error) error {
 		switch {
 		case err != nil:
 			return err

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestOperatorRefusesLiveClaimElsewhere: Resolve and Forget from another
@@ -26,10 +26,10 @@ func TestOperatorRefusesLiveClaimElsewhere(t *testing.T) {
 		aDone <- err
 	}()
 	<-started
-	if err := op.Resolve("k", []byte("by hand"), nil); !errors.Is(err, core.ErrInProgress) {
+	if err := op.Resolve("k", []byte("by hand"), nil); !errors.Is(err, idemcore.ErrInProgress) {
 		t.Errorf("Resolve of a call running elsewhere: %v, want ErrInProgress", err)
 	}
-	if err := op.Forget("k"); !errors.Is(err, core.ErrInProgress) {
+	if err := op.Forget("k"); !errors.Is(err, idemcore.ErrInProgress) {
 		t.Errorf("Forget of a call running elsewhere: %v, want ErrInProgress", err)
 	}
 	free()
@@ -45,7 +45,7 @@ func TestOperatorRefusesLiveClaimElsewhere(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, "UPDATE "+st.opts.Schema+".idem_records SET state = 1, lease_until = now() + interval '1 hour', owner = 'elsewhere', completed_ns = 0, response = NULL WHERE key = 'k'"); err != nil {
 		t.Fatal(err)
 	}
-	if err := op.Resolve("k", []byte("by hand"), nil); !errors.Is(err, core.ErrInProgress) {
+	if err := op.Resolve("k", []byte("by hand"), nil); !errors.Is(err, idemcore.ErrInProgress) {
 		t.Fatalf("Resolve of a started record with a live lease: %v, want ErrInProgress", err)
 	}
 	lapse(t, st)
@@ -55,7 +55,7 @@ func TestOperatorRefusesLiveClaimElsewhere(t *testing.T) {
 	if _, err := st.pool.Exec(ctx, "UPDATE "+st.opts.Schema+".idem_records SET state = 1, lease_until = now() + interval '1 hour', owner = 'elsewhere', completed_ns = 0, response = NULL WHERE key = 'k'"); err != nil {
 		t.Fatal(err)
 	}
-	if err := op.Forget("k"); !errors.Is(err, core.ErrInProgress) {
+	if err := op.Forget("k"); !errors.Is(err, idemcore.ErrInProgress) {
 		t.Fatalf("Forget of a started record with a live lease: %v, want ErrInProgress", err)
 	}
 	lapse(t, st)

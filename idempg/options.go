@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Defaults for the zero values of Options.
@@ -66,7 +66,7 @@ type Options struct {
 	// Heartbeat is how often the owner renews a claim while fn runs (and a
 	// dispatcher its running handlers' message claims), wall-clock. Zero
 	// means Lease / 3 (DefaultHeartbeat with the default Lease); it must be
-	// shorter than Lease. fn's context ends with cause idem.ErrLeaseLost at
+	// shorter than Lease. fn's context ends with cause idemcore.ErrLeaseLost at
 	// the lease's end as last renewed, by this machine's monotonic clock
 	// (read before the claim or the renewal was sent, so never later than
 	// the end by the database's clock), or when a renewal is refused. Its
@@ -100,7 +100,7 @@ type Options struct {
 	// LockTimeout is set as lock_timeout (SET LOCAL) in every transaction
 	// the backend runs, DoTx's included: a statement that waits longer for
 	// a lock fails (SQLSTATE 55P03; a DoTx fn returning that error gets
-	// it back as idem.Retryable, nothing stored). Zero means DefaultLockTimeout; it must be between 1ms
+	// it back as idemcore.Retryable, nothing stored). Zero means DefaultLockTimeout; it must be between 1ms
 	// and INT_MAX milliseconds (about 24.8 days), else ErrOptions.
 	LockTimeout time.Duration
 
@@ -141,8 +141,8 @@ const maxTimeout = math.MaxInt32 * time.Millisecond
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
 
 // ErrOptions is wrapped by the error of a call given invalid Options, or
-// invalid engine settings (idem.Options); it is idem.ErrOptions.
-var ErrOptions = idem.ErrOptions
+// invalid engine settings (idemcore.Options); it is idemcore.ErrOptions.
+var ErrOptions = idemcore.ErrOptions
 
 // settings are Options with every default filled in and checked.
 type settings struct {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Outbox columns, in the order scanMessage reads them.
@@ -18,13 +18,13 @@ const outboxColumns = `seq, key, idx, ordering_key, topic, payload, attempt, las
 // Dead letter columns, in the order scanDead reads them.
 const deadColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns`
 
-func scanMessage(row pgx.Row) (*core.Message, error) { return scanMessageAnd(row) }
+func scanMessage(row pgx.Row) (*idemcore.Message, error) { return scanMessageAnd(row) }
 
 // scanMessageAnd scans the outbox columns of row, then its further columns
 // into extra.
-func scanMessageAnd(row pgx.Row, extra ...any) (*core.Message, error) {
+func scanMessageAnd(row pgx.Row, extra ...any) (*idemcore.Message, error) {
 	var (
-		m             core.Message
+		m             idemcore.Message
 		seq, enq, nxt int64
 		lastErr       []byte // bytea: any bytes (migration 3)
 	)
@@ -36,9 +36,9 @@ func scanMessageAnd(row pgx.Row, extra ...any) (*core.Message, error) {
 	return &m, nil
 }
 
-func scanDead(row pgx.Row) (*core.Message, error) {
+func scanDead(row pgx.Row) (*idemcore.Message, error) {
 	var (
-		m                   core.Message
+		m                   idemcore.Message
 		seq, enq, dead, ret int64
 		lastErr             []byte // bytea: any bytes (migration 3)
 	)
@@ -53,10 +53,10 @@ func scanDead(row pgx.Row) (*core.Message, error) {
 // errBytes is a last error for its bytea column: never NULL, any bytes.
 func errBytes(s string) []byte { return append([]byte{}, s...) }
 
-// Enqueue implements core.Backend: an INSERT in fn's transaction, stamped
+// Enqueue implements idemcore.Backend: an INSERT in fn's transaction, stamped
 // by the database's clock, and a notification (at its commit) that wakes
 // the dispatchers of other processes.
-func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
+func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 	ctx := context.Background()
 	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns)
 		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, {now_ns}, $6::bigint) RETURNING seq, enqueued_ns`
@@ -77,7 +77,7 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 	return nil
 }
 
-// ClaimDue implements core.Backend: the due heads of ordering keys (the
+// ClaimDue implements idemcore.Backend: the due heads of ordering keys (the
 // pending message of lowest seq of each, not held by a live claim), locked
 // with FOR UPDATE SKIP LOCKED so that dispatchers of several processes
 // never claim one message at once, then marked as claimed for one lease
@@ -91,9 +91,9 @@ func (b *backend) Enqueue(tx pgx.Tx, m *core.Message) error {
 // context ends then. Rows always decode: nothing is quarantined, and
 // Due.Next is left zero (the dispatcher polls). A message is due by the
 // database's clock (now is not read).
-func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (core.Due, error) {
+func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (idemcore.Due, error) {
 	if limit <= 0 {
-		return core.Due{}, nil
+		return idemcore.Due{}, nil
 	}
 	before := time.Now()
 	rows, err := b.pool.Query(ctx, b.sql(`WITH heads AS (
@@ -110,11 +110,11 @@ func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (core.Du
 			`+leftSQL("o.claim_until")+`, o.claim_token`),
 		b.s.args(limit, b.owner)...)
 	if err != nil {
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
 	left := int64(math.MaxInt64)
 	var tokens []int64
-	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) {
+	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) {
 		var l, token int64
 		m, err := scanMessageAnd(row, &l, &token)
 		left = min(left, l)
@@ -122,20 +122,20 @@ func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (core.Du
 		return m, err
 	})
 	if err != nil {
-		return core.Due{}, err
+		return idemcore.Due{}, err
 	}
 	if len(ms) == 0 {
-		return core.Due{}, nil
+		return idemcore.Due{}, nil
 	}
 	for i, m := range ms {
 		b.outboxClaims.Store(m.Seq, outboxClaim{m: m, token: tokens[i]})
 	}
 	// RETURNING follows no order: deliver in seq order.
 	sortBySeq(ms)
-	return core.Due{Messages: ms, ClaimUntil: before.Add(time.Duration(left) * time.Microsecond)}, nil
+	return idemcore.Due{Messages: ms, ClaimUntil: before.Add(time.Duration(left) * time.Microsecond)}, nil
 }
 
-func sortBySeq(ms []*core.Message) {
+func sortBySeq(ms []*idemcore.Message) {
 	for i := 1; i < len(ms); i++ {
 		for j := i; j > 0 && ms[j].Seq < ms[j-1].Seq; j-- {
 			ms[j], ms[j-1] = ms[j-1], ms[j]
@@ -143,17 +143,17 @@ func sortBySeq(ms []*core.Message) {
 	}
 }
 
-// RenewClaim implements core.Backend: one UPDATE moves m's claim, if it is
+// RenewClaim implements idemcore.Backend: one UPDATE moves m's claim, if it is
 // still this engine's (claimed_by, and a claim not lapsed), to a new lease
 // from the database's clock, whose end it returns stamped as ClaimDue's.
-func (b *backend) RenewClaim(ctx context.Context, m *core.Message) (time.Time, error) {
+func (b *backend) RenewClaim(ctx context.Context, m *idemcore.Message) (time.Time, error) {
 	before := time.Now()
 	var left int64
 	err := b.writeRow(ctx, `UPDATE {schema}.idem_outbox SET claim_until = `+b.leaseSQL()+`
 		WHERE seq = $1::bigint AND claimed_by = $2::text AND claim_until > {now}
 		RETURNING `+leftSQL("claim_until"), []any{int64(m.Seq), b.owner}, &left)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return time.Time{}, fmt.Errorf("%w: renewing the claim of outbox message %d", core.ErrFenced, m.Seq)
+		return time.Time{}, fmt.Errorf("%w: renewing the claim of outbox message %d", idemcore.ErrFenced, m.Seq)
 	}
 	if err != nil {
 		return time.Time{}, err
@@ -164,7 +164,7 @@ func (b *backend) RenewClaim(ctx context.Context, m *core.Message) (time.Time, e
 // outboxClaim is a claim of the dispatcher's, as ClaimDue made it: the
 // message it handed out and the claim's token.
 type outboxClaim struct {
-	m     *core.Message
+	m     *idemcore.Message
 	token int64
 }
 
@@ -172,7 +172,7 @@ type outboxClaim struct {
 // false for a message this dispatcher's ClaimDue did not hand out (then the
 // write is not fenced); stale is true when it has claimed m's seq again
 // since (m is an older claim's, which lapsed; the newer entry stays).
-func (b *backend) endClaim(m *core.Message) (token int64, known, stale bool) {
+func (b *backend) endClaim(m *idemcore.Message) (token int64, known, stale bool) {
 	v, ok := b.outboxClaims.Load(m.Seq)
 	if !ok {
 		return 0, false, false
@@ -185,33 +185,33 @@ func (b *backend) endClaim(m *core.Message) (token int64, known, stale bool) {
 	return c.token, true, false
 }
 
-// Delivered implements core.Backend. It is not fenced: the handler's
+// Delivered implements idemcore.Backend. It is not fenced: the handler's
 // success is the message's delivery, whoever holds it now (another
 // dispatcher delivering it meanwhile finds it gone). A failure keeps the
 // claim's entry, for the Failed that follows.
-func (b *backend) Delivered(ctx context.Context, m *core.Message) error {
+func (b *backend) Delivered(ctx context.Context, m *idemcore.Message) error {
 	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint`, int64(m.Seq))
 	if err != nil {
 		return err
 	}
 	b.endClaim(m)
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: outbox message %d", core.ErrMessageNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d", idemcore.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }
 
-// Failed implements core.Backend: the message's new attempt count, error
+// Failed implements idemcore.Backend: the message's new attempt count, error
 // and next attempt, its claim dropped; or, if m.Dead, its move to the dead
 // letters in one statement. Both are fenced by the claim's token: a claim
 // that lapsed and was taken since (another dispatcher's, or an operator's
 // RetryDead of the dead letter another dispatcher made of it) is not this
 // dispatcher's to write, and gives ErrMessageNotFound, writing nothing. The
 // claim's entry ends either way.
-func (b *backend) Failed(ctx context.Context, m *core.Message) error {
+func (b *backend) Failed(ctx context.Context, m *idemcore.Message) error {
 	token, known, stale := b.endClaim(m)
 	if stale {
-		return fmt.Errorf("%w: outbox message %d: claimed again since", core.ErrMessageNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d: claimed again since", idemcore.ErrMessageNotFound, m.Seq)
 	}
 	var n int64
 	var err error
@@ -235,17 +235,17 @@ func (b *backend) Failed(ctx context.Context, m *core.Message) error {
 		return err
 	}
 	if n == 0 {
-		return fmt.Errorf("%w: outbox message %d (or its claim was taken since)", core.ErrMessageNotFound, m.Seq)
+		return fmt.Errorf("%w: outbox message %d (or its claim was taken since)", idemcore.ErrMessageNotFound, m.Seq)
 	}
 	return nil
 }
 
-// Messages implements core.Backend: one REPEATABLE READ snapshot.
-func (b *backend) Messages(ctx context.Context, fn func(m *core.Message, err error) error) error {
+// Messages implements idemcore.Backend: one REPEATABLE READ snapshot.
+func (b *backend) Messages(ctx context.Context, fn func(m *idemcore.Message, err error) error) error {
 	return b.inTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
 		for _, part := range []struct {
 			q    string
-			scan func(pgx.Row) (*core.Message, error)
+			scan func(pgx.Row) (*idemcore.Message, error)
 		}{
 			{`SELECT ` + outboxColumns + ` FROM {schema}.idem_outbox ORDER BY seq`, scanMessage},
 			{`SELECT ` + deadColumns + ` FROM {schema}.idem_dead_letters ORDER BY seq`, scanDead},
@@ -274,13 +274,13 @@ func (b *backend) Messages(ctx context.Context, fn func(m *core.Message, err err
 	})
 }
 
-// RetryDead implements core.Backend: the dead letter, locked, revived, and
+// RetryDead implements idemcore.Backend: the dead letter, locked, revived, and
 // put back in the outbox under its old seq (its place in its ordering key).
-func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core.Message) error) error {
+func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *idemcore.Message) error) error {
 	return b.inTx(ctx, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		m, err := scanDead(tx.QueryRow(ctx, b.sql(`SELECT `+deadColumns+` FROM {schema}.idem_dead_letters WHERE seq = $1::bigint FOR UPDATE`), b.s.args(int64(seq))...))
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
+			return fmt.Errorf("%w: dead letter %d", idemcore.ErrMessageNotFound, seq)
 		}
 		if err != nil {
 			return err
@@ -302,22 +302,22 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *core
 	})
 }
 
-// DropDead implements core.Backend.
+// DropDead implements idemcore.Backend.
 func (b *backend) DropDead(ctx context.Context, seq uint64) error {
 	tag, err := b.exec(ctx, `DELETE FROM {schema}.idem_dead_letters WHERE seq = $1::bigint`, int64(seq))
 	if err != nil {
 		return err
 	}
 	if tag.RowsAffected() == 0 {
-		return fmt.Errorf("%w: dead letter %d", core.ErrMessageNotFound, seq)
+		return fmt.Errorf("%w: dead letter %d", idemcore.ErrMessageNotFound, seq)
 	}
 	return nil
 }
 
-// PruneDead implements core.Backend: batches of at most limit dead letters
+// PruneDead implements idemcore.Backend: batches of at most limit dead letters
 // by seq, each judged by expired and the expired ones deleted in the
 // batch's transaction.
-func (b *backend) PruneDead(ctx context.Context, expired func(m *core.Message) bool, limit int) (int, error) {
+func (b *backend) PruneDead(ctx context.Context, expired func(m *idemcore.Message) bool, limit int) (int, error) {
 	if limit <= 0 {
 		limit = b.s.PruneBatch
 	}
@@ -333,7 +333,7 @@ func (b *backend) PruneDead(ctx context.Context, expired func(m *core.Message) b
 			if err != nil {
 				return err
 			}
-			ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*core.Message, error) { return scanDead(row) })
+			ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*idemcore.Message, error) { return scanDead(row) })
 			if err != nil {
 				return err
 			}

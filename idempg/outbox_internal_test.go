@@ -12,8 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // backends opens n backends (as n processes would) on one new schema, their
@@ -49,7 +49,7 @@ func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uin
 	t.Helper()
 	var seqs []uint64
 	now := time.Now()
-	err := b.RunTx(context.Background(), &core.Claim{Key: key}, func(tx pgx.Tx) (*core.Record, error) {
+	err := b.RunTx(context.Background(), &idemcore.Claim{Key: key}, func(tx pgx.Tx) (*idemcore.Record, error) {
 		seqs = nil
 		for _, ok := range orderingKeys {
 			if err := EnqueueOrdered(tx, "topic", ok, []byte(key+"→"+ok)); err != nil {
@@ -58,7 +58,7 @@ func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uin
 			v, _ := txs.Load(tx)
 			seqs = append(seqs, uint64(v.(*txState).next)) // index, replaced below
 		}
-		return &core.Record{Key: key, State: core.StateDone, Attempt: 1, StartedAt: now, CompletedAt: now, Retention: time.Hour}, nil
+		return &idemcore.Record{Key: key, State: idemcore.StateDone, Attempt: 1, StartedAt: now, CompletedAt: now, Retention: time.Hour}, nil
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +81,7 @@ func enqueue(t *testing.T, b *backend, key string, orderingKeys ...string) []uin
 
 func sorted(s ...uint64) []uint64 { slices.Sort(s); return s }
 
-func seqsOf(ms []*core.Message) []uint64 {
+func seqsOf(ms []*idemcore.Message) []uint64 {
 	var s []uint64
 	for _, m := range ms {
 		s = append(s, m.Seq)
@@ -102,7 +102,7 @@ func TestOutboxHeads(t *testing.T) {
 	o2 := enqueue(t, a, "call-2", "o1", "o2") // o1: m1, o2: n1
 	m0, n0, m1, n1 := o1[0], o1[1], o2[0], o2[1]
 
-	var got [2][]*core.Message
+	var got [2][]*idemcore.Message
 	var wg sync.WaitGroup
 	for i, d := range bs {
 		wg.Go(func() {
@@ -123,7 +123,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("claimed %v while the heads are held", seqsOf(ms))
 	}
 	// m0 delivered: m1 is the head of o1; n0 is still held.
-	if err := a.Delivered(ctx, &core.Message{Seq: m0}); err != nil {
+	if err := a.Delivered(ctx, &idemcore.Message{Seq: m0}); err != nil {
 		t.Fatal(err)
 	}
 	ms, err := claimDue(b, ctx, time.Now(), 10)
@@ -148,7 +148,7 @@ func TestOutboxHeads(t *testing.T) {
 		t.Fatalf("after n0 died: %v, %v; want n1", seqsOf(ms), err)
 	}
 	// Retried, n0 is o2's head again once n1's claim lapses.
-	if err := a.RetryDead(ctx, n0, func(m *core.Message) error { m.Failures = 0; return nil }); err != nil {
+	if err := a.RetryDead(ctx, n0, func(m *idemcore.Message) error { m.Failures = 0; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	offset.Add(int64(3 * time.Second))
@@ -240,23 +240,23 @@ func TestPruneBounded(t *testing.T) {
 	b := backends(t, 1, &offset)[0]
 	ctx := context.Background()
 	t0 := time.Unix(1_800_000_000, 0)
-	put := func(key string, st core.State, at time.Time, kept bool) {
+	put := func(key string, st idemcore.State, at time.Time, kept bool) {
 		t.Helper()
-		rec := &core.Record{Key: key, State: st, Attempt: 1, StartedAt: at, Retention: time.Hour, KeptUntilResolved: kept}
-		if st == core.StateDone {
+		rec := &idemcore.Record{Key: key, State: st, Attempt: 1, StartedAt: at, Retention: time.Hour, KeptUntilResolved: kept}
+		if st == idemcore.StateDone {
 			rec.CompletedAt = at
 		}
-		if err := b.Resolve(ctx, key, func(*core.Record) (*core.Record, error) { return rec, nil }); err != nil {
+		if err := b.Resolve(ctx, key, func(*idemcore.Record) (*idemcore.Record, error) { return rec, nil }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i := range 7 {
-		put(fmt.Sprintf("old-%d", i), core.StateDone, t0, false)
+		put(fmt.Sprintf("old-%d", i), idemcore.StateDone, t0, false)
 	}
-	put("old-started", core.StateStarted, t0, false)
-	put("kept", core.StateStarted, t0, true)
-	put("young", core.StateDone, t0.Add(90*time.Minute), false)
-	res, err := b.Prune(ctx, core.PruneRequest{Now: t0.Add(2 * time.Hour), Retention: time.Hour, Limit: 3})
+	put("old-started", idemcore.StateStarted, t0, false)
+	put("kept", idemcore.StateStarted, t0, true)
+	put("young", idemcore.StateDone, t0.Add(90*time.Minute), false)
+	res, err := b.Prune(ctx, idemcore.PruneRequest{Now: t0.Add(2 * time.Hour), Retention: time.Hour, Limit: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,14 +264,14 @@ func TestPruneBounded(t *testing.T) {
 		t.Fatalf("pruned %+v, want 8 deleted, 1 of them started", res)
 	}
 	var left []string
-	if err := b.Scan(ctx, func(r *core.Record, err error) error { left = append(left, r.Key); return err }); err != nil {
+	if err := b.Scan(ctx, func(r *idemcore.Record, err error) error { left = append(left, r.Key); return err }); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(left, []string{"kept", "young"}) {
 		t.Fatalf("left %v", left)
 	}
 	// A longer window of the engine keeps a record its writer's would drop.
-	res, err = b.Prune(ctx, core.PruneRequest{Now: t0.Add(150 * time.Minute), Retention: 2 * time.Hour, Limit: 3})
+	res, err = b.Prune(ctx, idemcore.PruneRequest{Now: t0.Add(150 * time.Minute), Retention: 2 * time.Hour, Limit: 3})
 	if err != nil || res.Deleted != 0 {
 		t.Fatalf("prune with a longer window: %+v, %v; want nothing", res, err)
 	}
@@ -280,16 +280,16 @@ func TestPruneBounded(t *testing.T) {
 // claimDue is b.ClaimDue's messages.
 // withSeq returns the message of ms with seq, or a message of that seq
 // alone if ms has none.
-func withSeq(ms []*core.Message, seq uint64) *core.Message {
+func withSeq(ms []*idemcore.Message, seq uint64) *idemcore.Message {
 	for _, m := range ms {
 		if m.Seq == seq {
 			return m
 		}
 	}
-	return &core.Message{Seq: seq}
+	return &idemcore.Message{Seq: seq}
 }
 
-func claimDue(b *backend, ctx context.Context, now time.Time, limit int) ([]*core.Message, error) {
+func claimDue(b *backend, ctx context.Context, now time.Time, limit int) ([]*idemcore.Message, error) {
 	due, err := b.ClaimDue(ctx, now, limit)
 	return due.Messages, err
 }
@@ -314,11 +314,11 @@ func TestOutboxFailedIsFenced(t *testing.T) {
 		t.Fatalf("b's claim after a's lapsed: %v, %v", seqsOf(ms), err)
 	}
 	late.Failures, late.LastError, late.Dead, late.DeadAt, late.DeadLetterRetention = 1, "late", true, time.Now(), time.Hour
-	if err := a.Failed(ctx, late); !errors.Is(err, core.ErrMessageNotFound) {
+	if err := a.Failed(ctx, late); !errors.Is(err, idemcore.ErrMessageNotFound) {
 		t.Fatalf("a's late Failed of a message b holds: %v, want ErrMessageNotFound", err)
 	}
 	var dead bool
-	if err := a.Messages(ctx, func(m *core.Message, err error) error { dead = dead || m.Dead; return err }); err != nil || dead {
+	if err := a.Messages(ctx, func(m *idemcore.Message, err error) error { dead = dead || m.Dead; return err }); err != nil || dead {
 		t.Fatalf("after a's late Failed: dead %v, %v; want the message pending, b's", dead, err)
 	}
 	if ms, _ := claimDue(a, ctx, time.Now(), 10); len(ms) != 0 {
@@ -331,7 +331,7 @@ func TestOutboxFailedIsFenced(t *testing.T) {
 		t.Fatalf("a's second claim: %v, %v", seqsOf(ms), err)
 	}
 	late.Dead = false
-	if err := a.Failed(ctx, late); !errors.Is(err, core.ErrMessageNotFound) {
+	if err := a.Failed(ctx, late); !errors.Is(err, idemcore.ErrMessageNotFound) {
 		t.Fatalf("Failed of a's first claim after its second: %v, want ErrMessageNotFound", err)
 	}
 	ms[0].Failures, ms[0].LastError = 1, "now"
@@ -367,14 +367,14 @@ func TestOutboxClaimLease(t *testing.T) {
 		t.Fatalf("renewal: %v, %v; want a later end, at most a lease from now", until, err)
 	}
 	offset.Add(int64(lease + time.Second)) // a's claim lapses by the database's clock
-	if _, err := a.RenewClaim(ctx, m); !errors.Is(err, core.ErrFenced) {
+	if _, err := a.RenewClaim(ctx, m); !errors.Is(err, idemcore.ErrFenced) {
 		t.Fatalf("renewing a lapsed claim: %v, want ErrFenced", err)
 	}
 	taken, err := b.ClaimDue(ctx, time.Now(), 10)
 	if err != nil || len(taken.Messages) != 1 {
 		t.Fatalf("b's claim of the lapsed one: %+v, %v", taken, err)
 	}
-	if _, err := a.RenewClaim(ctx, m); !errors.Is(err, core.ErrFenced) {
+	if _, err := a.RenewClaim(ctx, m); !errors.Is(err, idemcore.ErrFenced) {
 		t.Fatalf("renewing a claim b took: %v, want ErrFenced", err)
 	}
 	if _, err := b.RenewClaim(ctx, taken.Messages[0]); err != nil {

@@ -9,10 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // gate returns the channels of a blocking fn and free, which releases it
@@ -35,7 +34,7 @@ func TestSharedOwnerLabel(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			st := newStore(t, pgtest.Env)
 			a := st.openWith(t, idempg.Options{Owner: "orders"}, 0, nil)
-			bFail := st.openWith(t, idempg.Options{Owner: "orders"}, 0, &idem.Options{InFlight: core.InFlightFail})
+			bFail := st.openWith(t, idempg.Options{Owner: "orders"}, 0, &idemcore.Options{InFlight: idemcore.InFlightFail})
 			bWait := st.openWith(t, idempg.Options{Owner: "orders"}, 0, nil)
 			ctx := context.Background()
 			started, release, free := gate(t)
@@ -47,17 +46,17 @@ func TestSharedOwnerLabel(t *testing.T) {
 			<-started
 			var runs atomic.Int32
 			other := func(context.Context) ([]byte, error) { runs.Add(1); return []byte("B"), nil }
-			call := func(e *idempg.Engine) (core.Result, error) {
+			call := func(e *idempg.Engine) (idemcore.Result, error) {
 				if mode == "do" {
 					return e.Do(ctx, "k", []byte("fp"), other)
 				}
 				return e.DoTx(ctx, "k", []byte("fp"), func(ctx context.Context, _ pgx.Tx) ([]byte, error) { return other(ctx) })
 			}
-			if _, err := call(bFail); !errors.Is(err, core.ErrInProgress) {
+			if _, err := call(bFail); !errors.Is(err, idemcore.ErrInProgress) {
 				t.Fatalf("a call of a key another engine with the same Owner runs: %v, want ErrInProgress", err)
 			}
 			waited := make(chan error, 1)
-			var res core.Result
+			var res idemcore.Result
 			go func() {
 				var err error
 				res, err = call(bWait)

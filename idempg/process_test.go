@@ -22,11 +22,10 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 	"github.com/idemkit/idem/idemtest"
-	"github.com/idemkit/idem/internal/core"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -62,7 +61,7 @@ func childMain(role string) int {
 	if d, err := time.ParseDuration(os.Getenv(envLease)); err == nil {
 		opts.Lease, opts.Heartbeat = d, 0 // the lease, and the idle-in-transaction timeout with it
 	}
-	e, err := idempg.Open(ctx, pool, opts, &idem.Options{PruneInterval: -1})
+	e, err := idempg.Open(ctx, pool, opts, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Println("error", err)
 		return 1
@@ -70,7 +69,7 @@ func childMain(role string) int {
 	defer e.Close()
 	key := os.Getenv(envKey)
 	in := bufio.NewReader(os.Stdin)
-	var res core.Result
+	var res idemcore.Result
 	switch role {
 	case "do":
 		// fn says it started, then waits for a line on stdin (for ever,
@@ -119,7 +118,7 @@ func childMain(role string) int {
 		return 2
 	}
 	switch {
-	case errors.Is(err, core.ErrFenced):
+	case errors.Is(err, idemcore.ErrFenced):
 		fmt.Println("error fenced:", err)
 	case err != nil:
 		fmt.Println("error", err)
@@ -217,15 +216,15 @@ func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
 	c := startChild(t, st, "do", "k")
 	c.kill(t)
 
-	e := st.open(t, &idem.Options{InFlight: core.InFlightFail})
+	e := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail})
 	var runs atomic.Int32
-	var call core.Call
+	var call idemcore.Call
 	fn := func(ctx context.Context) ([]byte, error) {
 		runs.Add(1)
-		call, _ = core.CallFrom(ctx)
+		call, _ = idemcore.CallFrom(ctx)
 		return []byte("parent"), nil
 	}
-	if _, err := e.Do(context.Background(), "k", []byte("fp"), fn); !errors.Is(err, core.ErrInProgress) {
+	if _, err := e.Do(context.Background(), "k", []byte("fp"), fn); !errors.Is(err, idemcore.ErrInProgress) {
 		t.Fatalf("while the dead child's lease lasts: %v, want ErrInProgress", err)
 	}
 	if runs.Load() != 0 {
@@ -348,7 +347,7 @@ func TestProcessStoppedInDoTx(t *testing.T) {
 		t.Fatalf("the effect: %d, %v; want once", n, err)
 	}
 	rec, err := e.Get("k")
-	if err != nil || rec.State != core.StateDone || string(rec.Response) != "parent" {
+	if err != nil || rec.State != idemcore.StateDone || string(rec.Response) != "parent" {
 		t.Fatalf("record: %+v, %v; want this process's outcome", rec, err)
 	}
 }
@@ -369,9 +368,9 @@ func TestProcessFrozenOwnerSeesLeaseEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := st.open(t, nil) // waits for the frozen child's lease to lapse (real time, the database's clock)
-	var call core.Call
+	var call idemcore.Call
 	res, err := e.Do(context.Background(), "k", []byte("fp"), func(ctx context.Context) ([]byte, error) {
-		call, _ = core.CallFrom(ctx)
+		call, _ = idemcore.CallFrom(ctx)
 		return []byte("parent"), nil
 	})
 	if err != nil || string(res.Response) != "parent" || call.Attempt != 2 || !call.Recovered {
@@ -383,7 +382,7 @@ func TestProcessFrozenOwnerSeesLeaseEnd(t *testing.T) {
 	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if line := c.next(t); line != "ended after the mark=true cause="+idem.ErrLeaseLost.Error() {
+	if line := c.next(t); line != "ended after the mark=true cause="+idemcore.ErrLeaseLost.Error() {
 		t.Fatalf("the resumed child's fn: %q; want its first look after the freeze to find its context ended by ErrLeaseLost, before any effect", line)
 	}
 	if line := c.next(t); !strings.HasPrefix(line, "error") {

@@ -9,10 +9,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestSlowHandlerKeepsItsClaim: a handler that runs longer than the claim's
@@ -25,7 +24,7 @@ func TestSlowHandlerKeepsItsClaim(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	var attempts atomic.Int32
 	entered, release := make(chan struct{}, 8), make(chan struct{})
-	handler := func(ctx context.Context, m idem.Message) error {
+	handler := func(ctx context.Context, m idemcore.Message) error {
 		attempts.Add(1)
 		entered <- struct{}{}
 		select {
@@ -34,9 +33,9 @@ func TestSlowHandlerKeepsItsClaim(t *testing.T) {
 		}
 		return nil
 	}
-	eo := func() *idem.Options {
-		return &idem.Options{Outbox: idem.OutboxOptions{Dispatch: true, Workers: 4,
-			Handlers: map[string]idem.Handler{"slow": handler}, PollInterval: 10 * time.Millisecond}}
+	eo := func() *idemcore.Options {
+		return &idemcore.Options{Outbox: idemcore.OutboxOptions{Dispatch: true, Workers: 4,
+			Handlers: map[string]idemcore.Handler{"slow": handler}, PollInterval: 10 * time.Millisecond}}
 	}
 	a, _ := st.open(t, eo()), st.open(t, eo())
 	ctx := context.Background()
@@ -70,9 +69,9 @@ func TestSlowHandlerKeepsItsClaim(t *testing.T) {
 
 // unrenewed is idempg's backend whose renewals of message claims fail, as
 // on a dispatcher cut off from the database or frozen.
-type unrenewed struct{ core.Backend[pgx.Tx] }
+type unrenewed struct{ idemcore.Backend[pgx.Tx] }
 
-func (unrenewed) RenewClaim(context.Context, *core.Message) (time.Time, error) {
+func (unrenewed) RenewClaim(context.Context, *idemcore.Message) (time.Time, error) {
 	return time.Time{}, errors.New("renewal refused")
 }
 
@@ -91,7 +90,7 @@ func TestHandlerSeesItsClaimEnd(t *testing.T) {
 		err, cause error
 	}
 	aSaw := make(chan seen, 1)
-	handlerA := func(ctx context.Context, m idem.Message) error {
+	handlerA := func(ctx context.Context, m idemcore.Message) error {
 		close(aIn)
 		select {
 		case <-bIn:
@@ -101,19 +100,19 @@ func TestHandlerSeesItsClaimEnd(t *testing.T) {
 		return errors.New("A failed late")
 	}
 	var bRuns atomic.Int32
-	handlerB := func(ctx context.Context, m idem.Message) error {
+	handlerB := func(ctx context.Context, m idemcore.Message) error {
 		if bRuns.Add(1) == 1 {
 			close(bIn)
 		}
 		<-bRelease
 		return nil
 	}
-	eo := func(h idem.Handler) *idem.Options {
-		return &idem.Options{PruneInterval: -1, Outbox: idem.OutboxOptions{Dispatch: true,
-			Handlers: map[string]idem.Handler{"t": h}, PollInterval: 10 * time.Millisecond}}
+	eo := func(h idemcore.Handler) *idemcore.Options {
+		return &idemcore.Options{PruneInterval: -1, Outbox: idemcore.OutboxOptions{Dispatch: true,
+			Handlers: map[string]idemcore.Handler{"t": h}, PollInterval: 10 * time.Millisecond}}
 	}
 	a, err := idempg.OpenWrapped(context.Background(), st.pool, &st.opts, eo(handlerA),
-		func(b core.Backend[pgx.Tx]) core.Backend[pgx.Tx] { return unrenewed{b} })
+		func(b idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx] { return unrenewed{b} })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +138,7 @@ func TestHandlerSeesItsClaimEnd(t *testing.T) {
 	}()
 
 	s := <-aSaw
-	if s.err == nil || !errors.Is(s.cause, idem.ErrLeaseLost) {
+	if s.err == nil || !errors.Is(s.cause, idemcore.ErrLeaseLost) {
 		t.Errorf("A's handler, while B's handler had its message: ctx.Err() %v, cause %v; want ended by ErrLeaseLost", s.err, s.cause)
 	}
 	if err := a.Close(); err != nil { // A's delivery has ended

@@ -8,10 +8,9 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
-	"github.com/idemkit/idem/internal/core"
 )
 
 // TestStarvedRenewalCancelsFn: when A's renewal cannot run (every
@@ -32,7 +31,7 @@ func TestStarvedRenewalCancelsFn(t *testing.T) {
 	}
 	t.Cleanup(poolA.Close)
 	oa := idempg.Options{Schema: st.opts.Schema, Lease: 2 * time.Second, PollInterval: 20 * time.Millisecond}
-	a, err := idempg.Open(context.Background(), poolA, &oa, &idem.Options{PruneInterval: -1})
+	a, err := idempg.Open(context.Background(), poolA, &oa, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +74,7 @@ func TestStarvedRenewalCancelsFn(t *testing.T) {
 	if alive {
 		t.Fatal("B's fn ran while A's fn's context was still live: A's starved renewal never ended it")
 	}
-	if !errors.Is(cause, core.ErrLeaseLost) {
+	if !errors.Is(cause, idemcore.ErrLeaseLost) {
 		t.Errorf("A's fn's context ended with cause %v, want ErrLeaseLost", cause)
 	}
 	if aErr == nil {

@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // TestTakeoverKeepsTheLongerWindow: a claim that takes an interrupted
 // execution over stores the longer of the two windows and the mark kept
-// until resolved if either has it (core.ClaimRequest), so that the
+// until resolved if either has it (idemcore.ClaimRequest), so that the
 // evidence of the first unknown outcome lasts as long as it would have,
 // also when the recovering attempt's process dies before it can put the
 // record back; its start is the database's stamp.
@@ -26,20 +26,20 @@ func TestTakeoverKeepsTheLongerWindow(t *testing.T) {
 			key = "kept"
 		}
 		at := time.Now().Add(-time.Minute).Round(time.Microsecond)
-		prev := &core.Record{Key: key, State: core.StateStarted, Fingerprint: 1, Attempt: 1, StartedAt: at, Retention: week, KeptUntilResolved: kept}
-		if err := b.Resolve(ctx, key, func(*core.Record) (*core.Record, error) { return prev, nil }); err != nil {
+		prev := &idemcore.Record{Key: key, State: idemcore.StateStarted, Fingerprint: 1, Attempt: 1, StartedAt: at, Retention: week, KeptUntilResolved: kept}
+		if err := b.Resolve(ctx, key, func(*idemcore.Record) (*idemcore.Record, error) { return prev, nil }); err != nil {
 			t.Fatal(err)
 		}
-		stored, _, err := b.Lookup(ctx, core.Lookup{Key: key})
+		stored, _, err := b.Lookup(ctx, idemcore.Lookup{Key: key})
 		if err != nil || stored == nil {
 			t.Fatalf("lookup: %+v, %v", stored, err)
 		}
-		st := &core.Record{Key: key, State: core.StateStarted, Fingerprint: 1, Attempt: 2, StartedAt: time.Unix(1, 0), Retention: time.Hour}
-		res, err := b.Claim(ctx, core.ClaimRequest{Started: st, Prev: stored})
-		if err != nil || res.Status != core.Claimed {
+		st := &idemcore.Record{Key: key, State: idemcore.StateStarted, Fingerprint: 1, Attempt: 2, StartedAt: time.Unix(1, 0), Retention: time.Hour}
+		res, err := b.Claim(ctx, idemcore.ClaimRequest{Started: st, Prev: stored})
+		if err != nil || res.Status != idemcore.Claimed {
 			t.Fatalf("takeover: %+v, %v", res, err)
 		}
-		r, now, err := b.Lookup(ctx, core.Lookup{Key: key})
+		r, now, err := b.Lookup(ctx, idemcore.Lookup{Key: key})
 		if err != nil || r == nil {
 			t.Fatalf("lookup after the takeover: %+v, %v", r, err)
 		}

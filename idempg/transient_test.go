@@ -9,14 +9,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
 // TestDoTxTransientSQLStates: a DoTx fn that returns the error of one of
 // its statements whose SQLSTATE means "try again" (55P03 from the engine's
 // own lock_timeout, 40001 serialization_failure, 40P01 deadlock_detected)
-// gets an error that is idem.Retryable: nothing is stored, the key stays
+// gets an error that is idemcore.Retryable: nothing is stored, the key stays
 // free, and the next call runs fn again (here: succeeds once the lock is
 // gone). Other SQL errors stay permanent outcomes.
 func TestDoTxTransientSQLStates(t *testing.T) {
@@ -47,10 +47,10 @@ func TestDoTxTransientSQLStates(t *testing.T) {
 	}
 	_, err = e.DoTx(ctx, "debit-1", nil, debit)
 	var pe *pgconn.PgError
-	if !errors.Is(err, idem.ErrRetryable) || !errors.As(err, &pe) || pe.Code != "55P03" {
+	if !errors.Is(err, idemcore.ErrRetryable) || !errors.As(err, &pe) || pe.Code != "55P03" {
 		t.Fatalf("DoTx meeting lock_timeout: %v, want Retryable wrapping SQLSTATE 55P03", err)
 	}
-	if _, gerr := e.Get("debit-1"); !errors.Is(gerr, idem.ErrNotFound) {
+	if _, gerr := e.Get("debit-1"); !errors.Is(gerr, idemcore.ErrNotFound) {
 		t.Fatalf("after a lock_timeout the key holds a record: %v", gerr)
 	}
 	if err := blocker.Rollback(ctx); err != nil {
@@ -68,10 +68,10 @@ func TestDoTxTransientSQLStates(t *testing.T) {
 			_, err := tx.Exec(ctx, "DO $$ BEGIN RAISE EXCEPTION 'try again' USING ERRCODE = '"+code+"'; END $$")
 			return nil, err
 		})
-		if !errors.Is(err, idem.ErrRetryable) {
+		if !errors.Is(err, idemcore.ErrRetryable) {
 			t.Errorf("SQLSTATE %s: %v, want Retryable", code, err)
 		}
-		if _, gerr := e.Get(key); !errors.Is(gerr, idem.ErrNotFound) {
+		if _, gerr := e.Get(key); !errors.Is(gerr, idemcore.ErrNotFound) {
 			t.Errorf("SQLSTATE %s: the key holds a record: %v", code, gerr)
 		}
 	}
@@ -80,8 +80,8 @@ func TestDoTxTransientSQLStates(t *testing.T) {
 		_, err := tx.Exec(ctx, "INSERT INTO "+accounts+" VALUES (1, 0)")
 		return nil, err
 	})
-	var ie *idem.Error
-	if !errors.As(err, &ie) || errors.Is(err, idem.ErrRetryable) {
-		t.Fatalf("unique violation: %v, want a stored *idem.Error", err)
+	var ie *idemcore.Error
+	if !errors.As(err, &ie) || errors.Is(err, idemcore.ErrRetryable) {
+		t.Fatalf("unique violation: %v, want a stored *idemcore.Error", err)
 	}
 }

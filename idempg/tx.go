@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/goid"
 )
 
@@ -42,14 +42,14 @@ const (
 
 // txReq is one RunTx call, queued for or running in a batch.
 type txReq struct {
-	c     *core.Claim
-	fn    func(tx pgx.Tx) (*core.Record, error)
-	token core.Fence // the claim's, once made
+	c     *idemcore.Claim
+	fn    func(tx pgx.Tx) (*idemcore.Record, error)
+	token idemcore.Fence // the claim's, once made
 	err   error
 	done  chan struct{}
 }
 
-// RunTx implements core.Backend for DoTx.
+// RunTx implements idemcore.Backend for DoTx.
 //
 // Concurrent calls share one transaction (at most maxTxBatch each; a lone
 // call runs in its own at once): the transaction sets lock_timeout and
@@ -71,7 +71,7 @@ type txReq struct {
 // fails the COMMIT of every call in its transaction.
 //
 // fn runs once, on a goroutine of its own (so that runtime.Goexit in it is
-// reported as core.ErrGoexit), while the caller waits. It receives the
+// reported as idemcore.ErrGoexit), while the caller waits. It receives the
 // transaction through a wrapper that refuses Commit and Rollback (the
 // transaction is not fn's alone; a nested Begin is a savepoint, as in pgx:
 // the error wraps ErrTxEnded) and that stops sending statements once fn's context ended (a statement
@@ -82,7 +82,7 @@ type txReq struct {
 // connection's transaction status, and an idem.tx marker set with SET LOCAL
 // that the done write requires): its call fails with ErrTxEnded and stores
 // no outcome, and the calls before it in the batch are read back.
-func (b *backend) RunTx(ctx context.Context, c *core.Claim, fn func(tx pgx.Tx) (*core.Record, error)) error {
+func (b *backend) RunTx(ctx context.Context, c *idemcore.Claim, fn func(tx pgx.Tx) (*idemcore.Record, error)) error {
 	r := &txReq{c: c, fn: fn, token: c.Token, done: make(chan struct{})}
 	b.dotx.do(r, r.done)
 	return r.err
@@ -147,7 +147,7 @@ func (b *backend) runBatch(reqs []*txReq) {
 	for _, r := range stored {
 		rerr := err
 		if err != nil && ambiguous(err) {
-			rerr = b.commitOutcome(ctx, xid, &core.Claim{Key: r.c.Key, Token: r.token}, err)
+			rerr = b.commitOutcome(ctx, xid, &idemcore.Claim{Key: r.c.Key, Token: r.token}, err)
 		}
 		answer(r, rerr)
 	}
@@ -159,10 +159,10 @@ func (b *backend) runBatch(reqs []*txReq) {
 func (b *backend) readBackDone(ctx context.Context, r *txReq, cause error) error {
 	var (
 		fence int64
-		state core.State
+		state idemcore.State
 	)
 	err := b.pool.QueryRow(ctx, b.sql(`SELECT fence, state FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(r.c.Key)...).Scan(&fence, &state)
-	if err == nil && core.Fence(fence) == r.token && state == core.StateDone {
+	if err == nil && idemcore.Fence(fence) == r.token && state == idemcore.StateDone {
 		return nil
 	}
 	return fmt.Errorf("a DoTx call sharing the transaction: %w", cause)
@@ -215,9 +215,9 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 		case errors.Is(err, pgx.ErrNoRows), isLockWait(err):
 			// A live record, or a row another transaction holds (lock
 			// timeout, or this one chosen to end a deadlock over keys).
-			err = core.ErrClaimTaken
+			err = idemcore.ErrClaimTaken
 		case err == nil:
-			r.token = core.Fence(fence)
+			r.token = idemcore.Fence(fence)
 		}
 	}
 	if cerr := br.Close(); err == nil {
@@ -247,7 +247,7 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 		if ended := b.txEnded(ctx, tx, true); ended != nil {
 			return ended
 		}
-		err = fmt.Errorf("%w: completing the call", core.ErrFenced)
+		err = fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
 	}
 	if err != nil {
 		return fail(err)
@@ -287,7 +287,7 @@ var errFnEndsTx = fmt.Errorf("%w: tx.Commit and tx.Rollback refuse", ErrTxEnded)
 
 // fnTx is the transaction a DoTx fn receives: the batch's, without Commit
 // and Rollback, and with statements refused once fn's context ended or fn
-// returned (core.ErrTxClosed).
+// returned (idemcore.ErrTxClosed).
 type fnTx struct {
 	pgx.Tx
 	nested bool // a savepoint fn began: its Commit and Rollback are fn's
@@ -308,7 +308,7 @@ func (t *fnTx) use(ctx context.Context) (context.Context, error) {
 	ended := t.ended
 	t.mu.Unlock()
 	if ended {
-		return nil, fmt.Errorf("%w: the DoTx fn returned", core.ErrTxClosed)
+		return nil, fmt.Errorf("%w: the DoTx fn returned", idemcore.ErrTxClosed)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -422,7 +422,7 @@ func (b errBatch) Tx() pgx.Tx                       { return nil }
 // transaction whose COMMIT never came, and LockTimeout more; past it, or if
 // the status cannot be read, the outcome stays unknown and the error says
 // so. It only reads: the outcome is never decided by writing again.
-func (b *backend) commitOutcome(ctx context.Context, xid int64, c *core.Claim, cause error) error {
+func (b *backend) commitOutcome(ctx context.Context, xid int64, c *idemcore.Claim, cause error) error {
 	deadline := time.Now().Add(b.s.IdleInTransactionTimeout + b.s.LockTimeout)
 	for {
 		var status *string
@@ -431,9 +431,9 @@ func (b *backend) commitOutcome(ctx context.Context, xid int64, c *core.Claim, c
 		case err != nil:
 			return fmt.Errorf("the COMMIT's answer was lost (%w), and so was the read back of its outcome: %v", cause, err)
 		case status == nil: // too old to tell: the record says
-			return b.readBack(ctx, c, core.StateDone, cause, nil) // done's times came with its write
+			return b.readBack(ctx, c, idemcore.StateDone, cause, nil) // done's times came with its write
 		case *status == "committed":
-			return b.readBack(ctx, c, core.StateDone, cause, nil) // done's times came with its write
+			return b.readBack(ctx, c, idemcore.StateDone, cause, nil) // done's times came with its write
 		case *status == "aborted":
 			return fmt.Errorf("the transaction rolled back, its COMMIT's answer lost: %w", cause)
 		}
@@ -449,9 +449,9 @@ func (b *backend) commitOutcome(ctx context.Context, xid int64, c *core.Claim, c
 }
 
 // runFn runs fn(tx) on a goroutine of its own and waits: a panic comes back
-// as a *core.PanicError with fn's stack, runtime.Goexit as core.ErrGoexit.
+// as a *idemcore.PanicError with fn's stack, runtime.Goexit as idemcore.ErrGoexit.
 // Meanwhile Holding reports true on that goroutine.
-func (b *backend) runFn(tx pgx.Tx, fn func(tx pgx.Tx) (*core.Record, error)) (done *core.Record, err error) {
+func (b *backend) runFn(tx pgx.Tx, fn func(tx pgx.Tx) (*idemcore.Record, error)) (done *idemcore.Record, err error) {
 	ch := make(chan struct{})
 	go func() {
 		id := goid.ID()
@@ -462,9 +462,9 @@ func (b *backend) runFn(tx pgx.Tx, fn func(tx pgx.Tx) (*core.Record, error)) (do
 			b.inFn.Add(-1)
 			b.fnGoroutines.Delete(id)
 			if v := recover(); v != nil {
-				err = &core.PanicError{Value: v, Stack: debug.Stack()}
+				err = &idemcore.PanicError{Value: v, Stack: debug.Stack()}
 			} else if !returned {
-				err = core.ErrGoexit
+				err = idemcore.ErrGoexit
 			}
 			close(ch)
 		}()

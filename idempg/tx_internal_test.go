@@ -10,7 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
@@ -32,7 +32,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 			if _, err := pool.Exec(ctx, "CREATE TABLE "+o.Schema+".effects (key text PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
 			}
-			e, err := Open(ctx, pool, o, &idem.Options{PruneInterval: -1})
+			e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -118,7 +118,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 					if errs[i] == nil {
 						t.Errorf("%s (%s): no error", key, fail(i))
 					}
-					if effect || !errors.Is(gerr, idem.ErrNotFound) && fail(i) == "swallow" {
+					if effect || !errors.Is(gerr, idemcore.ErrNotFound) && fail(i) == "swallow" {
 						t.Errorf("%s (%s): effect %v, record %+v (%v): want its writes rolled back to its savepoint", key, fail(i), effect, rec, gerr)
 					}
 					for _, other := range shared[txid[key]] {
@@ -129,7 +129,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 					}
 					continue
 				}
-				if errs[i] != nil || !effect || gerr != nil || rec.State != idem.StateDone || string(rec.Response) != "ok "+key {
+				if errs[i] != nil || !effect || gerr != nil || rec.State != idemcore.StateDone || string(rec.Response) != "ok "+key {
 					t.Errorf("%s: %v; effect %v; record %+v (%v): want it committed", key, errs[i], effect, rec, gerr)
 				}
 			}

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -50,7 +50,7 @@ func TestDoTxFnEndingItsTransaction(t *testing.T) {
 				if err != nil {
 					t.Fatalf("DoTx after a refused %s: %v", name, err)
 				}
-				if r, err := e.Get(key); err != nil || r.State != idem.StateDone {
+				if r, err := e.Get(key); err != nil || r.State != idemcore.StateDone {
 					t.Fatalf("record after a refused %s: %+v, %v", name, r, err)
 				}
 				return
@@ -58,7 +58,7 @@ func TestDoTxFnEndingItsTransaction(t *testing.T) {
 			if !errors.Is(err, idempg.ErrTxEnded) {
 				t.Fatalf("DoTx: %v, want ErrTxEnded", err)
 			}
-			if r, err := e.Get(key); err == nil && r.State == idem.StateDone {
+			if r, err := e.Get(key); err == nil && r.State == idemcore.StateDone {
 				t.Fatalf("an outcome was stored for a transaction fn ended: %+v", r)
 			}
 		})

@@ -9,7 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
@@ -57,7 +57,7 @@ func TestOpenRefusesWhatPostgresWouldRefuse(t *testing.T) {
 }
 
 // TestEnqueueRefusesNUL: a topic or ordering key holding NUL is refused
-// with idem.ErrInvalidMessage before it reaches the server (which would
+// with idemcore.ErrInvalidMessage before it reaches the server (which would
 // abort fn's transaction), and fn's transaction stays usable.
 func TestEnqueueRefusesNUL(t *testing.T) {
 	st := newStore(t, pgtest.Env)
@@ -67,7 +67,7 @@ func TestEnqueueRefusesNUL(t *testing.T) {
 		"topic": {"char\x00ge", ""}, "ordering key": {"charge", "order\x001"},
 	} {
 		_, err := e.DoTx(ctx, "k-"+name, nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
-			if err := idempg.EnqueueOrdered(tx, c.topic, c.ordering, nil); !errors.Is(err, idem.ErrInvalidMessage) {
+			if err := idempg.EnqueueOrdered(tx, c.topic, c.ordering, nil); !errors.Is(err, idemcore.ErrInvalidMessage) {
 				t.Errorf("%s with NUL: %v, want ErrInvalidMessage", name, err)
 			}
 			var one int

@@ -1,5 +1,5 @@
 // Package idemprom exposes an idem engine's events as Prometheus metrics: a
-// Collector that is both an idem.Observer (set it as Options.Observer) and a
+// Collector that is both an idemcore.Observer (set it as Options.Observer) and a
 // prometheus.Collector (register it).
 //
 //	c := idemprom.New(nil)
@@ -30,7 +30,7 @@ package idemprom
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Options configure New. A nil *Options means the defaults.
@@ -65,7 +65,7 @@ type opSeries struct {
 }
 
 var (
-	_ idem.Observer        = (*Collector)(nil)
+	_ idemcore.Observer    = (*Collector)(nil)
 	_ prometheus.Collector = (*Collector)(nil)
 )
 
@@ -127,35 +127,35 @@ func (c *Collector) ops(op string) *opSeries {
 	return &c.do
 }
 
-// Observe counts ev: idem.Observer.
-func (c *Collector) Observe(ev idem.Event) {
+// Observe counts ev: idemcore.Observer.
+func (c *Collector) Observe(ev idemcore.Event) {
 	switch ev.Kind {
-	case idem.EventExecution:
+	case idemcore.EventExecution:
 		s := c.ops(ev.Op)
 		if ev.N > 1 {
 			s.recovered.Inc()
 		} else {
 			s.executions.Inc()
 		}
-	case idem.EventReplay:
+	case idemcore.EventReplay:
 		c.ops(ev.Op).replays.Inc()
-	case idem.EventConflict:
+	case idemcore.EventConflict:
 		c.ops(ev.Op).conflicts.Inc()
-	case idem.EventWait:
+	case idemcore.EventWait:
 		c.ops(ev.Op).waits.Inc()
-	case idem.EventInProgress:
+	case idemcore.EventInProgress:
 		c.ops(ev.Op).inProgress.Inc()
-	case idem.EventCommit:
+	case idemcore.EventCommit:
 		c.commitBatch.Observe(float64(ev.N))
 		c.commitSeconds.Observe(ev.Duration.Seconds())
-	case idem.EventPrune:
+	case idemcore.EventPrune:
 		c.pruned.Add(float64(ev.N))
 		c.pruneSeconds.Observe(ev.Duration.Seconds())
-	case idem.EventDelivery:
+	case idemcore.EventDelivery:
 		c.deliveries.WithLabelValues(ev.Topic).Inc()
-	case idem.EventDeliveryFailed:
+	case idemcore.EventDeliveryFailed:
 		c.failures.WithLabelValues(ev.Topic).Inc()
-	case idem.EventDeadLetter:
+	case idemcore.EventDeadLetter:
 		c.dead.WithLabelValues(ev.Topic).Inc()
 	}
 }

@@ -76,9 +76,8 @@ func TestCollectorCountsAnEngine(t *testing.T) {
 	require.NoError(t, reg.Register(c))
 	logs := &syncBuffer{}
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.Open(t, &idem.Options{
-		Bolt: idem.BoltOptions{NoSync: true},
-		Now:  clock.Now, PruneInterval: -1, Observer: c, InFlight: idem.InFlightFail,
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{
+		Now: clock.Now, PruneInterval: -1, Observer: c, InFlight: idem.InFlightFail,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Outbox: idem.OutboxOptions{
 			Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
@@ -224,7 +223,7 @@ func TestCollectorWaits(t *testing.T) {
 	c := idemprom.New(nil)
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
-	e, _ := testkit.Open(t, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Observer: c})
+	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Observer: c})
 	running, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 2)
 	go func() {

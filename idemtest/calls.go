@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 var bg = context.Background()
@@ -32,7 +32,7 @@ func (v via) String() string {
 }
 
 // call calls e.Do or e.DoTx with fn.
-func call[T any](ctx context.Context, e Engine[T], v via, key string, fingerprint []byte, fn fnTx[T]) (idem.Result, error) {
+func call[T any](ctx context.Context, e Engine[T], v via, key string, fingerprint []byte, fn fnTx[T]) (idemcore.Result, error) {
 	if v == viaDoTx {
 		return e.DoTx(ctx, key, fingerprint, fn)
 	}
@@ -44,7 +44,7 @@ func call[T any](ctx context.Context, e Engine[T], v via, key string, fingerprin
 
 // outcome is what one call returned, or the value it panicked with.
 type outcome struct {
-	res      idem.Result
+	res      idemcore.Result
 	err      error
 	panicked any
 }
@@ -115,10 +115,10 @@ func (s *suite[T]) leaderWithWaitersCtx(ctx context.Context, t testing.TB, e Eng
 }
 
 // record returns key's live record, nil if it has none.
-func record[T any](t testing.TB, e Engine[T], key string) *idem.Record {
+func record[T any](t testing.TB, e Engine[T], key string) *idemcore.Record {
 	t.Helper()
 	r, err := e.Get(key)
-	if errors.Is(err, idem.ErrNotFound) {
+	if errors.Is(err, idemcore.ErrNotFound) {
 		return nil
 	}
 	if err != nil {
@@ -128,19 +128,19 @@ func record[T any](t testing.TB, e Engine[T], key string) *idem.Record {
 }
 
 // callFrom reads the Call of fn's context, failing the test if it has none.
-func callFrom(t testing.TB, ctx context.Context) idem.Call {
-	c, ok := idem.CallFrom(ctx)
+func callFrom(t testing.TB, ctx context.Context) idemcore.Call {
+	c, ok := idemcore.CallFrom(ctx)
 	if !ok {
-		t.Error("fn's context carries no idem.Call")
+		t.Error("fn's context carries no idemcore.Call")
 	}
 	return c
 }
 
 // records returns every live record of e, by key.
-func records[T any](t testing.TB, e Engine[T]) map[string]*idem.Record {
+func records[T any](t testing.TB, e Engine[T]) map[string]*idemcore.Record {
 	t.Helper()
-	m := map[string]*idem.Record{}
-	if err := e.Records(func(r *idem.Record, err error) error {
+	m := map[string]*idemcore.Record{}
+	if err := e.Records(func(r *idemcore.Record, err error) error {
 		if err != nil {
 			return err
 		}
@@ -154,7 +154,7 @@ func records[T any](t testing.TB, e Engine[T]) map[string]*idem.Record {
 
 // wantCall checks the Call of fn's context. It may run on any goroutine (a
 // DoTx fn runs on the committer's): it reports with t.Errorf, never FailNow.
-func wantCall(t testing.TB, ctx context.Context, want idem.Call, msg ...any) {
+func wantCall(t testing.TB, ctx context.Context, want idemcore.Call, msg ...any) {
 	t.Helper()
 	if got := callFrom(t, ctx); got != want {
 		t.Errorf("fn's Call = %+v, want %+v %v", got, want, msg)

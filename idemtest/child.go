@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The child protocol: the suite re-executes the test binary with -test.run
@@ -94,11 +94,11 @@ func runChild[T any](t *testing.T, h Harness[T]) {
 	}
 	opts := Options{Now: newClock().Now}
 	if p, err := strconv.Atoi(os.Getenv(envRecovery)); err == nil {
-		opts.Recovery = idem.RecoveryPolicy(p)
+		opts.Recovery = idemcore.RecoveryPolicy(p)
 	}
 	if role == childOutbox {
-		opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond, Handlers: map[string]idem.Handler{
-			"charge": func(ctx context.Context, m idem.Message) error {
+		opts.Outbox = idemcore.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond, Handlers: map[string]idemcore.Handler{
+			"charge": func(ctx context.Context, m idemcore.Message) error {
 				say("in-handler " + m.DownstreamKey)
 				block()
 				return nil
@@ -160,7 +160,7 @@ type child struct {
 }
 
 // startChild starts a child in role on store, with the recovery policy p.
-func (s *suite[T]) startChild(t testing.TB, role, store string, p idem.RecoveryPolicy) *child {
+func (s *suite[T]) startChild(t testing.TB, role, store string, p idemcore.RecoveryPolicy) *child {
 	t.Helper()
 	if !childMainCalled.Load() {
 		t.Fatal("idemtest: call idemtest.ChildMain() first in TestMain: the process cases re-execute the test binary")

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // concurrency holds contract 3: concurrent duplicates run fn once (per-key
@@ -110,21 +110,21 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			t.Run(fmt.Sprint(retryAfter), func(t *testing.T) {
 				both(t, func(t *testing.T, v via) {
 					c := newClock()
-					e, _ := s.fresh(t, Options{InFlight: idem.InFlightFail, RetryAfter: retryAfter, Now: c.Now})
+					e, _ := s.fresh(t, Options{InFlight: idemcore.InFlightFail, RetryAfter: retryAfter, Now: c.Now})
 					release, leader, _ := s.leaderWithWaiters(t, e, v, "k", 0, ok[T]("order-1"), nil)
 					c.Advance(3 * time.Second)
 					_, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
-					require.ErrorIs(t, err, idem.ErrInProgress)
-					var ipe *idem.InProgressError
+					require.ErrorIs(t, err, idemcore.ErrInProgress)
+					var ipe *idemcore.InProgressError
 					require.ErrorAs(t, err, &ipe)
 					require.Equal(t, start, ipe.StartedAt.UTC(), "when the running call took the key")
 					want := retryAfter
 					if want == 0 {
-						want = idem.DefaultRetryAfter
+						want = idemcore.DefaultRetryAfter
 					}
 					require.Equal(t, want, ipe.RetryAfter)
 					_, err = call(bg, e, v, "k", other, mustNotRun[T](t))
-					require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "another request conflicts, not in progress")
+					require.ErrorIs(t, err, idemcore.ErrFingerprintMismatch, "another request conflicts, not in progress")
 					close(release)
 					require.NoError(t, (<-leader).err, "the running call is unaffected")
 					res, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
@@ -138,8 +138,8 @@ func (s *suite[T]) concurrency(t *testing.T) {
 	t.Run("operator calls while a call runs", func(t *testing.T) {
 		e, _ := s.fresh(t, Options{})
 		release, leader, _ := s.leaderWithWaiters(t, e, viaDo, "k", 0, ok[T]("v"), nil)
-		require.ErrorIs(t, e.Forget("k"), idem.ErrInProgress)
-		require.ErrorIs(t, e.Resolve("k", []byte("x"), nil), idem.ErrInProgress)
+		require.ErrorIs(t, e.Forget("k"), idemcore.ErrInProgress)
+		require.ErrorIs(t, e.Resolve("k", []byte("x"), nil), idemcore.ErrInProgress)
 		close(release)
 		l := <-leader
 		require.NoError(t, l.err)
@@ -161,7 +161,7 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			e, _ := s.fresh(t, Options{})
 			res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
 				_, err := e.Do(ctx, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-				if !errors.Is(err, idem.ErrReentrant) {
+				if !errors.Is(err, idemcore.ErrReentrant) {
 					return nil, fmt.Errorf("inner call: %v, want ErrReentrant", err)
 				}
 				return []byte("ok"), nil
@@ -177,7 +177,7 @@ func (s *suite[T]) concurrency(t *testing.T) {
 				return []byte("ok"), nil
 			})
 			require.NoError(t, err)
-			require.ErrorIs(t, inner, idem.ErrReentrant)
+			require.ErrorIs(t, inner, idemcore.ErrReentrant)
 			require.NotContains(t, inner.Error(), "DoTx", "Do calling itself is not a call from inside DoTx")
 		})
 		t.Run("with its own key and a fresh ctx", func(t *testing.T) {
@@ -187,7 +187,7 @@ func (s *suite[T]) concurrency(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				_, err := e.Do(ctx, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-				if !errors.Is(err, idem.ErrReentrant) {
+				if !errors.Is(err, idemcore.ErrReentrant) {
 					return nil, fmt.Errorf("inner call: %v, want ErrReentrant", err)
 				}
 				return []byte("ok"), nil

@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
 )
 
@@ -69,7 +69,7 @@ type matrixRun struct {
 	Point, Action string
 	Seed          uint64
 	Dir           string // holds the ledgers
-	Policy        idem.RecoveryPolicy
+	Policy        idemcore.RecoveryPolicy
 	Workers       int // pairs of workers walk the same keys at once
 	DoKeys        int
 	TxKeys        int
@@ -139,12 +139,12 @@ func (s *suite[T]) matrixOptions(r matrixRun, now func() time.Time) Options {
 		Retention: matrixRetention,
 		Recovery:  r.Policy,
 		Now:       now,
-		Outbox: idem.OutboxOptions{
+		Outbox: idemcore.OutboxOptions{
 			Dispatch:     true,
 			PollInterval: time.Millisecond,
 			BaseBackoff:  100 * time.Millisecond,
 			MaxBackoff:   time.Second,
-			Handlers: map[string]idem.Handler{matrixTopic: func(ctx context.Context, m idem.Message) error {
+			Handlers: map[string]idemcore.Handler{matrixTopic: func(ctx context.Context, m idemcore.Message) error {
 				return appendLine(r.deliveryLedger(), string(m.Payload)+" "+m.DownstreamKey)
 			}},
 		},
@@ -155,7 +155,7 @@ func (s *suite[T]) matrixOptions(r matrixRun, now func() time.Time) Options {
 // do-in-fn, then a payment or a decline.
 func (s *suite[T]) doFn(r matrixRun, key string) func(context.Context) ([]byte, error) {
 	return func(ctx context.Context) ([]byte, error) {
-		call, _ := idem.CallFrom(ctx)
+		call, _ := idemcore.CallFrom(ctx)
 		if err := appendLine(r.doLedger(), fmt.Sprintf("%s %d %t", key, call.Attempt, call.Recovered)); err != nil {
 			return nil, err
 		}
@@ -163,7 +163,7 @@ func (s *suite[T]) doFn(r matrixRun, key string) func(context.Context) ([]byte, 
 			return nil, err
 		}
 		if matrixDeclined(key) {
-			return nil, idem.WithCode(errDeclined, "card_declined")
+			return nil, idemcore.WithCode(errDeclined, "card_declined")
 		}
 		return []byte(fmt.Sprintf("paid %s on attempt %d", key, call.Attempt)), nil
 	}
@@ -184,7 +184,7 @@ func (s *suite[T]) txFn(key string) func(context.Context, T) ([]byte, error) {
 			return nil, err
 		}
 		if matrixDeclined(key) {
-			return nil, idem.WithCode(errDeclined, "card_declined")
+			return nil, idemcore.WithCode(errDeclined, "card_declined")
 		}
 		return []byte("booked " + key), nil
 	}
@@ -208,9 +208,9 @@ type report struct {
 // answerOf makes the report of a call's end: an answer if it returned nil or
 // an *idem.Error (fn's outcome, stored), else the error, and the response
 // the failed call returned beside it (there must be none).
-func answerOf(key string, res idem.Result, err error) report {
+func answerOf(key string, res idemcore.Result, err error) report {
 	r := report{Ev: "call", Key: key}
-	var ie *idem.Error
+	var ie *idemcore.Error
 	switch {
 	case err == nil:
 		r.Ans = true
@@ -388,7 +388,7 @@ func (s *suite[T]) matrix(t *testing.T) {
 						}
 						r := matrixRun{Point: point, Action: action, Dir: t.TempDir(),
 							Seed:    uint64(1000*i + 10*j + run),
-							Policy:  []idem.RecoveryPolicy{idem.RecoverReexecute, idem.RecoverRefuse}[(i+j+run)%2],
+							Policy:  []idemcore.RecoveryPolicy{idemcore.RecoverReexecute, idemcore.RecoverRefuse}[(i+j+run)%2],
 							Workers: 4, DoKeys: 16, TxKeys: 16, Warm: 6}
 						if runs > 1 {
 							r.Workers, r.DoKeys, r.TxKeys, r.Warm = 8, 48, 48, 6+run%24
@@ -507,7 +507,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 			defer wg.Done()
 			for i := w; i < len(keys); i += 4 {
 				key := keys[i]
-				var res idem.Result
+				var res idemcore.Result
 				var err error
 				if strings.HasPrefix(key, "do-") {
 					res, err = e.Do(bg, key, fp, s.doFn(r, key))
@@ -573,7 +573,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 // child got, the parent's retries, the Do ledger, the DoTx effect rows, the
 // deliveries and what is left in the outbox.
 type evidence struct {
-	Policy         idem.RecoveryPolicy
+	Policy         idemcore.RecoveryPolicy
 	DoKeys, TxKeys []string
 	Before         map[string][]report // the child's answers, by key
 	Failed         []report            // the child's calls that got no answer
@@ -619,7 +619,7 @@ func (ev evidence) check(st *cellStats) []string {
 		case !ok:
 			badf("%s: not retried after the fault", key)
 			continue
-		case !f.Ans && !(ev.Policy == idem.RecoverRefuse && strings.HasPrefix(key, "do-") && strings.Contains(f.Err, idem.ErrIncomplete.Error())):
+		case !f.Ans && !(ev.Policy == idemcore.RecoverRefuse && strings.HasPrefix(key, "do-") && strings.Contains(f.Err, idemcore.ErrIncomplete.Error())):
 			badf("%s: the retry after the fault failed: %s", key, f.Err)
 		}
 		if f.Ans && !f.Rep {
@@ -652,9 +652,9 @@ func (ev evidence) check(st *cellStats) []string {
 		ex, f := execs[key], ev.Final[key]
 		for i, x := range ex {
 			switch {
-			case i == 0 && x[1] == 1 && ev.Policy == idem.RecoverRefuse:
+			case i == 0 && x[1] == 1 && ev.Policy == idemcore.RecoverRefuse:
 				badf("%s: executed with Recovered under RecoverRefuse: %v", key, ex)
-			case i > 0 && ev.Policy == idem.RecoverRefuse:
+			case i > 0 && ev.Policy == idemcore.RecoverRefuse:
 				badf("%s: executed %d times under RecoverRefuse: %v", key, len(ex), ex)
 			case i > 0 && x[1] == 0:
 				badf("%s: executed again without Recovered: %v", key, ex)
@@ -696,7 +696,7 @@ func (ev evidence) check(st *cellStats) []string {
 	delivered := map[string]int{}
 	for _, l := range ev.Deliveries {
 		payload, dk, _ := strings.Cut(l, " ")
-		if dk != idem.DownstreamKey(payload, 0) {
+		if dk != idemcore.DownstreamKey(payload, 0) {
 			badf("the message of %s was delivered with the downstream key %q", payload, dk)
 		}
 		delivered[payload]++

@@ -118,7 +118,7 @@ func TestMatrixCheckRejectsBrokenPromises(t *testing.T) {
 }
 
 // TestScanPointsFindsEveryMarkedPoint: the scan finds the points of
-// internal/core by name and refuses a point whose name is not a literal, and
+// idemcore by name and refuses a point whose name is not a literal, and
 // one marked with fault.Point (the error action could not run there).
 func TestScanPointsFindsEveryMarkedPoint(t *testing.T) {
 	dirs, err := suiteDirs()
@@ -135,7 +135,7 @@ func TestScanPointsFindsEveryMarkedPoint(t *testing.T) {
 	}
 	for _, want := range []string{"do-before-started", "do-after-started", "do-after-fn", "do-after-done", "do-wait", "dotx-before-commit", "dotx-after-commit"} {
 		if !slices.Contains(names, want) {
-			t.Errorf("the scan of internal/core misses %s: %v", want, names)
+			t.Errorf("the scan of idemcore misses %s: %v", want, names)
 		}
 	}
 	dir := t.TempDir()

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // dotx holds what DoTx promises beyond the outcome rows: fn's writes and the
@@ -21,7 +21,7 @@ func (s *suite[T]) dotx(t *testing.T) {
 		runs := 0
 		fn := func(ctx context.Context, tx T) ([]byte, error) {
 			runs++
-			wantCall(t, ctx, idem.Call{Key: "create-1", Attempt: 1})
+			wantCall(t, ctx, idemcore.Call{Key: "create-1", Attempt: 1})
 			if err := s.h.PutEffect(tx, "order-1", "A1"); err != nil {
 				return nil, err
 			}
@@ -39,7 +39,7 @@ func (s *suite[T]) dotx(t *testing.T) {
 
 		e = s.reopen(t, e, store, Options{})
 		require.Equal(t, map[string]string{"order-1": "A1", "stock-A1": "9"}, s.effects(t, e), "both writes, once, after a restart")
-		require.Equal(t, idem.StateDone, record(t, e, "create-1").State)
+		require.Equal(t, idemcore.StateDone, record(t, e, "create-1").State)
 		res, err := e.DoTx(bg, "create-1", fp, func(context.Context, T) ([]byte, error) { return nil, errMustNotRun })
 		require.NoError(t, err)
 		require.True(t, res.Replayed)
@@ -60,7 +60,7 @@ func (s *suite[T]) dotx(t *testing.T) {
 		})
 		require.NoError(t, err)
 		for i, err := range inner {
-			require.ErrorIs(t, err, idem.ErrReentrant, "inner call %d", i)
+			require.ErrorIs(t, err, idemcore.ErrReentrant, "inner call %d", i)
 		}
 		require.Nil(t, record(t, e, "other"), "the refused calls stored nothing")
 	})
@@ -86,7 +86,7 @@ func (s *suite[T]) dotx(t *testing.T) {
 						return nil, err
 					}
 					if i%10 == 0 {
-						return nil, idem.WithCode(errors.New("refused"), "refused")
+						return nil, idemcore.WithCode(errors.New("refused"), "refused")
 					}
 					return []byte(key), nil
 				})
@@ -98,9 +98,9 @@ func (s *suite[T]) dotx(t *testing.T) {
 			key := fmt.Sprintf("k%03d", i)
 			r := record(t, e, key)
 			require.NotNil(t, r, key)
-			require.Equal(t, idem.StateDone, r.State, key)
+			require.Equal(t, idemcore.StateDone, r.State, key)
 			if i%10 == 0 {
-				var ie *idem.Error
+				var ie *idemcore.Error
 				require.ErrorAs(t, err, &ie, key)
 				require.Equal(t, "refused", ie.Code, key)
 				require.Equal(t, "refused", r.Err.Code, key)

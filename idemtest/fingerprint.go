@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // other is a fingerprint that differs from fp: another request.
@@ -21,7 +21,7 @@ func (s *suite[T]) fingerprint(t *testing.T) {
 	mismatch := func(t *testing.T, e Engine[T], v via, key, why string) {
 		t.Helper()
 		_, err := call(bg, e, v, key, other, mustNotRun[T](t))
-		require.ErrorIs(t, err, idem.ErrFingerprintMismatch, why)
+		require.ErrorIs(t, err, idemcore.ErrFingerprintMismatch, why)
 	}
 
 	t.Run("done record: fast path, and cold after a restart", func(t *testing.T) {
@@ -30,7 +30,7 @@ func (s *suite[T]) fingerprint(t *testing.T) {
 			_, err := call(bg, e, v, "k", fp, ok[T]("order-1"))
 			require.NoError(t, err)
 			_, err = call(bg, e, v, "e", fp, func(context.Context, T) ([]byte, error) {
-				return nil, idem.WithCode(errors.New("declined"), "card_declined")
+				return nil, idemcore.WithCode(errors.New("declined"), "card_declined")
 			})
 			require.Error(t, err)
 			for range 2 {
@@ -62,7 +62,7 @@ func (s *suite[T]) fingerprint(t *testing.T) {
 	})
 
 	t.Run("started record of an interrupted execution", func(t *testing.T) {
-		for _, p := range []idem.RecoveryPolicy{idem.RecoverReexecute, idem.RecoverRefuse} {
+		for _, p := range []idemcore.RecoveryPolicy{idemcore.RecoverReexecute, idemcore.RecoverRefuse} {
 			t.Run(policyName(p), func(t *testing.T) {
 				both(t, func(t *testing.T, v via) {
 					e, store := s.fresh(t, Options{Recovery: p})
@@ -71,7 +71,7 @@ func (s *suite[T]) fingerprint(t *testing.T) {
 					e = s.reopen(t, e, store, Options{Recovery: p})
 					mismatch(t, e, v, "k", "an interrupted execution after a restart")
 					r := record(t, e, "k")
-					require.Equal(t, idem.StateStarted, r.State, "untouched: not recovered by the conflicting call")
+					require.Equal(t, idemcore.StateStarted, r.State, "untouched: not recovered by the conflicting call")
 					require.Equal(t, 1, r.Attempt)
 				})
 			})
@@ -98,11 +98,11 @@ func (s *suite[T]) interrupt(t testing.TB, e Engine[T], key string) {
 	require.Equal(t, "interrupted", o.panicked)
 	r := record(t, e, key)
 	require.NotNil(t, r)
-	require.Equal(t, idem.StateStarted, r.State)
+	require.Equal(t, idemcore.StateStarted, r.State)
 }
 
-func policyName(p idem.RecoveryPolicy) string {
-	if p == idem.RecoverRefuse {
+func policyName(p idemcore.RecoveryPolicy) string {
+	if p == idemcore.RecoverRefuse {
 		return "refuse"
 	}
 	return "re-execute"

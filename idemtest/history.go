@@ -16,7 +16,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -92,7 +92,7 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 						return nil, ctx.Err()
 					}
 					if free {
-						return nil, idem.Retryable(errFree)
+						return nil, idemcore.Retryable(errFree)
 					}
 					ranResp.Store(own)
 					return []byte(own), nil
@@ -132,7 +132,7 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 	for key := range keys {
 		r := record(t, e, key)
 		switch {
-		case r != nil && r.State == idem.StateDone:
+		case r != nil && r.State == idemcore.StateDone:
 			require.Equal(t, []string{string(r.Response)}, perKey[key], "%s: done with %q: its effect, once", key, r.Response)
 		default:
 			require.Empty(t, perKey[key], "%s: not done (%+v), yet effects committed", key, r)
@@ -161,7 +161,7 @@ func (s *suite[T]) outboxHistory(t *testing.T) {
 		payloads = map[string][]string{} // per execution (its own response): what it enqueued
 		keys     = map[string]bool{}
 	)
-	handler := rec.Handler(func(idem.Message) error {
+	handler := rec.Handler(func(idemcore.Message) error {
 		flakyMu.Lock()
 		defer flakyMu.Unlock()
 		if flaky.IntN(4) == 0 {
@@ -169,8 +169,8 @@ func (s *suite[T]) outboxHistory(t *testing.T) {
 		}
 		return nil
 	})
-	opts := outboxOptions(c, map[string]idem.Handler{"step": handler},
-		idem.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Second, MaxAttempts: -1})
+	opts := outboxOptions(c, map[string]idemcore.Handler{"step": handler},
+		idemcore.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Second, MaxAttempts: -1})
 	e, store := s.fresh(t, opts)
 
 	var seq atomic.Int64
@@ -204,7 +204,7 @@ func (s *suite[T]) outboxHistory(t *testing.T) {
 							return nil, err
 						}
 						if rollback {
-							return nil, idem.Retryable(errors.New("rolled back"))
+							return nil, idemcore.Retryable(errors.New("rolled back"))
 						}
 						return []byte(own), nil
 					})
@@ -228,7 +228,7 @@ func (s *suite[T]) outboxHistory(t *testing.T) {
 	total := 0
 	for key := range keys {
 		r := record(t, e, key)
-		if r == nil || r.State != idem.StateDone {
+		if r == nil || r.State != idemcore.StateDone {
 			continue
 		}
 		ps, ok := payloads[string(r.Response)]

@@ -44,7 +44,7 @@
 //	             (OwnedAcrossProcesses): Forget, Resolve, RetryDead and
 //	             DropDead through one engine are what the others' next calls
 //	             see, never an answer from an engine's memory
-//	crash matrix every failpoint in the code (internal/core, this package,
+//	crash matrix every failpoint in the code (idemcore, this package,
 //	             the backend's module) × SIGKILL, panic and error, in a child
 //	             running concurrent Do, DoTx, outbox and prune traffic; the
 //	             parent reopens, retries every call and checks the promises
@@ -68,8 +68,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/internal/fault"
 )
 
 // Options are the contract's settings the suite opens engines with: each field
@@ -79,9 +79,9 @@ type Options struct {
 	// Retention is the retention window; zero means idem.DefaultRetention.
 	Retention time.Duration
 	// Recovery is the policy for interrupted executions.
-	Recovery idem.RecoveryPolicy
+	Recovery idemcore.RecoveryPolicy
 	// InFlight is the policy for concurrent duplicates.
-	InFlight idem.InFlightPolicy
+	InFlight idemcore.InFlightPolicy
 	// RetryAfter is the wait an *idem.InProgressError suggests; zero means
 	// idem.DefaultRetryAfter.
 	RetryAfter time.Duration
@@ -98,7 +98,7 @@ type Options struct {
 	Now func() time.Time
 	// Outbox configures the dispatcher. The suite sets Dispatch, Handlers,
 	// BaseBackoff, MaxBackoff, MaxAttempts and PollInterval as it needs.
-	Outbox idem.OutboxOptions
+	Outbox idemcore.OutboxOptions
 	// Logger receives the engine's own events; nil discards them. The suite
 	// sets it to check that keys and responses are never logged.
 	Logger *slog.Logger
@@ -107,42 +107,54 @@ type Options struct {
 // Engine returns o as the engine's settings, every field of o in the
 // idem.Options field of its name, with the background pruner disabled (the
 // suite prunes when it means to, with Engine.Prune): one conversion for every
-// harness, which adds its backend's settings (Options.Bolt on bbolt).
-func (o Options) Engine() *idem.Options {
-	return &idem.Options{
+// harness, which adds its backend's settings (idem.BoltOptions on bbolt).
+func (o Options) Engine() *idemcore.Options {
+	return &idemcore.Options{
 		Retention: o.Retention, Recovery: o.Recovery, InFlight: o.InFlight, RetryAfter: o.RetryAfter,
 		MaxResponseSize: o.MaxResponseSize, Now: o.Now, Outbox: o.Outbox, Logger: o.Logger,
 		PruneInterval: -1,
 	}
 }
 
-// Engine is what the suite calls on an engine under test: the adapters'
-// interface (idem.TxDoer with T the backend's transaction) plus the operator
-// and outbox calls, with the meaning and errors of idem.Engine's methods of the
-// same names. *idem.Engine satisfies Engine[*idem.Tx].
+// Engine is an engine under test: the methods every backend's engine offers,
+// with the meaning and errors of idemcore.Engine's methods of the same names
+// (the adapters' interface, idemcore.TxDoer with T the backend's
+// transaction, plus the operator, outbox and lifecycle calls).
+// *idemcore.Engine[T] satisfies it, so a backend written outside this module
+// runs the suite on idemcore.New over its Backend; so do the engines that
+// wrap it, *idem.Engine (Engine[*idem.Tx]) and *idempg.Engine
+// (Engine[pgx.Tx]).
 type Engine[T any] interface {
-	idem.TxDoer[T]
+	idemcore.TxDoer[T]
 	// Get returns key's live record, or an error wrapping idem.ErrNotFound.
-	Get(key string) (*idem.Record, error)
+	Get(key string) (*idemcore.Record, error)
 	// Forget deletes key's record in any state.
 	Forget(key string) error
 	// Resolve completes key's interrupted execution by hand.
-	Resolve(key string, response []byte, outcome *idem.Error) error
+	Resolve(key string, response []byte, outcome *idemcore.Error) error
 	// Records walks every live record.
-	Records(fn func(r *idem.Record, err error) error) error
+	Records(fn func(r *idemcore.Record, err error) error) error
 	// Prune reclaims the space of expired records now.
 	Prune(ctx context.Context) (int, error)
 	// Messages walks the outbox: pending messages, then dead letters.
-	Messages(fn func(m *idem.Message, err error) error) error
+	Messages(fn func(m *idemcore.Message, err error) error) error
 	// RetryDead puts a dead letter back in the outbox.
 	RetryDead(seq uint64) error
 	// DropDead deletes a dead letter.
 	DropDead(seq uint64) error
+	// Handle registers an outbox handler for a topic.
+	Handle(topic string, h idemcore.Handler)
+	// Dispatch runs the dispatcher until ctx ends or the engine closes.
+	Dispatch(ctx context.Context) error
+	// Stats returns the engine's counters.
+	Stats() idemcore.Stats
+	// Shutdown closes the engine, waiting for running calls until ctx ends.
+	Shutdown(ctx context.Context) error
 	// Close closes the engine; it is idempotent.
 	Close() error
 }
 
-var _ Engine[*idem.Tx] = (*idem.Engine)(nil)
+var _ Engine[struct{}] = (*idemcore.Engine[struct{}])(nil)
 
 // Hook points a Harness's Hook must support: the engine's state machine runs
 // the hook set for a point each time it reaches it.
@@ -154,6 +166,15 @@ const (
 	// before fn runs.
 	PointAfterStarted = "do-after-started"
 )
+
+// CoreHook is Harness.Hook for an engine built on idemcore: it arms the
+// failpoint of that name, which idemcore's state machine marks, to run fn.
+// Failpoints exist only in a build with the idemfail tag (go test -tags
+// idemfail), which the suite's hooks and crash matrix need; without it
+// CoreHook panics, so a test that needs a hook cannot pass without one.
+func CoreHook(point string, fn func()) (unset func()) {
+	return fault.Set(point, func() error { fn(); return nil })
+}
 
 // Harness is how the suite reaches a backend: it opens engines on a store
 // and gives the suite what only the backend can do. Every func field is
@@ -183,9 +204,9 @@ type Harness[T any] struct {
 
 	// Hook makes the engine run fn at point (PointWait, PointAfterStarted)
 	// in this process until unset is called. The suite sets at most one hook
-	// per point and never runs subtests in parallel. The state machine of
-	// this module marks both points with internal/fault, so a backend built
-	// on it passes fault.Set.
+	// per point and never runs subtests in parallel. idemcore's state machine
+	// marks both points as failpoints, so a backend built on it passes
+	// CoreHook.
 	Hook func(point string, fn func()) (unset func())
 
 	// OwnedAcrossProcesses says whether engines in several processes share
@@ -207,7 +228,7 @@ type Harness[T any] struct {
 	// change one backend operation, to exercise the engine's side of it.
 	// The suite closes every engine it opens. If nil, the ownership cases
 	// are skipped with a message.
-	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(core.Backend[T]) core.Backend[T]) (Engine[T], error)
+	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(idemcore.Backend[T]) idemcore.Backend[T]) (Engine[T], error)
 
 	// Check, if set, checks the store's consistency after the suite closed
 	// its engines (bbolt's Tx.Check).

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // keys holds the key rules (DESIGN.md, contract 1): a bad key is refused
@@ -19,16 +19,16 @@ func (s *suite[T]) keys(t *testing.T) {
 		t.Helper()
 		for _, v := range []via{viaDo, viaDoTx} {
 			_, err := call(bg, e, v, key, fp, mustNotRun[T](t))
-			require.ErrorIs(t, err, idem.ErrInvalidKey, "%s(%q)", v, key)
+			require.ErrorIs(t, err, idemcore.ErrInvalidKey, "%s(%q)", v, key)
 		}
 	}
 	refused := func(t *testing.T, e Engine[T], key string) {
 		t.Helper()
 		refusedByCalls(t, e, key)
 		_, err := e.Get(key)
-		require.ErrorIs(t, err, idem.ErrInvalidKey, "Get(%q)", key)
-		require.ErrorIs(t, e.Forget(key), idem.ErrInvalidKey, "Forget(%q)", key)
-		require.ErrorIs(t, e.Resolve(key, nil, nil), idem.ErrInvalidKey, "Resolve(%q)", key)
+		require.ErrorIs(t, err, idemcore.ErrInvalidKey, "Get(%q)", key)
+		require.ErrorIs(t, e.Forget(key), idemcore.ErrInvalidKey, "Forget(%q)", key)
+		require.ErrorIs(t, e.Resolve(key, nil, nil), idemcore.ErrInvalidKey, "Resolve(%q)", key)
 	}
 	storesNothing := func(t *testing.T, e Engine[T]) {
 		t.Helper()
@@ -38,7 +38,7 @@ func (s *suite[T]) keys(t *testing.T) {
 
 	t.Run("valid keys", func(t *testing.T) {
 		e, _ := s.fresh(t, Options{})
-		for _, key := range []string{"a", strings.Repeat("k", idem.MaxKeyLen), "commande-été-42", "order 42", "sha256:ab/0"} {
+		for _, key := range []string{"a", strings.Repeat("k", idemcore.MaxKeyLen), "commande-été-42", "order 42", "sha256:ab/0"} {
 			for _, v := range []via{viaDo, viaDoTx} {
 				k := key
 				if v == viaDoTx {
@@ -54,7 +54,7 @@ func (s *suite[T]) keys(t *testing.T) {
 
 	t.Run("empty, too long or not UTF-8", func(t *testing.T) {
 		e, _ := s.fresh(t, Options{})
-		for _, key := range []string{"", strings.Repeat("k", idem.MaxKeyLen+1), "k\xff", "\xc3"} {
+		for _, key := range []string{"", strings.Repeat("k", idemcore.MaxKeyLen+1), "k\xff", "\xc3"} {
 			refused(t, e, key)
 		}
 		storesNothing(t, e)
@@ -68,9 +68,9 @@ func (s *suite[T]) keys(t *testing.T) {
 		for _, key := range []string{"   ", "\t\n", "\x00", "\ufeff", " k", "k ", " k ", "k\n", "a\x7fb", "a\u200bb", "a\u202eb"} {
 			refusedByCalls(t, e, key)
 			_, err := e.Get(key)
-			require.ErrorIs(t, err, idem.ErrNotFound, "Get(%q)", key)
-			require.ErrorIs(t, e.Forget(key), idem.ErrNotFound, "Forget(%q)", key)
-			require.ErrorIs(t, e.Resolve(key, nil, nil), idem.ErrNotFound, "Resolve(%q)", key)
+			require.ErrorIs(t, err, idemcore.ErrNotFound, "Get(%q)", key)
+			require.ErrorIs(t, e.Forget(key), idemcore.ErrNotFound, "Forget(%q)", key)
+			require.ErrorIs(t, e.Resolve(key, nil, nil), idemcore.ErrNotFound, "Resolve(%q)", key)
 		}
 		storesNothing(t, e)
 	})
@@ -78,7 +78,7 @@ func (s *suite[T]) keys(t *testing.T) {
 	t.Run("a bad key stores nothing and the call can be retried", func(t *testing.T) {
 		e, _ := s.fresh(t, Options{})
 		_, err := e.Do(bg, "", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-		require.ErrorIs(t, err, idem.ErrInvalidKey)
+		require.ErrorIs(t, err, idemcore.ErrInvalidKey)
 		res, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return []byte("v"), nil })
 		require.NoError(t, err)
 		require.False(t, res.Replayed)

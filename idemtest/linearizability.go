@@ -13,7 +13,7 @@ import (
 	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The sequential specification of one idempotency key: absent, claimed by a
@@ -111,16 +111,16 @@ func (s *suite[T]) linearizable(t *testing.T, v via) {
 					}
 					defer func() { fnEnd = clock.Add(1) }()
 					if own == "" {
-						return nil, idem.Retryable(errFree)
+						return nil, idemcore.Retryable(errFree)
 					}
 					return []byte(own), nil
 				})
 				ret := clock.Add(1)
 				out := doOutput{kind: "ok", resp: string(res.Response)}
 				switch {
-				case errors.Is(err, idem.ErrFingerprintMismatch):
+				case errors.Is(err, idemcore.ErrFingerprintMismatch):
 					out = doOutput{kind: "mismatch"}
-				case errors.Is(err, idem.ErrRetryable):
+				case errors.Is(err, idemcore.ErrRetryable):
 					out = doOutput{kind: "retryable"}
 				case err != nil:
 					t.Errorf("unexpected error: %v", err)

@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // logBuffer is a slog handler's output, safe for the engine's goroutines.
@@ -40,7 +40,7 @@ func (s *suite[T]) logs(t *testing.T) {
 	var out logBuffer
 	c := newClock()
 	var failed sync.Once
-	handler := func(ctx context.Context, m idem.Message) error {
+	handler := func(ctx context.Context, m idemcore.Message) error {
 		var err error
 		failed.Do(func() { err = errors.New("gateway down") })
 		if err != nil {
@@ -48,8 +48,8 @@ func (s *suite[T]) logs(t *testing.T) {
 		}
 		panic("handler panics: " + payload)
 	}
-	opts := outboxOptions(c, map[string]idem.Handler{"charge": handler},
-		idem.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Second, MaxAttempts: 3})
+	opts := outboxOptions(c, map[string]idemcore.Handler{"charge": handler},
+		idemcore.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Second, MaxAttempts: 3})
 	opts.Retention = time.Hour
 	opts.Logger = slog.New(slog.NewJSONHandler(&out, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e, _ := s.fresh(t, opts)

@@ -12,7 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -38,10 +38,10 @@ func eventually(t testing.TB, what string, tick func(), cond func() bool) {
 }
 
 // messages returns the outbox's messages, pending then dead.
-func messages[T any](t testing.TB, e Engine[T]) []*idem.Message {
+func messages[T any](t testing.TB, e Engine[T]) []*idemcore.Message {
 	t.Helper()
-	var out []*idem.Message
-	if err := e.Messages(func(m *idem.Message, err error) error {
+	var out []*idemcore.Message
+	if err := e.Messages(func(m *idemcore.Message, err error) error {
 		if err != nil {
 			return err
 		}
@@ -54,7 +54,7 @@ func messages[T any](t testing.TB, e Engine[T]) []*idem.Message {
 }
 
 // outboxOptions runs the dispatcher with handlers, polling every millisecond.
-func outboxOptions(c *clock, handlers map[string]idem.Handler, o idem.OutboxOptions) Options {
+func outboxOptions(c *clock, handlers map[string]idemcore.Handler, o idemcore.OutboxOptions) Options {
 	o.Dispatch, o.Handlers, o.PollInterval = true, handlers, time.Millisecond
 	return Options{Now: c.Now, Outbox: o}
 }
@@ -82,7 +82,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 	t.Run("enqueued in DoTx, delivered with downstream keys", func(t *testing.T) {
 		c := newClock()
 		var rec testkit.Recorder
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil), "email": rec.Handler(nil)}, idem.OutboxOptions{}))
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil), "email": rec.Handler(nil)}, idemcore.OutboxOptions{}))
 		_, err := e.DoTx(bg, "order-1", fp, func(ctx context.Context, tx T) ([]byte, error) {
 			for _, m := range []struct {
 				topic   string
@@ -101,7 +101,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		for i, m := range got {
 			require.Equal(t, "order-1", m.Key)
 			require.Equal(t, i, m.Index, "one ordering key: enqueue order")
-			require.Equal(t, idem.DownstreamKey("order-1", i), m.DownstreamKey)
+			require.Equal(t, idemcore.DownstreamKey("order-1", i), m.DownstreamKey)
 			require.Equal(t, "order-1", m.OrderingKey)
 			require.Equal(t, 1, m.Attempt)
 			require.Equal(t, start, m.EnqueuedAt.UTC())
@@ -125,8 +125,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 		e, _ := s.fresh(t, Options{Now: c.Now})
 		for key, end := range map[string]func() ([]byte, error){
 			"permanent": func() ([]byte, error) { return nil, errors.New("declined") },
-			"retryable": func() ([]byte, error) { return nil, idem.Retryable(errors.New("busy")) },
-			"too large": func() ([]byte, error) { return make([]byte, idem.DefaultMaxResponseSize+1), nil },
+			"retryable": func() ([]byte, error) { return nil, idemcore.Retryable(errors.New("busy")) },
+			"too large": func() ([]byte, error) { return make([]byte, idemcore.DefaultMaxResponseSize+1), nil },
 			"panic":     func() ([]byte, error) { panic("boom") },
 		} {
 			o := callRecovering(bg, e, viaDoTx, key, fp, func(ctx context.Context, tx T) ([]byte, error) {
@@ -143,14 +143,14 @@ func (s *suite[T]) outbox(t *testing.T) {
 	t.Run("a failed attempt is retried after a backoff, with the same downstream key", func(t *testing.T) {
 		c := newClock()
 		var rec testkit.Recorder
-		h := rec.Handler(func(m idem.Message) error {
+		h := rec.Handler(func(m idemcore.Message) error {
 			if m.Attempt <= 2 {
 				return fmt.Errorf("gateway timeout %d", m.Attempt)
 			}
 			return nil
 		})
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h},
-			idem.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 10}))
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h},
+			idemcore.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 10}))
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		eventually(t, "the first failure recorded", nil, func() bool {
 			ms := messages(t, e)
@@ -167,7 +167,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.Len(t, got, 3)
 		for i, m := range got {
 			require.Equal(t, i+1, m.Attempt)
-			require.Equal(t, idem.DownstreamKey("order-1", 0), m.DownstreamKey, "every attempt passes the same key on")
+			require.Equal(t, idemcore.DownstreamKey("order-1", 0), m.DownstreamKey, "every attempt passes the same key on")
 		}
 		eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 0 })
 	})
@@ -176,18 +176,18 @@ func (s *suite[T]) outbox(t *testing.T) {
 		c := newClock()
 		var rec testkit.Recorder
 		var healthy atomic.Bool
-		h := rec.Handler(func(m idem.Message) error {
+		h := rec.Handler(func(m idemcore.Message) error {
 			if healthy.Load() {
 				return nil
 			}
 			return errors.New("gateway down")
 		})
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h},
-			idem.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Second, MaxAttempts: 2}))
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h},
+			idemcore.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Second, MaxAttempts: 2}))
 		s.enqueue(t, e, "order-1", "charge", []byte("a"))
 		s.enqueue(t, e, "order-2", "charge", []byte("b"))
-		dead := func() []*idem.Message {
-			var out []*idem.Message
+		dead := func() []*idemcore.Message {
+			var out []*idemcore.Message
 			for _, m := range messages(t, e) {
 				if m.Dead {
 					out = append(out, m)
@@ -200,7 +200,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		ds := dead()
 		require.Equal(t, "gateway down", ds[0].LastError)
 		require.False(t, ds[0].DeadAt.IsZero())
-		require.ErrorIs(t, e.RetryDead(ds[0].Seq+ds[1].Seq+100), idem.ErrMessageNotFound)
+		require.ErrorIs(t, e.RetryDead(ds[0].Seq+ds[1].Seq+100), idemcore.ErrMessageNotFound)
 
 		healthy.Store(true)
 		require.NoError(t, e.DropDead(ds[1].Seq))
@@ -209,8 +209,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, e)) == 0 })
 		d := rec.Delivered()[0]
 		require.Equal(t, []byte("a"), d.Payload)
-		require.Equal(t, idem.DownstreamKey("order-1", 0), d.DownstreamKey)
-		require.ErrorIs(t, e.DropDead(ds[1].Seq), idem.ErrMessageNotFound, "dropped already")
+		require.Equal(t, idemcore.DownstreamKey("order-1", 0), d.DownstreamKey)
+		require.ErrorIs(t, e.DropDead(ds[1].Seq), idemcore.ErrMessageNotFound, "dropped already")
 	})
 
 	t.Run("a topic with NUL is refused, nothing enqueued", func(t *testing.T) {
@@ -219,7 +219,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		_, err := e.DoTx(bg, "nul-topic", fp, func(ctx context.Context, tx T) ([]byte, error) {
 			return nil, s.h.Enqueue(tx, "char\x00ge", nil)
 		})
-		require.ErrorIs(t, err, idem.ErrInvalidMessage)
+		require.ErrorIs(t, err, idemcore.ErrInvalidMessage)
 		require.Empty(t, messages(t, e))
 	})
 
@@ -227,8 +227,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 		c := newClock()
 		long := "x" + strings.Repeat("é", 2500) // 5001 bytes: byte 4096 is inside a rune
 		errs := map[string]string{"nul": "bad \x00 byte", "invalid": "bad \xff\xfe bytes", "long": long}
-		h := func(ctx context.Context, m idem.Message) error { return errors.New(errs[string(m.Payload)]) }
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h}, idem.OutboxOptions{MaxAttempts: 1}))
+		h := func(ctx context.Context, m idemcore.Message) error { return errors.New(errs[string(m.Payload)]) }
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h}, idemcore.OutboxOptions{MaxAttempts: 1}))
 		s.enqueue(t, e, "order-1", "charge", []byte("nul"), []byte("invalid"), []byte("long"))
 		dead := func() map[string]string {
 			out := map[string]string{}
@@ -249,13 +249,13 @@ func (s *suite[T]) outbox(t *testing.T) {
 	t.Run("a dead letter does not hold back its ordering key", func(t *testing.T) {
 		c := newClock()
 		var rec testkit.Recorder
-		h := rec.Handler(func(m idem.Message) error {
+		h := rec.Handler(func(m idemcore.Message) error {
 			if string(m.Payload) == "poison" {
 				return errors.New("rejected")
 			}
 			return nil
 		})
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h}, idem.OutboxOptions{MaxAttempts: 1}))
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h}, idemcore.OutboxOptions{MaxAttempts: 1}))
 		s.enqueue(t, e, "order-1", "charge", []byte("poison"), []byte("next"))
 		eventually(t, "the next message's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
 		require.Equal(t, []byte("next"), rec.Delivered()[0].Payload)
@@ -268,7 +268,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 	t.Run("enqueue order per ordering key", func(t *testing.T) {
 		c := newClock()
 		var rec testkit.Recorder
-		e, _ := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"step": rec.Handler(nil)}, idem.OutboxOptions{}))
+		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"step": rec.Handler(nil)}, idemcore.OutboxOptions{}))
 		var payloads [][]byte
 		for i := range 8 {
 			payloads = append(payloads, fmt.Appendf(nil, "%d", i))
@@ -288,34 +288,34 @@ func (s *suite[T]) outbox(t *testing.T) {
 		c := newClock()
 		entered := make(chan struct{})
 		var once sync.Once
-		blocking := func(ctx context.Context, m idem.Message) error {
+		blocking := func(ctx context.Context, m idemcore.Message) error {
 			once.Do(func() { close(entered) })
 			<-ctx.Done()
 			return ctx.Err()
 		}
-		e, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": blocking}, idem.OutboxOptions{}))
+		e, store := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": blocking}, idemcore.OutboxOptions{}))
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		<-entered
 		require.NoError(t, e.Close(), "Close returns once the handler it cancelled returned")
 		var rec testkit.Recorder
-		e = s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil)}, idem.OutboxOptions{}))
+		e = s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
 		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
 		require.Equal(t, 1, m.Attempt, "the cancelled attempt is not counted")
-		require.Equal(t, idem.DownstreamKey("order-1", 0), m.DownstreamKey)
+		require.Equal(t, idemcore.DownstreamKey("order-1", 0), m.DownstreamKey)
 	})
 
 	t.Run("nothing is lost on restart", func(t *testing.T) {
 		c := newClock()
 		// First without a handler for the topic: the message waits.
-		e, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{}, idem.OutboxOptions{}))
+		e, store := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{}, idemcore.OutboxOptions{}))
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
 		require.Len(t, messages(t, e), 1)
 		var rec testkit.Recorder
-		e = s.reopen(t, e, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil)}, idem.OutboxOptions{}))
+		e = s.reopen(t, e, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
 		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
-		require.Equal(t, idem.DownstreamKey("order-1", 0), m.DownstreamKey)
+		require.Equal(t, idemcore.DownstreamKey("order-1", 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)
 		require.Equal(t, map[string]string{"order-1": "enqueued"}, s.effects(t, e), "the effect committed with its message")
 	})

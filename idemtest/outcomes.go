@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // errDeclined is a user's sentinel that fn's permanent error wraps.
@@ -64,7 +64,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 				require.True(t, w.res.Replayed, "fn did not run in a waiter's call")
 			}
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateDone, r.State)
+			require.Equal(t, idemcore.StateDone, r.State)
 			require.Equal(t, "order-1", string(r.Response))
 			require.Nil(t, r.Err)
 			s.wantEffects(t, e, v, map[string]string{"order-1": "A1"}, "the effect committed with the record")
@@ -78,11 +78,11 @@ func (s *suite[T]) outcomes(t *testing.T) {
 				if err := s.effect(v, tx, "order-1", "A1"); err != nil {
 					return nil, err
 				}
-				return nil, idem.WithCode(fmt.Errorf("charge: %w", errDeclined), "card_declined")
+				return nil, idemcore.WithCode(fmt.Errorf("charge: %w", errDeclined), "card_declined")
 			}, nil)
 			close(release)
 			l := <-leader
-			var ie *idem.Error
+			var ie *idemcore.Error
 			require.ErrorAs(t, l.err, &ie)
 			require.Equal(t, "card_declined", ie.Code)
 			require.Equal(t, "charge: card declined", ie.Message)
@@ -91,21 +91,21 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			require.Equal(t, 1, l.res.Attempt, "Result comes beside the error")
 			for range 2 {
 				w := <-waiters
-				var we *idem.Error
+				var we *idemcore.Error
 				require.ErrorAs(t, w.err, &we)
 				require.Equal(t, ie.Code, we.Code)
 				require.Equal(t, ie.Message, we.Message)
 				require.True(t, w.res.Replayed)
 			}
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateDone, r.State)
+			require.Equal(t, idemcore.StateDone, r.State)
 			require.Equal(t, "card_declined", r.Err.Code)
 			require.Equal(t, "charge: card declined", r.Err.Message)
 			s.wantEffects(t, e, v, map[string]string{}, "fn's writes roll back with its error")
 
 			replayed := func(e Engine[T], when string) {
 				res, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
-				var re *idem.Error
+				var re *idemcore.Error
 				require.ErrorAs(t, err, &re, when)
 				require.Equal(t, "card_declined", re.Code, when)
 				require.Equal(t, "charge: card declined", re.Message, when)
@@ -129,11 +129,11 @@ func (s *suite[T]) outcomes(t *testing.T) {
 				runs := 0
 				fn := func(context.Context, T) ([]byte, error) {
 					runs++
-					return nil, idem.WithCode(errors.New(c.msg), c.code)
+					return nil, idemcore.WithCode(errors.New(c.msg), c.code)
 				}
 				for range 2 {
 					_, err := call(bg, e, v, key, fp, fn)
-					var ie *idem.Error
+					var ie *idemcore.Error
 					require.ErrorAs(t, err, &ie, key)
 					require.True(t, ie.Code == c.code && ie.Message == c.msg, "%s: got %q %q", key, ie.Code, ie.Message)
 				}
@@ -142,7 +142,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			e = s.reopen(t, e, store, Options{})
 			for key, c := range cases {
 				_, err := call(bg, e, v, key, fp, mustNotRun[T](t))
-				var ie *idem.Error
+				var ie *idemcore.Error
 				require.ErrorAs(t, err, &ie, key)
 				require.True(t, ie.Replayed && ie.Code == c.code && ie.Message == c.msg, "%s after a restart: got %q %q", key, ie.Code, ie.Message)
 			}
@@ -176,17 +176,17 @@ func (s *suite[T]) outcomes(t *testing.T) {
 				if err := s.effect(v, tx, "order-1", "A1"); err != nil {
 					return nil, err
 				}
-				return nil, idem.Retryable(errBusy)
+				return nil, idemcore.Retryable(errBusy)
 			}, nil)
 			close(release)
 			for _, o := range []outcome{<-leader, <-waiters, <-waiters} {
-				require.ErrorIs(t, o.err, idem.ErrRetryable)
+				require.ErrorIs(t, o.err, idemcore.ErrRetryable)
 				require.ErrorIs(t, o.err, errBusy, "waiters get the same err")
 			}
 			require.Nil(t, record(t, e, "k"), "the key is free")
 			s.wantEffects(t, e, v, map[string]string{}, "nothing of fn's committed")
 			res, err := call(bg, e, v, "k", []byte("another request"), func(ctx context.Context, _ T) ([]byte, error) {
-				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1})
+				wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 1})
 				return []byte("second"), nil
 			})
 			require.NoError(t, err, "the key is new: any fingerprint")
@@ -202,21 +202,21 @@ func (s *suite[T]) outcomes(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
 			e, _ := s.fresh(t, Options{})
 			release, leader, waiters := s.leaderWithWaiters(t, e, v, "retryable", 2, func(context.Context, T) ([]byte, error) {
-				return []byte("never stored"), idem.Retryable(errors.New("gateway busy"))
+				return []byte("never stored"), idemcore.Retryable(errors.New("gateway busy"))
 			}, nil)
 			close(release)
 			for i, o := range []outcome{<-leader, <-waiters, <-waiters} {
-				require.ErrorIs(t, o.err, idem.ErrRetryable)
+				require.ErrorIs(t, o.err, idemcore.ErrRetryable)
 				assert.Nil(t, o.res.Response, "Retryable, call %d (0: the caller, then its waiters)", i)
 			}
 
 			s.interrupt(t, e, "recovering")
 			res, err := call(bg, e, v, "recovering", fp, func(context.Context, T) ([]byte, error) {
-				return []byte("never stored"), idem.Retryable(errors.New("gateway busy"))
+				return []byte("never stored"), idemcore.Retryable(errors.New("gateway busy"))
 			})
-			require.ErrorIs(t, err, idem.ErrRetryable)
+			require.ErrorIs(t, err, idemcore.ErrRetryable)
 			assert.Nil(t, res.Response, "Retryable while recovering an interrupted execution")
-			require.Equal(t, idem.StateStarted, record(t, e, "recovering").State)
+			require.Equal(t, idemcore.StateStarted, record(t, e, "recovering").State)
 
 			ctx, cancel := context.WithCancel(bg)
 			res, err = call(ctx, e, v, "interrupted", fp, func(ctx context.Context, _ T) ([]byte, error) {
@@ -253,10 +253,10 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			l := <-leader
 			require.ErrorIs(t, l.err, context.Canceled, "the caller gets fn's error")
 			for range 2 {
-				require.ErrorIs(t, (<-waiters).err, idem.ErrIncomplete)
+				require.ErrorIs(t, (<-waiters).err, idemcore.ErrIncomplete)
 			}
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateStarted, r.State, "unknown outcome: stays started")
+			require.Equal(t, idemcore.StateStarted, r.State, "unknown outcome: stays started")
 			require.Equal(t, 1, r.Attempt)
 		})
 		t.Run("caller's ctx/DoTx", func(t *testing.T) {
@@ -305,9 +305,9 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			require.ErrorIs(t, (<-leader).err, context.Canceled)
 			e = s.open(t, store, Options{})
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateStarted, r.State, "an interrupted execution")
+			require.Equal(t, idemcore.StateStarted, r.State, "an interrupted execution")
 			res, err := call(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
-				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+				wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 2, Recovered: true})
 				return []byte("ok"), nil
 			})
 			require.NoError(t, err)
@@ -323,11 +323,11 @@ func (s *suite[T]) outcomes(t *testing.T) {
 				down, cancel := context.WithTimeout(ctx, 0)
 				defer cancel()
 				<-down.Done()
-				return nil, idem.WithCode(fmt.Errorf("gateway: %w", down.Err()), "downstream_timeout")
+				return nil, idemcore.WithCode(fmt.Errorf("gateway: %w", down.Err()), "downstream_timeout")
 			}, nil)
 			close(release)
 			l := <-leader
-			var ie *idem.Error
+			var ie *idemcore.Error
 			require.ErrorAs(t, l.err, &ie, "an outcome, as any permanent error")
 			require.Equal(t, "downstream_timeout", ie.Code)
 			require.ErrorIs(t, l.err, context.DeadlineExceeded)
@@ -337,7 +337,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			e = s.reopen(t, e, store, Options{})
 			r := record(t, e, "k")
 			require.NotNil(t, r)
-			require.Equal(t, idem.StateDone, r.State)
+			require.Equal(t, idemcore.StateDone, r.State)
 			require.Equal(t, "downstream_timeout", r.Err.Code)
 		})
 	})
@@ -351,12 +351,12 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			close(release)
 			require.Equal(t, "boom", (<-leader).panicked, "the caller gets the panic value")
 			for range 2 {
-				require.ErrorIs(t, (<-waiters).err, idem.ErrIncomplete)
+				require.ErrorIs(t, (<-waiters).err, idemcore.ErrIncomplete)
 			}
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateStarted, r.State, "stays started, as after a crash")
+			require.Equal(t, idemcore.StateStarted, r.State, "stays started, as after a crash")
 			res, err := call(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
-				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+				wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 2, Recovered: true})
 				return []byte("ok"), nil
 			})
 			require.NoError(t, err, "the key is not wedged")
@@ -388,7 +388,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			requirePanicValue(t, "boom", (<-leader).panicked)
 			for range 2 {
 				w := <-waiters
-				require.NotErrorIs(t, w.err, idem.ErrIncomplete)
+				require.NotErrorIs(t, w.err, idemcore.ErrIncomplete)
 			}
 		})
 	})
@@ -404,25 +404,25 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			}, nil)
 			close(release)
 			for _, o := range []outcome{<-leader, <-waiters} {
-				require.ErrorIs(t, o.err, idem.ErrResponseTooLarge)
+				require.ErrorIs(t, o.err, idemcore.ErrResponseTooLarge)
 				require.Nil(t, o.res.Response, "never truncated")
 			}
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateDone, r.State, "fails closed: done with the error")
+			require.Equal(t, idemcore.StateDone, r.State, "fails closed: done with the error")
 			require.Nil(t, r.Response)
-			require.ErrorIs(t, r.Err, idem.ErrResponseTooLarge)
+			require.ErrorIs(t, r.Err, idemcore.ErrResponseTooLarge)
 			s.wantEffects(t, e, v, map[string]string{}, "fn's writes roll back")
 
 			e = s.reopen(t, e, store, opts)
 			res, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
-			require.ErrorIs(t, err, idem.ErrResponseTooLarge, "replayed, also after a restart: never re-run")
+			require.ErrorIs(t, err, idemcore.ErrResponseTooLarge, "replayed, also after a restart: never re-run")
 			require.True(t, res.Replayed)
 
 			// The limit covers the stored error's text too; at the limit is fine.
 			_, err = call(bg, e, v, "k2", fp, func(context.Context, T) ([]byte, error) {
 				return []byte("1234"), errors.New("0123456789")
 			})
-			require.ErrorIs(t, err, idem.ErrResponseTooLarge)
+			require.ErrorIs(t, err, idemcore.ErrResponseTooLarge)
 			res, err = call(bg, e, v, "k3", fp, ok[T]("12345678"))
 			require.NoError(t, err)
 			require.Equal(t, "12345678", string(res.Response))
@@ -478,7 +478,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			})
 			require.NoError(t, err, "recording finishes regardless of ctx")
 			require.Equal(t, "done anyway", string(res.Response))
-			require.Equal(t, idem.StateDone, record(t, e, "k").State)
+			require.Equal(t, idemcore.StateDone, record(t, e, "k").State)
 			s.wantEffects(t, e, v, map[string]string{"order-1": "A1"}, "")
 		})
 	})
@@ -502,7 +502,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 			w := <-waiters
 			require.NoError(t, w.err, "the other waiter is unaffected")
 			require.Equal(t, "v", string(w.res.Response))
-			require.Equal(t, idem.StateDone, record(t, e, "k").State)
+			require.Equal(t, idemcore.StateDone, record(t, e, "k").State)
 		})
 	})
 }
@@ -511,7 +511,7 @@ func (s *suite[T]) outcomes(t *testing.T) {
 // it, or a *idem.PanicError carrying it, as DoTx does.
 func requirePanicValue(t testing.TB, want, got any) {
 	t.Helper()
-	if pe, ok := got.(*idem.PanicError); ok {
+	if pe, ok := got.(*idemcore.PanicError); ok {
 		got = pe.Value
 	}
 	require.Equal(t, want, got, "the caller gets fn's panic value")

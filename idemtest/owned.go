@@ -8,8 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/core"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // OwnedElsewhere is the suite's test backend for the ownership rule: it
@@ -22,25 +21,25 @@ import (
 // started row another process's transaction holds, not yet committed and
 // so invisible to Lookup. Everything else is b's. The engine must then wait for the record to change or refuse
 // with an *idem.InProgressError, never recover it.
-func OwnedElsewhere[T any](b core.Backend[T], owned func(key string) bool) core.Backend[T] {
+func OwnedElsewhere[T any](b idemcore.Backend[T], owned func(key string) bool) idemcore.Backend[T] {
 	return &ownedBackend[T]{Backend: b, owned: owned}
 }
 
 type ownedBackend[T any] struct {
-	core.Backend[T]
+	idemcore.Backend[T]
 	owned func(key string) bool
 }
 
-func (b *ownedBackend[T]) Owner(ctx context.Context, rec *core.Record) (core.Ownership, error) {
+func (b *ownedBackend[T]) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Ownership, error) {
 	if b.owned(rec.Key) {
-		return core.Ownership{Owned: true, Owner: "another process (idemtest)"}, nil
+		return idemcore.Ownership{Owned: true, Owner: "another process (idemtest)"}, nil
 	}
 	return b.Backend.Owner(ctx, rec)
 }
 
-func (b *ownedBackend[T]) Claim(ctx context.Context, req core.ClaimRequest) (core.ClaimResult, error) {
+func (b *ownedBackend[T]) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
 	if b.owned(req.Started.Key) {
-		return core.ClaimResult{Status: core.ClaimOwned, Ownership: core.Ownership{Owned: true}}, nil
+		return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true}}, nil
 	}
 	return b.Backend.Claim(ctx, req)
 }
@@ -68,7 +67,7 @@ func (s *suite[T]) owned(t *testing.T) {
 		if opts.Now == nil {
 			opts.Now = newClock().Now
 		}
-		e, err := s.h.OpenWrapped(t, store, opts, func(b core.Backend[T]) core.Backend[T] {
+		e, err := s.h.OpenWrapped(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
 			return OwnedElsewhere(b, func(key string) bool { return key == "k" && elsewhere.Load() })
 		})
 		require.NoError(t, err)
@@ -83,24 +82,24 @@ func (s *suite[T]) owned(t *testing.T) {
 		t.Helper()
 		r := record(t, e, "k")
 		require.NotNil(t, r)
-		require.Equal(t, idem.StateStarted, r.State, "the owner's record is untouched")
+		require.Equal(t, idemcore.StateStarted, r.State, "the owner's record is untouched")
 		require.Equal(t, 1, r.Attempt)
 	}
 
-	for _, policy := range []idem.RecoveryPolicy{idem.RecoverReexecute, idem.RecoverRefuse} {
+	for _, policy := range []idemcore.RecoveryPolicy{idemcore.RecoverReexecute, idemcore.RecoverRefuse} {
 		t.Run("InFlightFail, "+policyName(policy)+": InProgressError, never recovered", func(t *testing.T) {
 			both(t, func(t *testing.T, v via) {
-				e, _ := setup(t, Options{InFlight: idem.InFlightFail, Recovery: policy})
+				e, _ := setup(t, Options{InFlight: idemcore.InFlightFail, Recovery: policy})
 				for range 2 {
 					_, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
-					var ip *idem.InProgressError
+					var ip *idemcore.InProgressError
 					require.ErrorAs(t, err, &ip)
-					require.ErrorIs(t, err, idem.ErrInProgress)
-					require.NotErrorIs(t, err, idem.ErrIncomplete, "owned is not interrupted")
+					require.ErrorIs(t, err, idemcore.ErrInProgress)
+					require.NotErrorIs(t, err, idemcore.ErrIncomplete, "owned is not interrupted")
 				}
 				untouched(t, e)
 				_, err := call(bg, e, v, "k", other, mustNotRun[T](t))
-				require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "another fingerprint conflicts, owned or not")
+				require.ErrorIs(t, err, idemcore.ErrFingerprintMismatch, "another fingerprint conflicts, owned or not")
 			})
 		})
 	}
@@ -136,7 +135,7 @@ func (s *suite[T]) owned(t *testing.T) {
 			defer unset()
 			var ranWhileOwned atomic.Bool
 			res, err := call(bg, e, v, "k", fp, func(ctx context.Context, tx T) ([]byte, error) {
-				wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+				wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 2, Recovered: true})
 				ranWhileOwned.Store(elsewhere.Load())
 				return []byte("reconciled"), nil
 			})
@@ -145,7 +144,7 @@ func (s *suite[T]) owned(t *testing.T) {
 			require.Equal(t, 2, res.Attempt)
 			require.GreaterOrEqual(t, waits.Load(), int32(3), "it waited for the owner")
 			r := record(t, e, "k")
-			require.Equal(t, idem.StateDone, r.State)
+			require.Equal(t, idemcore.StateDone, r.State)
 			require.Equal(t, 2, r.Attempt)
 		})
 	})
@@ -162,7 +161,7 @@ func (s *suite[T]) owned(t *testing.T) {
 		if opts.Now == nil {
 			opts.Now = newClock().Now
 		}
-		e, err := s.h.OpenWrapped(t, store, opts, func(b core.Backend[T]) core.Backend[T] {
+		e, err := s.h.OpenWrapped(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
 			return OwnedElsewhere(b, func(key string) bool { return key == "free" && elsewhere.Load() })
 		})
 		require.NoError(t, err)
@@ -174,12 +173,12 @@ func (s *suite[T]) owned(t *testing.T) {
 		return e, elsewhere
 	}
 	t.Run("InFlightFail: a claim owned with no record to take over is an InProgressError", func(t *testing.T) {
-		e, _ := fresh(t, Options{InFlight: idem.InFlightFail})
+		e, _ := fresh(t, Options{InFlight: idemcore.InFlightFail})
 		_, err := e.Do(bg, "free", fp, func(context.Context) ([]byte, error) {
 			t.Error("fn ran while the key was owned elsewhere")
 			return nil, nil
 		})
-		var ip *idem.InProgressError
+		var ip *idemcore.InProgressError
 		require.ErrorAs(t, err, &ip)
 		require.True(t, ip.StartedAt.IsZero(), "no record was seen: its start is unknown, not made up")
 		require.Nil(t, record(t, e, "free"), "nothing stored")
@@ -194,7 +193,7 @@ func (s *suite[T]) owned(t *testing.T) {
 		})
 		defer unset()
 		res, err := e.Do(bg, "free", fp, func(ctx context.Context) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: "free", Attempt: 1})
+			wantCall(t, ctx, idemcore.Call{Key: "free", Attempt: 1})
 			return []byte("first"), nil
 		})
 		require.NoError(t, err)
@@ -240,7 +239,7 @@ func (s *suite[T]) owned(t *testing.T) {
 		require.Zero(t, ranWhileOwned.Load(), "never recovered while owned")
 		require.Equal(t, int32(1), runs.Load(), "recovered once, for every duplicate")
 		r := record(t, e, "k")
-		require.Equal(t, idem.StateDone, r.State)
+		require.Equal(t, idemcore.StateDone, r.State)
 		require.Equal(t, 2, r.Attempt)
 	})
 }

@@ -17,7 +17,7 @@ import (
 
 // The crash matrix is generated from the failpoints in the code: every call
 // fault.Err("name") in the Go files (tests and
-// testdata excepted) of the state machine (internal/core), of this suite, and
+// testdata excepted) of the state machine (idemcore), of this suite, and
 // of the module the backend's test runs in. A point's name must be a string
 // literal, so that the scan sees it, and a point must be able to fail
 // (fault.Err, not fault.Point), since the matrix runs the error action there.
@@ -30,7 +30,7 @@ type pointSite struct {
 }
 
 // suiteDirs are the directories whose failpoints every backend reaches: the
-// state machine's (internal/core) and this package's, found beside this
+// state machine's (idemcore) and this package's, found beside this
 // file's source.
 func suiteDirs() ([]string, error) {
 	_, file, _, ok := runtime.Caller(0)
@@ -38,7 +38,7 @@ func suiteDirs() ([]string, error) {
 		return nil, errors.New("idemtest: cannot find the suite's source")
 	}
 	here := filepath.Dir(file)
-	return []string{filepath.Join(filepath.Dir(here), "internal", "core"), here}, nil
+	return []string{filepath.Join(filepath.Dir(here), "idemcore"), here}, nil
 }
 
 // moduleDir is the root of the module that holds dir (the directory of its

@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -18,7 +18,7 @@ import (
 func (s *suite[T]) process(t *testing.T) {
 	// killed runs a child in role on a new store, kills it once it reports
 	// line, and returns the store, its claims lapsed if the backend has any.
-	killed := func(t *testing.T, role, line string, p idem.RecoveryPolicy) string {
+	killed := func(t *testing.T, role, line string, p idemcore.RecoveryPolicy) string {
 		store := s.h.New(t)
 		if s.h.Check != nil {
 			t.Cleanup(func() { s.h.Check(t, store) })
@@ -33,14 +33,14 @@ func (s *suite[T]) process(t *testing.T) {
 	}
 
 	t.Run("process killed in Do's fn: re-executed with Recovered", func(t *testing.T) {
-		store := killed(t, childDo, "in-fn", idem.RecoverReexecute)
+		store := killed(t, childDo, "in-fn", idemcore.RecoverReexecute)
 		e := s.open(t, store, Options{})
 		r := record(t, e, crashKey)
 		require.NotNil(t, r, "the started record committed before fn ran")
-		require.Equal(t, idem.StateStarted, r.State)
+		require.Equal(t, idemcore.StateStarted, r.State)
 		require.Equal(t, 1, r.Attempt)
 		res, err := e.Do(bg, crashKey, fp, func(ctx context.Context) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: crashKey, Attempt: 2, Recovered: true})
+			wantCall(t, ctx, idemcore.Call{Key: crashKey, Attempt: 2, Recovered: true})
 			return []byte("reconciled"), nil
 		})
 		require.NoError(t, err)
@@ -52,10 +52,10 @@ func (s *suite[T]) process(t *testing.T) {
 	})
 
 	t.Run("process killed in Do's fn under refuse: ErrIncomplete until resolved", func(t *testing.T) {
-		store := killed(t, childDo, "in-fn", idem.RecoverRefuse)
-		e := s.open(t, store, Options{Recovery: idem.RecoverRefuse})
+		store := killed(t, childDo, "in-fn", idemcore.RecoverRefuse)
+		e := s.open(t, store, Options{Recovery: idemcore.RecoverRefuse})
 		_, err := e.Do(bg, crashKey, fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-		require.ErrorIs(t, err, idem.ErrIncomplete)
+		require.ErrorIs(t, err, idemcore.ErrIncomplete)
 		require.Contains(t, err.Error(), "attempt 1")
 		require.NoError(t, e.Resolve(crashKey, []byte("checked by hand"), nil))
 		res, err := e.Do(bg, crashKey, fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
@@ -65,13 +65,13 @@ func (s *suite[T]) process(t *testing.T) {
 	})
 
 	t.Run("process killed in DoTx's fn: nothing committed", func(t *testing.T) {
-		store := killed(t, childDoTx, "in-fn", idem.RecoverReexecute)
+		store := killed(t, childDoTx, "in-fn", idemcore.RecoverReexecute)
 		e := s.open(t, store, Options{})
 		require.Nil(t, record(t, e, crashKey), "no started record in DoTx, no done record")
 		require.Empty(t, s.effects(t, e), "fn's writes died with its transaction")
 		require.Empty(t, messages(t, e), "its message too")
 		res, err := e.DoTx(bg, crashKey, fp, func(ctx context.Context, tx T) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: crashKey, Attempt: 1})
+			wantCall(t, ctx, idemcore.Call{Key: crashKey, Attempt: 1})
 			return []byte("ok"), s.h.PutEffect(tx, crashKey, "y")
 		})
 		require.NoError(t, err)
@@ -80,13 +80,13 @@ func (s *suite[T]) process(t *testing.T) {
 	})
 
 	t.Run("process killed in a handler: delivered again with the same downstream key", func(t *testing.T) {
-		store := killed(t, childOutbox, "in-handler "+idem.DownstreamKey(crashKey, 0), idem.RecoverReexecute)
+		store := killed(t, childOutbox, "in-handler "+idemcore.DownstreamKey(crashKey, 0), idemcore.RecoverReexecute)
 		var rec testkit.Recorder
 		c := newClock()
-		e := s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": rec.Handler(nil)}, idem.OutboxOptions{}))
+		e := s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
 		eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
-		require.Equal(t, idem.DownstreamKey(crashKey, 0), m.DownstreamKey)
+		require.Equal(t, idemcore.DownstreamKey(crashKey, 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)
 		require.Equal(t, 1, m.Attempt, "an attempt cut short by a crash is not counted")
 		res, err := e.DoTx(bg, crashKey, fp, func(context.Context, T) ([]byte, error) { return nil, errMustNotRun })
@@ -97,7 +97,7 @@ func (s *suite[T]) process(t *testing.T) {
 
 	t.Run("a store held by a live process", func(t *testing.T) {
 		store := s.h.New(t)
-		c := s.startChild(t, childDo, store, idem.RecoverReexecute)
+		c := s.startChild(t, childDo, store, idemcore.RecoverReexecute)
 		c.await("in-fn")
 		if !s.h.OwnedAcrossProcesses {
 			// One process holds the store: a second Open fails, it does not
@@ -112,9 +112,9 @@ func (s *suite[T]) process(t *testing.T) {
 		}
 		// Shared stores: the live owner's started record is never recovered;
 		// a duplicate fails fast under InFlightFail, or waits.
-		e := s.open(t, store, Options{InFlight: idem.InFlightFail})
+		e := s.open(t, store, Options{InFlight: idemcore.InFlightFail})
 		_, err := e.Do(bg, crashKey, fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-		require.ErrorIs(t, err, idem.ErrInProgress)
+		require.ErrorIs(t, err, idemcore.ErrInProgress)
 		w := s.open(t, store, Options{})
 		ctx, cancel := context.WithTimeout(bg, time.Second)
 		defer cancel()

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // restart holds what survives a restart (contract 4 and 8): replays are
@@ -23,20 +23,20 @@ func (s *suite[T]) restart(t *testing.T) {
 		for name, o := range map[string]Options{
 			"negative Retention":             {Retention: -time.Hour},
 			"negative RetryAfter":            {RetryAfter: -time.Second},
-			"unknown InFlight":               {InFlight: idem.InFlightFail + 1},
-			"unknown Recovery":               {Recovery: idem.RecoverRefuse + 1},
-			"negative Workers":               {Outbox: idem.OutboxOptions{Workers: -1}},
-			"negative BaseBackoff":           {Outbox: idem.OutboxOptions{BaseBackoff: -time.Second}},
-			"negative MaxBackoff":            {Outbox: idem.OutboxOptions{MaxBackoff: -time.Second}},
-			"negative dead-letter retention": {Outbox: idem.OutboxOptions{DeadLetterRetention: -time.Hour}},
-			"negative PollInterval":          {Outbox: idem.OutboxOptions{PollInterval: -time.Second}},
+			"unknown InFlight":               {InFlight: idemcore.InFlightFail + 1},
+			"unknown Recovery":               {Recovery: idemcore.RecoverRefuse + 1},
+			"negative Workers":               {Outbox: idemcore.OutboxOptions{Workers: -1}},
+			"negative BaseBackoff":           {Outbox: idemcore.OutboxOptions{BaseBackoff: -time.Second}},
+			"negative MaxBackoff":            {Outbox: idemcore.OutboxOptions{MaxBackoff: -time.Second}},
+			"negative dead-letter retention": {Outbox: idemcore.OutboxOptions{DeadLetterRetention: -time.Hour}},
+			"negative PollInterval":          {Outbox: idemcore.OutboxOptions{PollInterval: -time.Second}},
 		} {
 			o.Now = newClock().Now
 			bad, err := s.h.Open(t, store, o)
 			if err == nil {
 				_ = bad.Close()
 			}
-			require.ErrorIs(t, err, idem.ErrOptions, "%s: a clear error, never a silent default", name)
+			require.ErrorIs(t, err, idemcore.ErrOptions, "%s: a clear error, never a silent default", name)
 		}
 		e = s.open(t, store, Options{})
 		res, err := call(bg, e, viaDo, "k", fp, mustNotRun[T](t))
@@ -93,13 +93,13 @@ func (s *suite[T]) restart(t *testing.T) {
 		opts := Options{Now: c.Now}
 		e, store := s.fresh(t, opts)
 		type answer struct {
-			res idem.Result
+			res idemcore.Result
 			err error
 		}
 		first := map[string]answer{}
 		for key, fn := range map[string]func(context.Context) ([]byte, error){
 			"resp":      func(context.Context) ([]byte, error) { return []byte(`{"order":"ord_1"}`), nil },
-			"coded":     func(context.Context) ([]byte, error) { return nil, idem.WithCode(errDeclined, "card_declined") },
+			"coded":     func(context.Context) ([]byte, error) { return nil, idemcore.WithCode(errDeclined, "card_declined") },
 			"uncoded":   func(context.Context) ([]byte, error) { return nil, errors.New("no such sku") },
 			"both":      func(context.Context) ([]byte, error) { return []byte("partial"), errors.New("half done") },
 			"recovered": nil,
@@ -124,7 +124,7 @@ func (s *suite[T]) restart(t *testing.T) {
 				require.NoError(t, err, key)
 				continue
 			}
-			var was, is *idem.Error
+			var was, is *idemcore.Error
 			require.ErrorAs(t, a.err, &was, key)
 			require.ErrorAs(t, err, &is, key)
 			require.Equal(t, was.Code, is.Code, key)
@@ -142,7 +142,7 @@ func (s *suite[T]) restart(t *testing.T) {
 		}
 		e = s.open(t, store, Options{})
 		res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+			wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 2, Recovered: true})
 			return []byte("ok"), nil
 		})
 		require.NoError(t, err)
@@ -156,12 +156,12 @@ func (s *suite[T]) restart(t *testing.T) {
 		require.NoError(t, e.Close())
 		for _, v := range []via{viaDo, viaDoTx} {
 			_, err := call(bg, e, v, "k", fp, mustNotRun[T](t))
-			require.ErrorIs(t, err, idem.ErrClosed, "%s of a done key", v)
+			require.ErrorIs(t, err, idemcore.ErrClosed, "%s of a done key", v)
 			_, err = call(bg, e, v, "new", fp, mustNotRun[T](t))
-			require.ErrorIs(t, err, idem.ErrClosed, "%s of a new key", v)
+			require.ErrorIs(t, err, idemcore.ErrClosed, "%s of a new key", v)
 		}
 		_, err = e.Get("k")
-		require.ErrorIs(t, err, idem.ErrClosed)
+		require.ErrorIs(t, err, idemcore.ErrClosed)
 		require.NoError(t, e.Close(), "Close is idempotent")
 	})
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // retention holds contract 7 through the clock seam (Options.Now): a record
@@ -22,7 +22,7 @@ func (s *suite[T]) retention(t *testing.T) {
 				c := newClock()
 				e, _ := s.fresh(t, Options{Retention: window, Now: c.Now})
 				if window == 0 {
-					window = idem.DefaultRetention
+					window = idemcore.DefaultRetention
 				}
 				require.Equal(t, window, e.Retention())
 				_, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return []byte("first"), nil })
@@ -35,11 +35,11 @@ func (s *suite[T]) retention(t *testing.T) {
 
 				c.Advance(time.Nanosecond)
 				_, err = e.Get("k")
-				require.ErrorIs(t, err, idem.ErrNotFound, "expired at the window's end, before any prune")
+				require.ErrorIs(t, err, idemcore.ErrNotFound, "expired at the window's end, before any prune")
 				require.Empty(t, records(t, e))
-				require.ErrorIs(t, e.Forget("k"), idem.ErrNotFound, "an expired record is absent to Forget too, before any prune")
+				require.ErrorIs(t, e.Forget("k"), idemcore.ErrNotFound, "an expired record is absent to Forget too, before any prune")
 				res, err = e.Do(bg, "k", other, func(ctx context.Context) ([]byte, error) {
-					wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1})
+					wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 1})
 					return []byte("second"), nil
 				})
 				require.NoError(t, err, "the key is new: any fingerprint")
@@ -59,7 +59,7 @@ func (s *suite[T]) retention(t *testing.T) {
 				first := record(t, e, "k")
 				c.Advance(time.Hour)
 				res, err := call(bg, e, v, "k", other, func(ctx context.Context, _ T) ([]byte, error) {
-					wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1}, "the expired record is no evidence")
+					wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 1}, "the expired record is no evidence")
 					return []byte("second"), nil
 				})
 				require.NoError(t, err, "the key is new: any fingerprint")
@@ -75,7 +75,7 @@ func (s *suite[T]) retention(t *testing.T) {
 				require.True(t, res.Replayed)
 				require.Equal(t, "second", string(res.Response))
 				_, err = call(bg, e, v, "k", fp, mustNotRun[T](t))
-				require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "the old fingerprint went with the old record")
+				require.ErrorIs(t, err, idemcore.ErrFingerprintMismatch, "the old fingerprint went with the old record")
 			})
 		}
 	})
@@ -106,7 +106,7 @@ func (s *suite[T]) retention(t *testing.T) {
 		c.Advance(time.Nanosecond)
 		require.Nil(t, record(t, e, "k"))
 		res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 1}, "the evidence expired with its window")
+			wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 1}, "the evidence expired with its window")
 			return []byte("v"), nil
 		})
 		require.NoError(t, err)
@@ -115,15 +115,15 @@ func (s *suite[T]) retention(t *testing.T) {
 
 	t.Run("under the refuse policy an interrupted execution stays until resolved", func(t *testing.T) {
 		c := newClock()
-		opts := Options{Retention: time.Hour, Recovery: idem.RecoverRefuse, Now: c.Now}
+		opts := Options{Retention: time.Hour, Recovery: idemcore.RecoverRefuse, Now: c.Now}
 		e, _ := s.fresh(t, opts)
 		s.interrupt(t, e, "k")
 		c.Advance(100 * time.Hour)
 		_, err := e.Prune(bg)
 		require.NoError(t, err)
 		_, err = e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-		require.ErrorIs(t, err, idem.ErrIncomplete)
-		require.Equal(t, idem.StateStarted, record(t, e, "k").State)
+		require.ErrorIs(t, err, idemcore.ErrIncomplete)
+		require.Equal(t, idemcore.StateStarted, record(t, e, "k").State)
 		require.NoError(t, e.Resolve("k", []byte("resolved"), nil))
 		res, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.NoError(t, err)
@@ -178,7 +178,7 @@ func (s *suite[T]) retention(t *testing.T) {
 			s.h.ExpireOwners(t, store)
 		}
 		o := callRecovering(bg, e, viaDo, "k", fp, func(ctx context.Context, _ T) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 2, Recovered: true})
+			wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 2, Recovered: true})
 			panic("interrupted again")
 		})
 		require.Equal(t, "interrupted again", o.panicked)
@@ -186,7 +186,7 @@ func (s *suite[T]) retention(t *testing.T) {
 		_, err := e.Prune(bg)
 		require.NoError(t, err)
 		res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: "k", Attempt: 3, Recovered: true}, "the evidence keeps its 7-day window")
+			wantCall(t, ctx, idemcore.Call{Key: "k", Attempt: 3, Recovered: true}, "the evidence keeps its 7-day window")
 			return []byte("v"), nil
 		})
 		require.NoError(t, err)
@@ -195,7 +195,7 @@ func (s *suite[T]) retention(t *testing.T) {
 
 	t.Run("an interrupted execution written under refuse is kept whatever a later Open says", func(t *testing.T) {
 		c := newClock()
-		e, store := s.fresh(t, Options{Retention: time.Hour, Recovery: idem.RecoverRefuse, Now: c.Now})
+		e, store := s.fresh(t, Options{Retention: time.Hour, Recovery: idemcore.RecoverRefuse, Now: c.Now})
 		s.interrupt(t, e, "k")
 		e = s.reopen(t, e, store, Options{Retention: time.Hour, Now: c.Now})
 		c.Advance(100 * time.Hour)
@@ -203,6 +203,6 @@ func (s *suite[T]) retention(t *testing.T) {
 		require.NoError(t, err)
 		r := record(t, e, "k")
 		require.NotNil(t, r, "kept until resolved")
-		require.Equal(t, idem.StateStarted, r.State)
+		require.Equal(t, idemcore.StateStarted, r.State)
 	})
 }

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/testkit"
 )
 
@@ -46,7 +46,7 @@ func (s *suite[T]) shared(t *testing.T) {
 	runs := func(t *testing.T, e Engine[T], v via, key, resp string, msg string) {
 		t.Helper()
 		res, err := call(bg, e, v, key, fp, func(ctx context.Context, _ T) ([]byte, error) {
-			wantCall(t, ctx, idem.Call{Key: key, Attempt: 1}, msg)
+			wantCall(t, ctx, idemcore.Call{Key: key, Attempt: 1}, msg)
 			return []byte(resp), nil
 		})
 		require.NoError(t, err, msg)
@@ -80,9 +80,9 @@ func (s *suite[T]) shared(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
 			a, b, _ := pair(t, Options{})
 			_, err := call(bg, a, v, "k", fp, func(context.Context, T) ([]byte, error) {
-				return nil, idem.WithCode(errDeclined, "card_declined")
+				return nil, idemcore.WithCode(errDeclined, "card_declined")
 			})
-			var ie *idem.Error
+			var ie *idemcore.Error
 			require.ErrorAs(t, err, &ie)
 			require.NoError(t, b.Forget("k"))
 			runs(t, a, v, "k", "paid", "A's call right after B's Forget")
@@ -98,7 +98,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		require.False(t, res.Replayed)
 	})
 
-	for _, policy := range []idem.RecoveryPolicy{idem.RecoverReexecute, idem.RecoverRefuse} {
+	for _, policy := range []idemcore.RecoveryPolicy{idemcore.RecoverReexecute, idemcore.RecoverRefuse} {
 		t.Run("Resolve on one engine: the other replays the resolution, "+policyName(policy), func(t *testing.T) {
 			both(t, func(t *testing.T, v via) {
 				a, b, _ := pair(t, Options{Recovery: policy})
@@ -113,9 +113,9 @@ func (s *suite[T]) shared(t *testing.T) {
 				runs(t, a, v, "k2", "A-run1", "A's first call")
 				require.NoError(t, b.Forget("k2"))
 				s.interrupt(t, b, "k2")
-				require.NoError(t, b.Resolve("k2", nil, &idem.Error{Code: "refunded", Message: "refunded by hand"}))
+				require.NoError(t, b.Resolve("k2", nil, &idemcore.Error{Code: "refunded", Message: "refunded by hand"}))
 				res, err := call(bg, a, v, "k2", fp, mustNotRun[T](t))
-				var ie *idem.Error
+				var ie *idemcore.Error
 				require.ErrorAs(t, err, &ie, "A replays the resolved error")
 				require.Equal(t, "refunded", ie.Code)
 				require.True(t, res.Replayed)
@@ -128,7 +128,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		a, _, store := pair(t, Options{})
 		runs(t, a, viaDo, crashKey, "A-run1", "A's first call")
 		replays(t, a, viaDo, crashKey, "A-run1", "A's replay")
-		c := s.startChild(t, childForget, store, idem.RecoverReexecute)
+		c := s.startChild(t, childForget, store, idemcore.RecoverReexecute)
 		c.await("forgotten")
 		c.kill()
 		runs(t, a, viaDo, crashKey, "A-run2", "A's call right after the child's Forget")
@@ -137,16 +137,16 @@ func (s *suite[T]) shared(t *testing.T) {
 	// dead runs the outbox with a handler that fails until healthy, one
 	// attempt per message, on engine a; b has no dispatcher. It returns
 	// the dead letters of n messages, as b sees them.
-	dead := func(t *testing.T, n int) (a, b Engine[T], rec *testkit.Recorder, healthy *atomic.Bool, letters []*idem.Message) {
+	dead := func(t *testing.T, n int) (a, b Engine[T], rec *testkit.Recorder, healthy *atomic.Bool, letters []*idemcore.Message) {
 		c := newClock()
 		rec, healthy = new(testkit.Recorder), new(atomic.Bool)
-		h := rec.Handler(func(idem.Message) error {
+		h := rec.Handler(func(idemcore.Message) error {
 			if healthy.Load() {
 				return nil
 			}
 			return errors.New("gateway down")
 		})
-		a, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": h}, idem.OutboxOptions{MaxAttempts: 1}))
+		a, store := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h}, idemcore.OutboxOptions{MaxAttempts: 1}))
 		b = s.open(t, store, Options{Now: c.Now})
 		for i := range n {
 			s.enqueue(t, a, "order-"+string(rune('1'+i)), "charge", []byte{byte('a' + i)})
@@ -172,8 +172,8 @@ func (s *suite[T]) shared(t *testing.T) {
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, 1, d.Attempt, "its attempt count starts again")
 		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, a)) == 0 && len(messages(t, b)) == 0 })
-		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idem.ErrMessageNotFound, "retried and delivered: no longer a dead letter")
-		require.ErrorIs(t, b.RetryDead(letters[0].Seq), idem.ErrMessageNotFound)
+		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound, "retried and delivered: no longer a dead letter")
+		require.ErrorIs(t, b.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound)
 	})
 
 	t.Run("DropDead on one engine: the letter is gone for the other", func(t *testing.T) {
@@ -184,8 +184,8 @@ func (s *suite[T]) shared(t *testing.T) {
 			seqs = append(seqs, m.Seq)
 		}
 		require.Equal(t, []uint64{letters[1].Seq}, seqs, "A lists what the store holds")
-		require.ErrorIs(t, a.DropDead(letters[0].Seq), idem.ErrMessageNotFound, "dropped already")
-		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idem.ErrMessageNotFound, "dropped: nothing to retry")
+		require.ErrorIs(t, a.DropDead(letters[0].Seq), idemcore.ErrMessageNotFound, "dropped already")
+		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound, "dropped: nothing to retry")
 		require.NoError(t, a.DropDead(letters[1].Seq))
 		require.Empty(t, messages(t, b))
 	})
@@ -200,7 +200,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		entered, release := make(chan struct{}), make(chan struct{})
 		var once sync.Once
 		var rec testkit.Recorder
-		slow := rec.Handler(func(m idem.Message) error {
+		slow := rec.Handler(func(m idemcore.Message) error {
 			first := false
 			once.Do(func() { first = true })
 			if !first {
@@ -211,13 +211,13 @@ func (s *suite[T]) shared(t *testing.T) {
 			return errors.New("late failure")
 		})
 		// One worker: A claims nothing more while its first handler runs.
-		a, store := s.fresh(t, outboxOptions(c, map[string]idem.Handler{"charge": slow}, idem.OutboxOptions{MaxAttempts: 1, Workers: 1}))
+		a, store := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": slow}, idemcore.OutboxOptions{MaxAttempts: 1, Workers: 1}))
 		s.enqueue(t, a, "order-1", "charge", []byte("1200"))
 		<-entered
 		s.h.ExpireOwners(t, store) // A's claim lapses
-		failing := func(context.Context, idem.Message) error { return errors.New("gateway down") }
-		b := s.open(t, store, outboxOptions(c, map[string]idem.Handler{"charge": failing}, idem.OutboxOptions{MaxAttempts: 1}))
-		var letter *idem.Message
+		failing := func(context.Context, idemcore.Message) error { return errors.New("gateway down") }
+		b := s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": failing}, idemcore.OutboxOptions{MaxAttempts: 1}))
+		var letter *idemcore.Message
 		eventually(t, "B's dead letter", nil, func() bool {
 			ms := messages(t, b)
 			if len(ms) == 1 && ms[0].Dead {

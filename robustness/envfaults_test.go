@@ -136,7 +136,7 @@ func mustNotRun(t *testing.T) func(context.Context) ([]byte, error) {
 func TestDamagedFiles(t *testing.T) {
 	ctx := context.Background()
 	valid := func(t *testing.T, path string) {
-		e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+		e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 		require.NoError(t, err)
 		for i := range 600 {
 			_, err := e.Do(ctx, fmt.Sprintf("k%d", i), nil, func(context.Context) ([]byte, error) { return bytes.Repeat([]byte("v"), 100), nil })
@@ -192,7 +192,7 @@ func TestDamagedFiles(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/readonly=%t", tc.name, ro), func(t *testing.T) {
 				path := filepath.Join(t.TempDir(), "idem.db")
 				tc.make(t, path)
-				e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: ro}, PruneInterval: -1})
+				e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: ro}, &idem.Options{PruneInterval: -1})
 				t.Logf("open: %v", err)
 				if err != nil {
 					var op *idem.OpError
@@ -227,15 +227,15 @@ func TestLockedByAnotherProcess(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "held\n", line)
 
-	_, err = idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: 100 * time.Millisecond}})
+	_, err = idem.OpenFile(path, &idem.BoltOptions{LockTimeout: 100 * time.Millisecond}, nil)
 	require.ErrorIs(t, err, bolterrors.ErrTimeout)
 	require.ErrorContains(t, err, "in use by another program")
-	_, err = idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true, LockTimeout: 100 * time.Millisecond}})
+	_, err = idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true, LockTimeout: 100 * time.Millisecond}, nil)
 	require.ErrorIs(t, err, bolterrors.ErrTimeout, "a reader waits for the writer too")
 
 	require.NoError(t, cmd.Process.Kill())
 	_ = cmd.Wait()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: time.Second}})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{LockTimeout: time.Second}, nil)
 	require.NoError(t, err)
 	require.NoError(t, e.Close())
 }
@@ -260,7 +260,7 @@ func TestReadOnlyMount(t *testing.T) {
 
 	_, err = idem.Open(path, nil)
 	require.ErrorIs(t, err, syscall.EROFS)
-	e, err = idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{ReadOnly: true}})
+	e, err = idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, nil)
 	require.NoError(t, err)
 	defer e.Close()
 	for i := range 50 {

@@ -41,7 +41,7 @@ func historyKind(res idem.Result, err error) (op, resp string) {
 // one lock, so the file's order is real time.
 func historyChild() {
 	// IDEM_NOSYNC (UNSAFE) shows the check catches lost answers.
-	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{Bolt: idem.BoltOptions{NoSync: os.Getenv("IDEM_NOSYNC") != ""}, PruneInterval: -1})
+	e, err := idem.OpenFile(os.Getenv("IDEM_DB"), &idem.BoltOptions{NoSync: os.Getenv("IDEM_NOSYNC") != ""}, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(5)

@@ -59,7 +59,7 @@ func child(t *testing.T, name string, env ...string) *exec.Cmd {
 func workloadChild() {
 	// IDEM_NOSYNC (UNSAFE) shows that the power-cut test catches lost
 	// answers: with it the test fails.
-	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{Bolt: idem.BoltOptions{NoSync: os.Getenv("IDEM_NOSYNC") != ""}, PruneInterval: -1})
+	e, err := idem.OpenFile(os.Getenv("IDEM_DB"), &idem.BoltOptions{NoSync: os.Getenv("IDEM_NOSYNC") != ""}, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "open:", err)
 		os.Exit(5)
@@ -98,7 +98,7 @@ func workloadChild() {
 // "ok") on stdout and exiting 0: the parent judges the errors.
 func openChild() {
 	ro := os.Getenv("IDEM_READONLY") != ""
-	e, err := idem.Open(os.Getenv("IDEM_DB"), &idem.Options{Bolt: idem.BoltOptions{ReadOnly: ro}, PruneInterval: -1})
+	e, err := idem.OpenFile(os.Getenv("IDEM_DB"), &idem.BoltOptions{ReadOnly: ro}, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		fmt.Println("open:", err)
 		printSentinels(err)

@@ -24,7 +24,7 @@ func livenessFixture(t *testing.T) string {
 	path := filepath.Join(t.TempDir(), "idem.db")
 	now := time.Now()
 	write := func(at time.Time, key string, fn func(context.Context) ([]byte, error)) {
-		e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Retention: 7 * 24 * time.Hour,
+		e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Retention: 7 * 24 * time.Hour,
 			Recovery: idem.RecoverRefuse, Now: func() time.Time { return at }})
 		require.NoError(t, err)
 		defer func() { require.NoError(t, e.Close()) }()
@@ -125,7 +125,7 @@ func TestOutboxCommandsJudgeDeadLettersFromTheFile(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "idem.db")
 	died := time.Now().Add(-10 * 24 * time.Hour) // past the default 7 days, inside 30
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Now: func() time.Time { return died },
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Now: func() time.Time { return died },
 		Outbox: idem.OutboxOptions{Dispatch: true, MaxAttempts: 1, DeadLetterRetention: 30 * 24 * time.Hour,
 			Handlers: map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}}})
 	require.NoError(t, err)

@@ -65,8 +65,8 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/boltfile"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // lockTimeout bounds the wait for the file lock: a file held by a running
@@ -94,7 +94,7 @@ var subcommands = []func(*app) *cobra.Command{
 }
 
 // readOnlyCommands are the commands that only read the file: openEngine opens
-// it for them with idem.Options.Bolt.ReadOnly, a shared lock that changes nothing.
+// it for them with idem.BoltOptions.ReadOnly, a shared lock that changes nothing.
 var readOnlyCommands = map[string]bool{
 	"idem stats": true, "idem ls": true, "idem get": true, "idem check": true,
 	"idem outbox ls": true, "idem outbox get": true,
@@ -342,8 +342,7 @@ func (a *app) openEngine() (*idem.Engine, error) {
 		return nil, err
 	}
 	recovery, _ := a.recoveryPolicy()
-	e, err := idem.Open(a.db, &idem.Options{
-		Bolt: idem.BoltOptions{ReadOnly: a.readOnly, LockTimeout: lockTimeout},
+	e, err := idem.OpenFile(a.db, &idem.BoltOptions{ReadOnly: a.readOnly, LockTimeout: lockTimeout}, &idem.Options{
 		// The engine keeps a record the longer of its own window and
 		// Retention: the shortest window leaves each record's own.
 		Retention:     max(a.retention, time.Nanosecond),
@@ -360,19 +359,22 @@ func (a *app) openEngine() (*idem.Engine, error) {
 
 // preflight checks, without writing, that path is an existing idem file that
 // no program holds: idem.Open would create a missing file, or add the
-// engine's buckets to any other bbolt file.
+// engine's buckets to any other bbolt file. A read-only open of the engine
+// refuses both, and changes nothing.
 func preflight(path string) error {
-	db, err := openReadOnly(path)
-	if err != nil {
+	if err := mustExist(path); err != nil {
 		return err
 	}
-	defer db.Close()
-	return db.View(func(tx *bbolt.Tx) error {
-		if tx.Bucket(layout.Root) == nil {
-			return fmt.Errorf("idem: %s: not an idem file (no %q bucket)", path, layout.Root)
-		}
-		return nil
+	if err := checkFile(path); err != nil {
+		return err
+	}
+	e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true, LockTimeout: lockTimeout}, &idem.Options{
+		PruneInterval: -1,
 	})
+	if err != nil {
+		return openError(path, err)
+	}
+	return e.Close()
 }
 
 // openReadOnly opens path with bbolt read-only (a shared lock), failing on a
@@ -658,11 +660,7 @@ func plural(n int, one, many string) string {
 }
 
 // recordExpiry is when r leaves the retention window under retention (0 for
-// its own): the engine's rule (layout.Expiry); the zero time for never.
+// its own): the engine's rule (idemcore.Expiry); the zero time for never.
 func recordExpiry(r *idem.Record, retention time.Duration) time.Time {
-	at := r.StartedAt
-	if r.State == idem.StateDone {
-		at = r.CompletedAt
-	}
-	return layout.Expiry(r.State == idem.StateStarted && r.KeptUntilResolved, at, r.Retention, retention)
+	return idemcore.Expiry(r, retention)
 }

@@ -17,7 +17,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 // base is the engine clock of the fixture's live records: an hour ago, whole
@@ -63,7 +62,7 @@ func fixture(t *testing.T) string {
 // recovering fn's panics, and closes it.
 func doAll(t *testing.T, path string, now time.Time, fns map[string]func(context.Context) ([]byte, error)) {
 	t.Helper()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Now: func() time.Time { return now }})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Now: func() time.Time { return now }})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	for key, fn := range fns {
@@ -82,8 +81,8 @@ func corrupt(t *testing.T, path, key string) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, db.Close()) }()
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(layout.Root)
-		name, _ := root.Cursor().Seek(layout.SlotPrefix) // a slot bucket: the tests write in one slot
+		root := tx.Bucket(rootBucket)
+		name, _ := root.Cursor().Seek(slotPrefix) // a slot bucket: the tests write in one slot
 		return root.Bucket(name).Put([]byte(key), []byte("not a record at all"))
 	}))
 }
@@ -372,7 +371,7 @@ func TestResolve(t *testing.T) {
 			require.Equal(t, tt.wantGet.Error, g.Error)
 
 			// The engine replays the resolution.
-			e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+			e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 			require.NoError(t, err)
 			defer e.Close()
 			res, err := e.Do(context.Background(), "order-3", []byte("args of order-3"), func(context.Context) ([]byte, error) {
@@ -514,7 +513,7 @@ func TestCheckNotAnIdemFile(t *testing.T) {
 	require.NoError(t, err)
 	defer db.Close()
 	require.NoError(t, db.View(func(tx *bbolt.Tx) error {
-		require.Nil(t, tx.Bucket(layout.Root))
+		require.Nil(t, tx.Bucket(rootBucket))
 		return nil
 	}))
 }
@@ -545,7 +544,7 @@ func TestFileInUseByAnotherProgram(t *testing.T) {
 // with --json, the error object on stdout.
 func requireInUse(t *testing.T, path string, commands map[string][]string) {
 	t.Helper()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, e.Close()) })
 
@@ -707,7 +706,7 @@ func TestCheckFindsCorruptOutboxMessages(t *testing.T) {
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		return tx.Bucket(layout.Root).Bucket(layout.Outbox).Put(layout.U64(77), []byte("not a message"))
+		return tx.Bucket(rootBucket).Bucket(outboxBucket).Put(seqKey(77), []byte("not a message"))
 	}))
 	require.NoError(t, db.Close())
 	r := idemDB(t, path, "check")

@@ -107,8 +107,7 @@ with status 1. The server dies with mcp-proxy (Linux's Pdeathsig).`,
 
 func (a *app) mcpProxy(cmd *cobra.Command, cfg *mcpproxy.Config, inFlight idem.InFlightPolicy, maxWait time.Duration, argv []string) (err error) {
 	recovery, _ := a.recoveryPolicy()
-	e, err := idem.Open(a.db, &idem.Options{
-		Bolt:      idem.BoltOptions{LockTimeout: lockTimeout},
+	e, err := idem.OpenFile(a.db, &idem.BoltOptions{LockTimeout: lockTimeout}, &idem.Options{
 		Retention: a.retention,
 		Recovery:  recovery,
 		InFlight:  inFlight,

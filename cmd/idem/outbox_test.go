@@ -14,7 +14,6 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 const (
@@ -66,7 +65,7 @@ func outboxFixture(t *testing.T) string {
 func outboxSession(t *testing.T, path string, ob idem.OutboxOptions, calls func(*idem.Engine), done func(idem.OutboxStats) bool) {
 	t.Helper()
 	ob.Dispatch = true
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Now: func() time.Time { return base }, Outbox: ob})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
 	calls(e)
@@ -445,10 +444,10 @@ func TestOutboxCorruptMessages(t *testing.T) {
 	db, err := bbolt.Open(path, 0o600, nil)
 	require.NoError(t, err)
 	require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-		root := tx.Bucket(layout.Root)
+		root := tx.Bucket(rootBucket)
 		return errors.Join(
-			root.Bucket(layout.Outbox).Put(layout.U64(8), []byte("not a message")),
-			root.Bucket(layout.Dead).Put(layout.U64(9), []byte("not a message either")))
+			root.Bucket(outboxBucket).Put(seqKey(8), []byte("not a message")),
+			root.Bucket(deadBucket).Put(seqKey(9), []byte("not a message either")))
 	}))
 	require.NoError(t, db.Close())
 
@@ -518,7 +517,7 @@ func TestReadOnlyCommands(t *testing.T) {
 	path := outboxFixture(t)
 	before, err := os.ReadFile(path)
 	require.NoError(t, err)
-	ro, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{LockTimeout: time.Second, ReadOnly: true}})
+	ro, err := idem.OpenFile(path, &idem.BoltOptions{LockTimeout: time.Second, ReadOnly: true}, nil)
 	require.NoError(t, err)
 	defer func() { require.NoError(t, ro.Close()) }()
 

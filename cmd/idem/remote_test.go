@@ -16,7 +16,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/layout"
 )
 
 const testToken = "operator-token"
@@ -26,7 +25,7 @@ const testToken = "operator-token"
 // testToken. It returns the handler's URL and the engine.
 func serveAdmin(t *testing.T, path string, show bool) (string, *idem.Engine) {
 	t.Helper()
-	e, err := idem.Open(path, &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, PruneInterval: -1})
+	e, err := idem.OpenFile(path, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
 	mux := http.NewServeMux()
 	mux.Handle("/admin/idem/", http.StripPrefix("/admin/idem", idemhttp.Admin(e, &idemhttp.AdminOptions{
@@ -100,10 +99,10 @@ func TestRemoteSameAsFile(t *testing.T) {
 		db, err := bbolt.Open(path, 0o600, nil)
 		require.NoError(t, err)
 		require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-			root := tx.Bucket(layout.Root)
+			root := tx.Bucket(rootBucket)
 			return errors.Join(
-				root.Bucket(layout.Outbox).Put(layout.U64(8), []byte("not a message")),
-				root.Bucket(layout.Dead).Put(layout.U64(9), []byte("not a message either")))
+				root.Bucket(outboxBucket).Put(seqKey(8), []byte("not a message")),
+				root.Bucket(deadBucket).Put(seqKey(9), []byte("not a message either")))
 		}))
 		require.NoError(t, db.Close())
 		return path

@@ -1,6 +1,6 @@
 // Package goid reads the id of the calling goroutine, for the engine's
-// re-entrance checks (internal/core) and the commit pipeline's single writer
-// (internal/commit). It imports no storage driver.
+// re-entrance checks (idemcore) and the commit pipeline's single writer
+// (the root package's commit.go). It imports no storage driver.
 package goid
 
 import (

@@ -22,12 +22,14 @@ import (
 // checked when the test ends.
 func Open(t testing.TB, opts *idem.Options) (*idem.Engine, string) {
 	t.Helper()
+	return OpenFile(t, nil, opts)
+}
+
+// OpenFile is Open with the bbolt file's settings file (nil for defaults).
+func OpenFile(t testing.TB, file *idem.BoltOptions, opts *idem.Options) (*idem.Engine, string) {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "idem.db")
-	var o idem.Options
-	if opts != nil {
-		o = *opts
-	}
-	e, err := idem.Open(path, &o)
+	e, err := idem.OpenFile(path, file, opts)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}

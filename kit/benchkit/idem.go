@@ -39,7 +39,7 @@ func OpenIdem(_ context.Context, dir string) (Deduper, error) {
 }
 
 func (i *Idem) open(noSync bool) error {
-	e, err := idem.Open(i.path, &idem.Options{Bolt: idem.BoltOptions{NoSync: noSync}, PruneInterval: -1, Now: i.now})
+	e, err := idem.OpenFile(i.path, &idem.BoltOptions{NoSync: noSync}, &idem.Options{PruneInterval: -1, Now: i.now})
 	if err != nil {
 		return fmt.Errorf("idem: %w", err)
 	}

@@ -59,7 +59,7 @@ func proxyMain() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	opts := &idem.Options{Bolt: idem.BoltOptions{NoSync: true}}
+	file, opts := &idem.BoltOptions{NoSync: true}, &idem.Options{}
 	if os.Getenv("IDEM_TEST_INFLIGHT") == "fail" {
 		opts.InFlight = idem.InFlightFail
 	}
@@ -70,9 +70,9 @@ func proxyMain() int {
 		opts.MaxResponseSize = n
 	}
 	if n, err := strconv.Atoi(os.Getenv("IDEM_TEST_MAXSIZE")); err == nil {
-		opts.Bolt.MaxSize = n
+		file.MaxSize = n
 	}
-	e, err := idem.Open(os.Getenv("IDEM_TEST_DB"), opts)
+	e, err := idem.OpenFile(os.Getenv("IDEM_TEST_DB"), file, opts)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -402,7 +402,7 @@ func TestCancelledProtectedCallIsNotForwarded(t *testing.T) {
 // TestServerDyingBeforeInitializationEndsTheProxy: a server that cannot
 // start is not restarted in a loop.
 func TestServerDyingBeforeInitializationEndsTheProxy(t *testing.T) {
-	e, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{Bolt: idem.BoltOptions{NoSync: true}})
+	e, err := idem.OpenFile(filepath.Join(t.TempDir(), "idem.db"), &idem.BoltOptions{NoSync: true}, nil)
 	require.NoError(t, err)
 	defer e.Close()
 	inR, inW := io.Pipe()

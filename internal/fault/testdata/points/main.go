@@ -30,7 +30,7 @@ func run() error {
 	}
 	defer os.RemoveAll(dir)
 	delivered := make(chan struct{}, 1)
-	e, err := idem.Open(filepath.Join(dir, "idem.db"), &idem.Options{Bolt: idem.BoltOptions{NoSync: true}, Outbox: idem.OutboxOptions{
+	e, err := idem.OpenFile(filepath.Join(dir, "idem.db"), &idem.BoltOptions{NoSync: true}, &idem.Options{Outbox: idem.OutboxOptions{
 		Dispatch:     true,
 		PollInterval: time.Millisecond,
 		Handlers: map[string]idem.Handler{"t": func(context.Context, idem.Message) error {

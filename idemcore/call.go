@@ -1,0 +1,781 @@
+package idemcore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/goid"
+)
+
+// leading is the state of the call that leads a key.
+type leading struct {
+	op        string
+	flight    *flight
+	key       string
+	fp        uint64
+	attempt   int
+	recovered bool
+	prev      *Record // the interrupted execution being recovered, if any
+	claim     *Claim  // the key's claim once taken, for the heartbeat
+	// end is how the call ends for its waiters (see leaderEnd).
+	end leaderEnd
+	// current is the record the backend reported when it answered
+	// errRedecide, nil if it was not live (judged at the backend's reading).
+	current *Record
+}
+
+// Do runs fn once per idempotency key and records its outcome, so that every
+// later call with the key gets that outcome back instead of running fn again.
+//
+// key is the idempotency key: 1 to MaxKeyLen bytes of UTF-8, without
+// leading or trailing white space and without control or format characters
+// (Unicode Cc and Cf, such as NUL or the byte-order mark); else
+// ErrInvalidKey, nothing stored (ErrInvalidKey gives the rules' sources).
+// fingerprint is the bytes that define "the same request" (canonical
+// arguments, see Fingerprint); the engine stores a 64-bit xxhash of them, and
+// a reused key with a different fingerprint fails with
+// ErrFingerprintMismatch, whatever the record's state.
+//
+// The first call commits a started record durably (bbolt: synced), runs fn
+// with a context that carries CallFrom information and ends on Close, then
+// commits a done record with fn's response and error. A done key replays: Result.Replayed is
+// true, Response is the stored one, and a stored error comes back as *Error
+// with its Code and Message. While a call runs, others with the same key wait
+// for it (InFlightWait) or fail with ErrInProgress (InFlightFail), in this
+// process and, on a backend shared by processes, in others; a waiter whose
+// ctx ends returns ctx.Err() and changes nothing.
+//
+// Outcomes of fn: a response and no error, or a permanent error (returned as
+// *Error wrapping fn's error), are recorded. An error made with Retryable
+// deletes the started record and frees the key. An error returned once fn's
+// own context has ended (the caller's ctx or Close), a panic (re-raised in the
+// caller with its value and stack), or a failed commit leave the started
+// record: an interrupted execution that the RecoveryPolicy handles on the next
+// call; waiters then get ErrIncomplete. A response over MaxResponseSize fails
+// closed with ErrResponseTooLarge. Once fn has returned, its outcome is
+// recorded even if ctx ends. After Close, Do returns ErrClosed.
+//
+// Only the end of fn's own context is an interruption: a context error fn
+// returns while its context is live (its own call to a gateway timed out, say
+// WithCode(downstreamCtx.Err(), "downstream_timeout")) is a permanent error
+// like any other, stored with its code.
+//
+// Nothing erases the evidence of an unknown outcome. When a call that
+// recovers an interrupted execution ends without an outcome (Retryable, the
+// end of its context, a panic, a failed commit), the key keeps a started
+// record carrying that call's attempt and start time, so the next call
+// recovers again (CallFrom's Recovered is set) with the attempt after it.
+// Attempt numbers never repeat.
+//
+// fn may call Do with other keys, passing its ctx. A call with fn's own key
+// returns ErrReentrant instead of waiting for itself: one made with fn's
+// context (from any goroutine), and one made from the goroutine that runs fn
+// whatever context it passes (context.Background() included), also through
+// other keys' fns that run on that goroutine. What cannot be detected: fn
+// starts another goroutine that calls fn's own key with a context not derived
+// from fn's, and waits for it; or two calls on two goroutines form a cycle
+// (A's fn calls B while B's fn calls A). Such calls wait until one of their
+// contexts ends (never, for context.Background()). fn must not call Close,
+// which waits for fn. A nil fn is refused with an error (whatever the key's
+// state), and nothing is stored.
+func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "do", Key: key, Err: errNilFn}
+	}
+	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+		return e.execute(ctx, c, fn)
+	})
+	return res, OpErr("do", key, err)
+}
+
+// DoTx is Do for effects that live in the backend's store: fn writes its own
+// data through tx, the backend's own transaction T (a bbolt write
+// transaction, a pgx.Tx), in which its outbox messages and the done record
+// commit with them, or nothing does; no started record is needed. Key,
+// fingerprint, replay, waiting and the returned errors are as for Do.
+//
+// If fn returns an error or panics, nothing it wrote commits. A permanent
+// error is then recorded without fn's writes (in a transaction of its own)
+// and replayed as in Do; Retryable(err), and any error returned once fn's
+// own context has ended (the caller's ctx or Close), store nothing, so the
+// key is free; a panic is re-raised in the caller as a *PanicError carrying
+// the value and the stack, and the key is free too. A response over
+// MaxResponseSize is recorded as ErrResponseTooLarge, also without fn's
+// writes. Only the end of fn's own context is an interruption: a context
+// error fn returns while its context is live is a permanent error.
+//
+// A DoTx that recovers an interrupted execution (left by Do, or by a DoTx
+// that recovered one) first commits a started record of its own attempt, as
+// Do does. However it then ends without an outcome (Retryable, the end of
+// its context, a panic, a failed commit), that record stays: the next call
+// still recovers, with the attempt after this one. Calling the engine from
+// inside fn returns ErrReentrant where the transaction holds the store's
+// writer. How many times fn may run, and what it may touch, is the
+// backend's (Backend.RunTx: bbolt may run it up to 3 times, Postgres once).
+// A nil fn is refused with an error, as in Do.
+func (e *Engine[T]) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(context.Context, T) ([]byte, error)) (Result, error) {
+	if fn == nil {
+		return Result{}, &OpError{Op: "dotx", Key: key, Err: errNilFn}
+	}
+	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
+		return e.executeTx(ctx, c, fn)
+	})
+	return res, OpErr("dotx", key, err)
+}
+
+// call is the part of Do and DoTx before execution: validation, the replay
+// fast path, the singleflight, and the state machine on the stored record.
+func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte,
+	exec func(context.Context, *leading) (Result, error)) (Result, error) {
+	if err := ValidateKey(key); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	if err := e.reentrant(ctx, key); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	// Closed first: after Close a call says ErrClosed, whatever the guard
+	// (a failed commit's ErrStorageFailed) would say.
+	if err := e.enter(); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	defer e.calls.Done()
+	if err := e.guard(); err != nil {
+		return Result{}, &OpError{Op: op, Key: key, Err: err}
+	}
+	fp := xxhash.Sum64(fingerprint)
+
+	// The fast path: a done record answers without the per-key lock, after
+	// the fingerprint check, from memory if it completed recently.
+	now := e.now()
+	if rec, ok := e.cached(key, now); ok {
+		return e.replay(op, rec, fp, true)
+	}
+	gen := e.locks.generation()
+	rec, err := e.lookup(ctx, key, fp, true, now)
+	if err != nil {
+		if err == ErrFingerprintMismatch {
+			return Result{}, e.conflict(op, key, nil)
+		}
+		return Result{}, err
+	}
+	if rec != nil && rec.State == StateDone {
+		return e.replay(op, rec, fp, false)
+	}
+
+	for {
+		f, leader := e.locks.acquire(key, fp, now)
+		if !leader {
+			if err := e.selfWait(f); err != nil {
+				return Result{}, &OpError{Op: op, Key: key, Err: err}
+			}
+			if f.fp != fp {
+				if f.executing.Load() {
+					return Result{}, e.conflict(op, key, errors.New("the call in progress has another fingerprint"))
+				}
+				// The leader has not claimed the key with its fingerprint (it
+				// may be answering from a record of ours, or be an operator):
+				// its outcome is not ours. Wait for it, then look again.
+				if err := f.wait(ctx); err != nil {
+					return Result{}, err
+				}
+				continue
+			}
+			if e.opts.InFlight == InFlightFail {
+				e.observe(Event{Kind: EventInProgress, Op: op})
+				return Result{}, &OpError{Op: op, Key: key, Err: &InProgressError{StartedAt: f.started, RetryAfter: e.opts.RetryAfter}}
+			}
+			if err := fault.Err("do-wait"); err != nil {
+				return Result{}, &OpError{Op: op, Key: key, Err: err} // as if the wait failed
+			}
+			e.observe(Event{Kind: EventWait, Op: op})
+			if err := f.wait(ctx); err != nil {
+				return Result{}, err
+			}
+			switch f.end {
+			case endAgain:
+				continue
+			case endIncomplete:
+				return Result{}, &OpError{Op: op, Key: key, Err: fmt.Errorf("%w: the leading call ended without an outcome", ErrIncomplete)}
+			}
+			// fn did not run in this call: the answer is a replay of the
+			// leader's, in copies of its own.
+			res, err := f.res, f.err
+			res.Response, res.Replayed = cloneBytes(res.Response), true
+			if ie, ok := err.(*Error); ok {
+				cp := *ie
+				cp.Replayed = true
+				err = &cp
+			}
+			return res, err
+		}
+		// The record read above is still current if no call has released
+		// a key since (every write of a record happens under its key);
+		// otherwise the leader reads it again.
+		return e.lead(ctx, op, key, fp, f, rec, e.locks.generation() != gen, exec)
+	}
+}
+
+// lead runs the state machine for the leader and publishes its outcome to
+// the waiters, also when exec panics or calls runtime.Goexit. rec is the
+// key's record as read before the key was taken; stale asks to read it again.
+// Everything after acquire runs here, under the deferred release, so no path
+// leaves the flight registered.
+func (e *Engine[T]) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, stale bool,
+	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
+	c := &leading{op: op, key: key, fp: fp, attempt: 1, flight: f}
+	returned := false
+	defer func() {
+		if !returned && c.end == endAnswer {
+			c.end = endIncomplete // a panic or runtime.Goexit
+		}
+		f.end = c.end
+		if c.end == endAnswer {
+			f.res, f.err = res, err
+		}
+		e.locks.release(key, f)
+	}()
+	var loadErr error
+	if stale {
+		rec, loadErr = e.lookup(ctx, key, 0, false, e.now())
+	}
+	res, err = e.decide(ctx, c, rec, loadErr, exec)
+	returned = true
+	return res, err
+}
+
+// decide applies the state machine to rec, the key's record read by the
+// leader (err: the read failed), and again to each record the backend
+// reports instead while claiming.
+func (e *Engine[T]) decide(ctx context.Context, c *leading, rec *Record, err error,
+	exec func(context.Context, *leading) (Result, error)) (Result, error) {
+	for {
+		if err != nil {
+			c.end = endAgain
+			return Result{}, err
+		}
+		res, err := e.decideOnce(ctx, c, rec, exec)
+		if err != errRedecide {
+			return res, err
+		}
+		c.attempt, c.recovered, c.prev, c.claim, c.end = 1, false, nil, nil, endAnswer
+		rec = c.current // live, or nil: judged where it was read
+	}
+}
+
+// decideOnce is one turn of the decision table: no record → execute; done →
+// replay; started → the backend's ownership rule: owned elsewhere → wait or
+// InProgressError; an orphan → recover (RecoverReexecute) or ErrIncomplete
+// (RecoverRefuse).
+func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
+	exec func(context.Context, *leading) (Result, error)) (Result, error) {
+	if rec != nil {
+		if rec.Fingerprint != c.fp {
+			return Result{}, e.conflict(c.op, c.key, nil)
+		}
+		if rec.State == StateDone {
+			return e.replay(c.op, rec, c.fp, false)
+		}
+		own, err := e.b.Owner(ctx, rec)
+		if err != nil {
+			c.end = endAgain
+			return Result{}, &OpError{Op: c.op, Key: c.key, Err: err}
+		}
+		if own.Owned {
+			return e.ownedElsewhere(ctx, c, rec)
+		}
+		if e.opts.Recovery == RecoverRefuse {
+			return Result{}, &OpError{Op: c.op, Key: c.key, Err: fmt.Errorf("%w: interrupted execution (attempt %d, started %s); resolve or forget the key",
+				ErrIncomplete, rec.Attempt, rec.StartedAt.UTC().Format(time.RFC3339))}
+		}
+		c.attempt, c.recovered, c.prev = rec.Attempt+1, true, rec
+		e.log.Debug("idem: re-executing an interrupted execution", "attempt", c.attempt)
+	}
+	if err := ctx.Err(); err != nil {
+		c.end = endAgain
+		return Result{}, err
+	}
+	c.flight.executing.Store(true) // the key is claimed with c.fp: others conflict at once
+	return exec(ctx, c)
+}
+
+// ownedElsewhere answers for a started record that a live owner in another
+// process holds: never recovered. rec is that record, or nil when the
+// backend reported the key owned without a record to show (Postgres: a
+// started row another process's transaction holds, not yet committed); the
+// InProgressError's StartedAt is then zero. Under InFlightFail it is an
+// *InProgressError; under InFlightWait the leader waits for the record to
+// change, then decides again.
+func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record) (Result, error) {
+	if e.opts.InFlight == InFlightFail {
+		e.observe(Event{Kind: EventInProgress, Op: c.op})
+		var started time.Time
+		if rec != nil {
+			started = rec.StartedAt
+		}
+		return Result{}, &OpError{Op: c.op, Key: c.key, Err: &InProgressError{StartedAt: started, RetryAfter: e.opts.RetryAfter}}
+	}
+	if err := fault.Err("do-wait"); err != nil {
+		c.end = endAgain // as if the wait failed
+		return Result{}, &OpError{Op: c.op, Key: c.key, Err: err}
+	}
+	e.observe(Event{Kind: EventWait, Op: c.op})
+	if err := e.b.WaitChange(ctx, c.key); err != nil {
+		c.end = endAgain
+		return Result{}, err
+	}
+	cur, err := e.lookup(ctx, c.key, 0, false, e.now())
+	if err != nil {
+		c.end = endAgain
+		return Result{}, err
+	}
+	c.current = cur
+	return Result{}, errRedecide
+}
+
+// startedRecord is the started record of c's attempt.
+func (e *Engine[T]) startedRecord(c *leading) *Record {
+	// The backend carries over the mark and the longer window of the
+	// interrupted execution a claim takes over (ClaimRequest.Prev).
+	return &Record{Key: c.key, State: StateStarted, Fingerprint: c.fp, Attempt: c.attempt, StartedAt: e.now(),
+		Retention: e.opts.Retention, KeptUntilResolved: e.opts.Recovery == RecoverRefuse}
+}
+
+// claim takes c's key with started (Backend.Claim). A claim the backend
+// answers otherwise sends the leader back to decide.
+func (e *Engine[T]) claim(ctx context.Context, c *leading, started *Record) (*Claim, error) {
+	cr, err := e.b.Claim(ctx, ClaimRequest{Started: started, Prev: c.prev})
+	if err != nil {
+		c.end = endAgain
+		return nil, e.writeErr(c.op, c.key, err)
+	}
+	switch cr.Status {
+	case Claimed:
+		c.claim = cr.Claim
+		return cr.Claim, nil
+	case ClaimOwned:
+		// Taken meanwhile by a live owner elsewhere: wait for it or refuse,
+		// as for a record Owner reports owned. With no interrupted execution
+		// to take over (c.prev nil), the owner's record is not visible yet.
+		_, err := e.ownedElsewhere(ctx, c, c.prev)
+		return nil, err
+	default:
+		cur, at := cr.Current, cr.At
+		if at.IsZero() {
+			at = e.now()
+		}
+		if cur != nil && !e.live(cur, at) {
+			cur = nil
+		}
+		c.current = cur
+	}
+	return nil, errRedecide
+}
+
+// unclaim gives the key back after the caller's context ended before fn
+// started: back to the interrupted execution it recovered, or free.
+func (e *Engine[T]) unclaim(ctx context.Context, c *leading, cl *Claim) {
+	if err := e.b.Release(context.WithoutCancel(ctx), cl, c.prev); err != nil {
+		e.log.Warn("idem: cannot remove a started record after cancellation", "err", err)
+	}
+}
+
+// execute is Do's execution: claim (a started record committed), fn, done
+// commit.
+func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (Result, error) {
+	if e.b.Holding() {
+		c.end = endAgain
+		return Result{}, &OpError{Op: "do", Key: c.key, Err: errInsideDoTx}
+	}
+	started := e.startedRecord(c)
+	if err := fault.Err("do-before-started"); err != nil {
+		c.end = endAgain // as if the started commit failed: nothing stored
+		return Result{}, e.writeErr("do", c.key, err)
+	}
+	cl, err := e.claim(ctx, c, started)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := fault.Err("do-after-started"); err != nil {
+		// As a cancellation before fn starts: put the key back as it was.
+		c.end = endAgain
+		e.unclaim(ctx, c, cl)
+		return Result{}, e.writeErr("do", c.key, err)
+	}
+	if err := ctx.Err(); err != nil {
+		// fn has not started: put the key back as it was.
+		c.end = endAgain
+		e.unclaim(ctx, c, cl)
+		return Result{}, err
+	}
+
+	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
+	e.n.Executions.Add(1)
+	c.flight.runner.Store(goid.ID()) // fn runs here: see selfWait
+	returned := false
+	defer func() {
+		if !returned { // fn panicked or called runtime.Goexit
+			e.lapse(ctx, cl)
+		}
+	}()
+	resp, ferr, ended := e.runFn(ctx, c, fn)
+	returned = true
+
+	// Once fn has returned, its outcome is recorded even if ctx ends. A
+	// failed call's Result carries no response: fn's bytes are an answer
+	// only once stored (firstAnswer).
+	wctx := context.WithoutCancel(ctx)
+	res := Result{Attempt: c.attempt, StartedAt: started.StartedAt}
+	if err := fault.Err("do-after-fn"); err != nil {
+		// As a failed done commit: fn ran, the started record stays.
+		c.end = endIncomplete
+		return res, e.writeErr("do", c.key, err)
+	}
+	switch {
+	case errors.Is(ferr, ErrRetryable) && c.prev != nil:
+		// fn's promise covers this attempt only: the earlier attempt's effect
+		// is still unknown, so this attempt's started record stays, and the
+		// next call recovers with the attempt after it.
+		return res, ferr
+	case errors.Is(ferr, ErrRetryable):
+		if err := e.b.Release(wctx, cl, nil); err != nil {
+			c.end = endIncomplete
+			return res, errors.Join(ferr, e.writeErr("do", c.key, err))
+		}
+		return res, ferr
+	case ferr != nil && ended:
+		// fn's own context ended (the caller's ctx or Close): its error is an
+		// interruption, not an outcome. A context error fn made itself (a
+		// downstream timeout) while its context was live is an outcome.
+		c.end = endIncomplete
+		e.lapse(ctx, cl)
+		return res, ferr
+	}
+	done := e.doneRecord(started, resp, ferr)
+	if err := e.b.Complete(wctx, cl, done); err != nil {
+		c.end = endIncomplete
+		return res, e.writeErr("do", c.key, err)
+	}
+	if err := fault.Err("do-after-done"); err != nil {
+		// As an ambiguous commit: done is stored, the caller is not told;
+		// waiters lead again and replay it.
+		c.end = endAgain
+		return res, e.writeErr("do", c.key, err)
+	}
+	e.remember(done)
+	return e.firstAnswer(done, resp, ferr)
+}
+
+// lapse ends cl's lease at once, after fn ended without an outcome in this
+// live process (it panicked, or returned after its context ended): nobody
+// runs fn for the key any more, so another process may recover it without
+// waiting a lease out. The started record stays (an interrupted execution,
+// with the window and mark the claim stored): Release restores it with a
+// lapsed lease and a token no claim holds. Only for a backend whose claims
+// lease (Info().Heartbeat); a failure (ErrFenced: another owner took the
+// key over after a lost lease) is logged, and leaves the lease to lapse.
+func (e *Engine[T]) lapse(ctx context.Context, cl *Claim) {
+	if e.info.Heartbeat <= 0 || cl == nil || cl.Token == 0 || cl.Started == nil {
+		return
+	}
+	rec := *cl.Started
+	if p := cl.Prev; p != nil {
+		rec.Retention = max(rec.Retention, p.Retention)
+		rec.KeptUntilResolved = rec.KeptUntilResolved || p.KeptUntilResolved
+	}
+	// Bounded: a backend that cannot be reached (retrying on fresh
+	// connections) must not hold up the caller, or a panic, for long.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.info.Heartbeat)
+	defer cancel()
+	if err := e.b.Release(rctx, cl, &rec); err != nil {
+		e.log.Debug("idem: cannot end the lease of an ended fn; it lapses on its own", "err", err)
+	}
+}
+
+// runFn runs Do's fn in its context, and releases that context (its
+// registration on the engine's) on every path: a panic or runtime.Goexit in fn
+// included. ended reports whether fn's own context had ended (the caller's
+// ctx, Stop, or a lost lease) when fn returned, read before the stop that
+// cancels it.
+func (e *Engine[T]) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (resp []byte, ferr error, ended bool) {
+	fnCtx, stop := e.fnContext(ctx, c, false)
+	defer stop()
+	resp, ferr = fn(fnCtx)
+	return resp, ferr, fnCtx.Err() != nil
+}
+
+// errRolledBack marks a DoTx fn outcome that must not commit: the backend
+// rolls the transaction back and the engine records the outcome on its own.
+var errRolledBack = errors.New("idem: fn's writes rolled back")
+
+// executeTx is DoTx's execution: fn and the done record in one transaction
+// of the backend's (RunTx); a permanent error recorded alone.
+func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.Context, T) ([]byte, error)) (Result, error) {
+	if e.b.Holding() {
+		c.end = endAgain
+		return Result{}, &OpError{Op: "dotx", Key: c.key, Err: errInsideDoTx}
+	}
+	started := e.startedRecord(c)
+	// cl is this call's claim while fn runs: made inside RunTx for a new key
+	// (Token zero); when recovering an interrupted execution, a started
+	// record of this attempt, committed first (as Do does), so that however
+	// this attempt ends the evidence of the earlier unknown outcome stays and
+	// its attempt number is not given out again.
+	cl := &Claim{Key: c.key, Fingerprint: c.fp}
+	recovering := c.prev != nil
+	if recovering {
+		var err error
+		if cl, err = e.claim(ctx, c, started); err != nil {
+			return Result{}, err
+		}
+		if err := ctx.Err(); err != nil {
+			// fn has not started: put the key back as it was.
+			c.end = endAgain
+			e.unclaim(ctx, c, cl)
+			return Result{}, err
+		}
+	}
+	// lost marks this call as ending without an outcome: waiters get
+	// ErrIncomplete if an interrupted execution stands, else they try to
+	// lead (nothing was stored, the key is free).
+	lost := func() {
+		if recovering {
+			c.end = endIncomplete
+		} else {
+			c.end = endAgain
+		}
+	}
+	fnCtx, stop := e.fnContext(ctx, c, true)
+	defer stop()
+	var (
+		resp    []byte
+		ferr    error
+		ended   bool // fn's own context had ended when it returned
+		fnPanic *PanicError
+		done    *Record
+	)
+	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
+	e.n.Executions.Add(1)
+	lost() // until the backend answers: fn may call runtime.Goexit
+	wctx := context.WithoutCancel(ctx)
+	err := e.b.RunTx(wctx, cl, func(tx T) (*Record, error) {
+		done = nil // fn may run again: only the last run's outcome counts
+		resp, ferr, fnPanic = callTx(fnCtx, tx, fn)
+		ended = fnCtx.Err() != nil // before stop, which cancels fnCtx
+		if t := e.info.Transient; ferr != nil && t != nil && !errors.Is(ferr, ErrRetryable) && t(ferr) {
+			ferr = Retryable(ferr) // the database's "try again": not an outcome
+		}
+		if fnPanic != nil {
+			return nil, errRolledBack
+		}
+		// fn may return bytes read from tx: they may point into the
+		// backend's memory (bbolt's map) and be invalid once it ends.
+		resp = cloneBytes(resp)
+		if ferr != nil {
+			return nil, errRolledBack
+		}
+		done = e.doneRecord(started, resp, nil)
+		if done.Err != nil { // too large: fail closed without fn's writes
+			return nil, errRolledBack
+		}
+		if err := fault.Err("dotx-before-commit"); err != nil {
+			return nil, err // as a failed write in the transaction: it rolls back
+		}
+		return done, nil
+	})
+	c.end = endAnswer
+	res := Result{Attempt: c.attempt, StartedAt: started.StartedAt} // no response unless stored, as for Do
+	switch {
+	case err == nil:
+		if err := fault.Err("dotx-after-commit"); err != nil {
+			// As an ambiguous commit: fn's writes and done are stored, the
+			// caller is not told; waiters lead again and replay it.
+			c.end = endAgain
+			return res, e.writeErr("dotx", c.key, err)
+		}
+		e.remember(done)
+		return e.firstAnswer(done, resp, nil)
+	case fnPanic != nil:
+		lost()
+		if recovering {
+			e.lapse(ctx, cl)
+		}
+		panic(fnPanic)
+	case errors.Is(err, ErrClaimTaken) && !recovering:
+		// Another process claimed the key meanwhile: nothing was written.
+		cur, lerr := e.lookup(ctx, c.key, 0, false, e.now())
+		if lerr != nil {
+			c.end = endAgain
+			return res, lerr
+		}
+		if cur == nil {
+			// Claimed but not visible: another process's transaction holds
+			// the key's row, uncommitted. Owned elsewhere: wait or refuse.
+			c.end = endAnswer
+			return e.ownedElsewhere(ctx, c, nil)
+		}
+		c.current = cur
+		return Result{}, errRedecide
+	case err != errRolledBack:
+		// The commit failed (a write error, or a panic of the backend's or
+		// of the engine's own code in it): nothing of fn's committed.
+		lost()
+		return res, e.writeErr("dotx", c.key, err)
+	case errors.Is(ferr, ErrRetryable):
+		// Nothing of fn's committed. A new key is free; a recovery keeps its
+		// started record, since fn's promise covers this attempt only.
+		// Waiters get the same error and may retry at once.
+		return res, ferr
+	case ferr != nil && ended:
+		// fn's own context ended (the caller's ctx or Close): its error is an
+		// interruption, not an outcome; a context error fn made itself
+		// while its context was live is a permanent error.
+		lost()
+		if recovering {
+			e.lapse(ctx, cl)
+		}
+		return res, ferr
+	}
+	// A permanent error or an oversized response: record it alone.
+	if done == nil || done.Err == nil {
+		done = e.doneRecord(started, resp, ferr)
+	}
+	if recovering {
+		err = e.b.Complete(wctx, cl, done)
+	} else {
+		err = e.b.RunTx(wctx, cl, func(T) (*Record, error) { return done, nil })
+	}
+	if err != nil {
+		lost()
+		return res, e.writeErr("dotx", c.key, err)
+	}
+	e.remember(done)
+	return e.firstAnswer(done, resp, ferr)
+}
+
+// callTx runs a DoTx fn, turning its panic into a *PanicError with the stack
+// where it panicked, so that a panic of fn is told apart from one of the
+// engine or the backend inside the same commit.
+func callTx[T any](ctx context.Context, tx T, fn func(context.Context, T) ([]byte, error)) (resp []byte, err error, pe *PanicError) {
+	defer func() {
+		if v := recover(); v != nil {
+			pe = &PanicError{Value: v, Stack: debug.Stack()}
+		}
+	}()
+	resp, err = fn(ctx, tx)
+	return resp, err, nil
+}
+
+// doneRecord builds the done record for fn's outcome, failing closed on a
+// response over the limit.
+func (e *Engine[T]) doneRecord(started *Record, resp []byte, ferr error) *Record {
+	done := *started
+	done.State, done.CompletedAt, done.Response = StateDone, e.now(), resp
+	done.KeptUntilResolved = false
+	var code, msg string
+	if ferr != nil {
+		code, msg = errorCode(ferr), ferr.Error()
+	}
+	// The limit covers what is stored: the response and the error's text.
+	if max, n := e.opts.MaxResponseSize, len(resp)+len(code)+len(msg); max > 0 && n > max {
+		done.Response = nil
+		done.Err = &Error{Code: codeResponseTooLarge,
+			Message: fmt.Sprintf("response and error of %d bytes exceed the limit of %d bytes", n, max)}
+	} else if ferr != nil {
+		done.Err = &Error{Code: code, Message: msg}
+	}
+	return &done
+}
+
+// firstAnswer is the caller's answer once done is committed: the record as a
+// replay would give it, except that the error wraps fn's own.
+func (e *Engine[T]) firstAnswer(done *Record, resp []byte, ferr error) (Result, error) {
+	res := Result{Response: done.Response, Attempt: done.Attempt, StartedAt: done.StartedAt, CompletedAt: done.CompletedAt}
+	if done.Err == nil {
+		return res, nil
+	}
+	out := *done.Err
+	if out.Code != codeResponseTooLarge {
+		out.err = ferr
+	}
+	return res, &out
+}
+
+// replay answers from a done record. A record shared with the cache is
+// copied: each caller gets its own response bytes and its own *Error. A
+// record just decoded by the backend is the caller's already.
+func (e *Engine[T]) replay(op string, rec *Record, fp uint64, shared bool) (Result, error) {
+	if rec.Fingerprint != fp {
+		return Result{}, e.conflict(op, rec.Key, nil)
+	}
+	e.n.Replays.Add(1)
+	e.observe(Event{Kind: EventReplay, Op: op})
+	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}
+	if !shared {
+		if rec.Err != nil {
+			return res, rec.Err
+		}
+		return res, nil
+	}
+	res.Response = cloneBytes(rec.Response)
+	if rec.Err != nil {
+		err := *rec.Err
+		return res, &err
+	}
+	return res, nil
+}
+
+// conflict counts a fingerprint mismatch on key and returns its error, with
+// why (if not nil) as the detail.
+func (e *Engine[T]) conflict(op, key string, why error) error {
+	e.n.Conflicts.Add(1)
+	e.observe(Event{Kind: EventConflict, Op: op})
+	err := ErrFingerprintMismatch
+	if why != nil {
+		err = fmt.Errorf("%w: %v", ErrFingerprintMismatch, why)
+	}
+	return &OpError{Op: op, Key: key, Err: err}
+}
+
+// remember puts a just-committed done record in the replay cache, as a
+// replay from the backend would see it: its own copy of the response.
+func (e *Engine[T]) remember(done *Record) {
+	if e.cache == nil {
+		return
+	}
+	r := *done
+	r.Response = cloneBytes(done.Response)
+	if done.Err != nil {
+		stored := Error{Code: done.Err.Code, Message: done.Err.Message, Replayed: true}
+		r.Err = &stored
+	}
+	e.cache.put(&r)
+}
+
+// lookup reads key's live record at now (at the backend's reading of its
+// clock, if it has one: Info.Clock), or nil if it has none or it expired.
+// With check set, a live done record of another fingerprint than fp may come
+// back as ErrFingerprintMismatch, unwrapped.
+func (e *Engine[T]) lookup(ctx context.Context, key string, fp uint64, check bool, now time.Time) (*Record, error) {
+	rec, at, err := e.b.Lookup(ctx, Lookup{Key: key, Now: now, Retention: e.opts.Retention, Fingerprint: fp, CheckFingerprint: check})
+	if err != nil || rec == nil {
+		return nil, err
+	}
+	if !at.IsZero() {
+		now = at
+	}
+	if !e.live(rec, now) {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// writeErr wraps a backend's write error for op on key.
+func (e *Engine[T]) writeErr(op, key string, err error) error {
+	return OpErr(op, key, err)
+}
