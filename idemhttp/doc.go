@@ -146,10 +146,13 @@
 //
 // # The handler
 //
-// The handler's context keeps the request's values but does not end when the
-// client goes away: the outcome is recorded, and the client's retry gets it.
-// It ends when the engine closes; an answer written after that reaches its
-// caller but is not stored, and the key stays started. A handler that panics leaves an interrupted
+// The handler's context is the engine's fn context: it keeps the request's
+// values but does not end when the client goes away: the outcome is
+// recorded, and the client's retry gets it. It ends when the engine closes
+// and, on idempg, the moment the handler's lease has passed (cause
+// idem.ErrLeaseLost: another replica may run the key again); an answer
+// written after that reaches its caller but is not stored, and the key stays
+// started. A handler that panics leaves an interrupted
 // execution (the engine's recovery policy decides what the next request with
 // the key gets). If the engine cannot record the handler's outcome (a failed
 // commit), the handler's caller still gets its answer; the key then stays

@@ -12,6 +12,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -152,12 +153,16 @@ type Options struct {
 // or, when it is not a valid sf-string, the header's raw value (stripe-go
 // sends unquoted keys), so `"abc"` and `abc` are the same key.
 //
-// The handler runs with a context that keeps the request's values but does
-// not end when the client goes away (so that its outcome is recorded for the
-// client's retry); it ends when the engine closes, and an answer written
-// after that goes to its caller but is not stored (the key stays started,
-// for the engine's recovery policy). idemcore.CallFrom on it tells
-// the attempt and whether the call recovers an interrupted one. The handler
+// The handler runs with fn's context (idemcore.Doer.Do): it keeps the request's
+// values but has no deadline and does not end when the client goes away
+// once the handler has started (so that its outcome is recorded for the
+// client's retry); it ends when the engine closes, whether the client is
+// there or not, and, on a backend with leases (idempg), the moment the lease
+// has passed unrenewed (cause idemcore.ErrLeaseLost; the engine's Caveats say
+// what remains). An answer written after it ended goes to its caller but is
+// not stored (the key stays started, for the engine's recovery policy).
+// idemcore.CallFrom on it tells the attempt and whether the call recovers an
+// interrupted one. The handler
 // may mark its response as not to be stored with NotStored. A handler that
 // panics leaves the key started (the engine's recovery policy decides what a
 // retry does) and the panic propagates to net/http, which drops the
@@ -272,20 +277,28 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 
 	var rec *recorder // set when the handler ran in this request
 	for round := 0; ; round++ {
-		res, err := m.d.Do(r.Context(), stored, fp, func(ctx context.Context) ([]byte, error) {
+		call, begin, release := callContext(r.Context())
+		res, err := m.d.Do(call, stored, fp, func(ctx context.Context) ([]byte, error) {
+			if !begin() {
+				// The client went away as fn was starting: the handler does
+				// not run, and the key is free again.
+				return nil, idemcore.Retryable(context.Cause(r.Context()))
+			}
+			// The handler gets fn's own context: it ends when the engine
+			// closes and, on a backend with leases, the moment the lease
+			// has passed (cause idemcore.ErrLeaseLost).
 			rec = newRecorder(w, m.opts.MaxResponseSize)
-			hctx, done := handlerContext(ctx, r.Context())
-			defer done()
-			next.ServeHTTP(rec, withBody(r.WithContext(hctx), body))
+			next.ServeHTTP(rec, withBody(r.WithContext(ctx), body))
 			resp, err := rec.outcome(m.headers)
-			if err == nil && hctx.Err() != nil {
-				// The engine is closing: an answer made under cancellation is
-				// not the request's outcome. The key stays started, for the
-				// recovery policy.
-				return nil, hctx.Err()
+			if err == nil && ctx.Err() != nil {
+				// The engine is closing, or the lease was lost: an answer
+				// made under cancellation is not the request's outcome. The
+				// key stays started, for the recovery policy.
+				return nil, context.Cause(ctx)
 			}
 			return resp, err
 		})
+		release()
 		if rec != nil {
 			// The handler ran for this request: its caller gets its answer,
 			// whatever became of the record (not stored, over the size
@@ -458,18 +471,37 @@ func fingerprint(r *http.Request, body []byte) []byte {
 	return fp
 }
 
-// handlerContext is the handler's context: fnCtx's values (the request's and
-// idemcore.CallFrom's), not ended by the client going away (the outcome must be
-// recorded for its retry), but ended when fnCtx ends for another reason
-// while the request is live: the engine closing. fnCtx ends once, so a
-// handler whose client went away first is not cancelled by a later Close,
-// which then waits for it (as http.Server.Shutdown does).
-func handlerContext(fnCtx, reqCtx context.Context) (context.Context, func()) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(fnCtx))
-	stop := context.AfterFunc(fnCtx, func() {
-		if reqCtx.Err() == nil {
-			cancel()
+// Where a call stands, for callContext.
+const (
+	callWaiting int32 = iota // fn has not started: the request's end ends the call
+	callStarted              // fn started: the call outlives the request
+	callLeft                 // the request ended before fn started
+)
+
+// callContext is the context the middleware calls Do with: reqCtx's values,
+// no deadline, and reqCtx's end only until fn starts, so that a waiting
+// duplicate whose client goes away stops waiting while a handler whose
+// client goes away runs on, its outcome recorded for the retry (fn's
+// context, a child of this one, is the handler's: it ends when the engine
+// closes or the lease is lost, never with the client). fn calls begin
+// first: false if the request has ended, and then fn must not run the
+// handler (its context is ending). One atomic state decides between the two,
+// so there is no instant at which both could win. release frees the context
+// after Do returns.
+func callContext(reqCtx context.Context) (ctx context.Context, begin func() bool, release func()) {
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(reqCtx))
+	var state atomic.Int32
+	left := func() {
+		if state.CompareAndSwap(callWaiting, callLeft) {
+			cancel(context.Cause(reqCtx))
 		}
-	})
-	return ctx, func() { stop(); cancel() }
+	}
+	stop := context.AfterFunc(reqCtx, left)
+	begin = func() bool {
+		if reqCtx.Err() != nil { // ended, its AfterFunc maybe not run yet
+			left()
+		}
+		return state.CompareAndSwap(callWaiting, callStarted)
+	}
+	return ctx, begin, func() { stop(); cancel(nil) }
 }
