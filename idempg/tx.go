@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
-	"sync"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/goid"
@@ -32,12 +29,6 @@ const (
 	// with slots to spare calls run side by side and a slow fn delays no
 	// one (a batch runs its fns one after the other).
 	txBatchShare = 2
-	// stmtBatchShare sets how many of Do's batched claims and completions
-	// run at once: one per stmtBatchShare connections (at least two). They
-	// hold no user code, so fewer, fuller batches cost no one a wait and
-	// save commits: at 64 callers on a pool of 64, 8 slots gave 1.5x the
-	// first executions of 32 (bench/RESULTS.md).
-	stmtBatchShare = 8
 )
 
 // txReq is one RunTx call, queued for or running in a batch.
@@ -279,173 +270,6 @@ func (b *backend) txEnded(ctx context.Context, tx pgx.Tx, ask bool) error {
 	}
 	err := fmt.Errorf("%w: it sent COMMIT or ROLLBACK through tx; nothing was stored for the call", ErrTxEnded)
 	return &batchBroken{err: err, cause: err, ended: true}
-}
-
-// errFnEndsTx is the error of a DoTx fn's Commit or Rollback of the
-// transaction it was given.
-var errFnEndsTx = fmt.Errorf("%w: tx.Commit and tx.Rollback refuse", ErrTxEnded)
-
-// fnTx is the transaction a DoTx fn receives: the batch's, without Commit
-// and Rollback, and with statements refused once fn's context ended or fn
-// returned (idemcore.ErrTxClosed).
-type fnTx struct {
-	pgx.Tx
-	nested bool // a savepoint fn began: its Commit and Rollback are fn's
-	mu     sync.Mutex
-	ended  bool
-}
-
-func (t *fnTx) end() {
-	t.mu.Lock()
-	t.ended = true
-	t.mu.Unlock()
-}
-
-// use checks that a statement may be sent with ctx, and returns the context
-// to send it with: ctx without its cancellation (see RunTx).
-func (t *fnTx) use(ctx context.Context) (context.Context, error) {
-	t.mu.Lock()
-	ended := t.ended
-	t.mu.Unlock()
-	if ended {
-		return nil, fmt.Errorf("%w: the DoTx fn returned", idemcore.ErrTxClosed)
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return context.WithoutCancel(ctx), nil
-}
-
-// Begin starts a nested transaction: a savepoint of the batch's.
-func (t *fnTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	c, err := t.use(ctx)
-	if err != nil {
-		return nil, err
-	}
-	nt, err := t.Tx.Begin(c)
-	if err != nil {
-		return nil, err
-	}
-	return &fnTx{Tx: nt, nested: true}, nil
-}
-
-// Commit and Rollback fail with errFnEndsTx, unless t is a savepoint fn
-// began: the transaction is the engine's.
-func (t *fnTx) Commit(ctx context.Context) error {
-	if !t.nested {
-		return errFnEndsTx
-	}
-	c, err := t.use(ctx)
-	if err != nil {
-		return err
-	}
-	return t.Tx.Commit(c)
-}
-
-func (t *fnTx) Rollback(ctx context.Context) error {
-	if !t.nested {
-		return errFnEndsTx
-	}
-	return t.Tx.Rollback(context.WithoutCancel(ctx))
-}
-
-func (t *fnTx) CopyFrom(ctx context.Context, name pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
-	c, err := t.use(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return t.Tx.CopyFrom(c, name, cols, src)
-}
-
-func (t *fnTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	c, err := t.use(ctx)
-	if err != nil {
-		return errBatch{err}
-	}
-	return t.Tx.SendBatch(c, b)
-}
-
-func (t *fnTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	c, err := t.use(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return t.Tx.Prepare(c, name, sql)
-}
-
-func (t *fnTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	c, err := t.use(ctx)
-	if err != nil {
-		return pgconn.CommandTag{}, err
-	}
-	return t.Tx.Exec(c, sql, args...)
-}
-
-func (t *fnTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	c, err := t.use(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return t.Tx.Query(c, sql, args...)
-}
-
-func (t *fnTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	c, err := t.use(ctx)
-	if err != nil {
-		return errRow{err}
-	}
-	return t.Tx.QueryRow(c, sql, args...)
-}
-
-// errRow and errBatch carry an error refused before sending.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-type errBatch struct{ err error }
-
-func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
-func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
-func (b errBatch) Close() error                     { return b.err }
-func (b errBatch) Tx() pgx.Tx                       { return nil }
-
-// commitOutcome resolves a COMMIT whose answer was lost (cause) by the
-// transaction's status on the server (txid_status of xid), waiting while
-// it is still in progress: the COMMIT may not have arrived yet (a
-// connection cut while it was on its way), and a read back before it
-// arrives would see the transaction's writes missing although they commit
-// a moment later. Committed, the record is read back by the claim's token
-// (readBack: done with it, nil); aborted, nothing of fn's committed and the
-// error is cause's. The wait is bounded by the transaction's
-// idle_in_transaction_session_timeout, after which the server aborts a
-// transaction whose COMMIT never came, and LockTimeout more; past it, or if
-// the status cannot be read, the outcome stays unknown and the error says
-// so. It only reads: the outcome is never decided by writing again.
-func (b *backend) commitOutcome(ctx context.Context, xid int64, c *idemcore.Claim, cause error) error {
-	deadline := time.Now().Add(b.s.IdleInTransactionTimeout + b.s.LockTimeout)
-	for {
-		var status *string
-		err := b.pool.QueryRow(ctx, `SELECT txid_status($1::bigint)`, b.s.args(xid)...).Scan(&status)
-		switch {
-		case err != nil:
-			return fmt.Errorf("the COMMIT's answer was lost (%w), and so was the read back of its outcome: %v", cause, err)
-		case status == nil: // too old to tell: the record says
-			return b.readBack(ctx, c, idemcore.StateDone, cause, nil) // done's times came with its write
-		case *status == "committed":
-			return b.readBack(ctx, c, idemcore.StateDone, cause, nil) // done's times came with its write
-		case *status == "aborted":
-			return fmt.Errorf("the transaction rolled back, its COMMIT's answer lost: %w", cause)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the COMMIT's answer was lost (%w), and its transaction is still in progress", cause)
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("the COMMIT's answer was lost (%w), and so was the wait for its outcome: %v", cause, ctx.Err())
-		case <-time.After(b.s.PollInterval):
-		}
-	}
 }
 
 // runFn runs fn(tx) on a goroutine of its own and waits: a panic comes back

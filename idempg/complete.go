@@ -1,0 +1,147 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/idemcore"
+)
+
+// completeSQL replaces a started row held by token $2 with its done
+// outcome, its completion stamped by the database's clock; the row keeps
+// the start its claim stamped. completeStmt makes it answer both and notify
+// the waiters of the key.
+const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, lease_until = NULL,
+	attempt = $3::integer, completed_ns = {now_ns}, retention_ns = $4::bigint,
+	kept_until_resolved = false, expires_ns = {now_ns} + $4::bigint, response = $5::bytea, has_error = $6::boolean,
+	error_code = $7::bytea, error_message = $8::bytea
+WHERE key = $1::text AND fence = $2::bigint AND state = 1`
+
+// doneArgs are completeSQL's arguments $3 on.
+func doneArgs(done *idemcore.Record) []any {
+	has, code, msg := errFields(done)
+	return []any{done.Attempt, int64(done.Retention), done.Response, has, code, msg}
+}
+
+// completeStmt is the fenced write q (completeSQL and its conditions),
+// answering the row's stored times (started_ns, completed_ns) and a column
+// to ignore (its notification of the key's waiters, unless PollOnly).
+func (b *backend) completeStmt(q string) string {
+	if b.s.PollOnly {
+		return `WITH w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL FROM w`
+	}
+	return `WITH w AS (` + q + ` RETURNING key, waiters, started_ns, completed_ns)
+		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+}
+
+// stamped sets done's times to the row's, as the database stamped them.
+func stamped(done *idemcore.Record, startedNs, completedNs int64) {
+	done.StartedAt, done.CompletedAt = fromNs(startedNs), fromNs(completedNs)
+}
+
+// Complete implements idemcore.Backend: one fenced UPDATE. If its answer is
+// lost (the connection dropped after the statement, and so its COMMIT, was
+// sent), the record is read back by the claim's fencing token: done with
+// that token means the write committed; anything else that it did not.
+//
+// Concurrent completions share one statement (an UPDATE from the unnest of
+// their arrays: one round trip, one commit); a lone one runs alone.
+//
+// A completion that fails because its connection died (a server restart,
+// a session ended by the server, a dropped TCP connection) is retried on a
+// fresh connection (see again), so that a live claim's outcome is stored,
+// not lost to a driver error.
+func (b *backend) Complete(ctx context.Context, c *idemcore.Claim, done *idemcore.Record) error {
+	return b.again(ctx, func() error {
+		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
+		b.completes.do(r, r.done)
+		if r.err == nil && !r.found {
+			return fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
+		}
+		return r.err
+	}, func(cause error) error { return b.readBack(ctx, c, idemcore.StateDone, cause, done) })
+}
+
+// completeReq is one completion, queued for or running in a batch.
+type completeReq struct {
+	c     *idemcore.Claim
+	rec   *idemcore.Record
+	found bool // the row held c's token and is done now
+	err   error
+	done  chan struct{}
+}
+
+// completeBatch completes reqs in one statement, or a lone one alone.
+func (b *backend) completeBatch(reqs []*completeReq) {
+	ctx := context.Background()
+	if len(reqs) == 1 {
+		r := reqs[0]
+		var (
+			started, completed int64
+			ignored            any
+		)
+		err := b.writeRow(ctx, b.completeStmt(completeSQL), append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...), &started, &completed, &ignored)
+		if err == nil {
+			r.found = true
+			stamped(r.rec, started, completed)
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			r.err = err
+		}
+		close(r.done)
+		return
+	}
+	n := len(reqs)
+	keys, fences, attempts := make([]string, n), make([]int64, n), make([]int32, n)
+	rets, resps := make([]int64, n), make([][]byte, n)
+	has, codes, msgs := make([]bool, n), make([][]byte, n), make([][]byte, n)
+	byKey := make(map[string]*completeReq, n)
+	for i, r := range reqs {
+		d := r.rec
+		keys[i], fences[i], attempts[i] = r.c.Key, int64(r.c.Token), int32(d.Attempt)
+		rets[i], resps[i] = int64(d.Retention), d.Response
+		has[i], codes[i], msgs[i] = errFields(d)
+		byKey[r.c.Key] = r
+	}
+	q := `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
+			attempt = u.attempt, completed_ns = {now_ns}, retention_ns = u.ret,
+			kept_until_resolved = false, expires_ns = {now_ns} + u.ret, response = u.resp, has_error = u.has,
+			error_code = u.code, error_message = u.msg
+		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bytea[], $6::boolean[], $7::bytea[], $8::bytea[])
+			AS u(key, fence, attempt, ret, resp, has, code, msg)
+		WHERE r.key = u.key AND r.fence = u.fence AND r.state = 1
+		RETURNING r.key, r.waiters, r.started_ns, r.completed_ns`
+	if !b.s.PollOnly {
+		q = `WITH w AS (` + q + `) SELECT key, started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+	} else {
+		q = `WITH w AS (` + q + `) SELECT key, started_ns, completed_ns, NULL FROM w`
+	}
+	err := b.write(ctx, q, []any{keys, fences, attempts, rets, resps, has, codes, msgs}, func(br pgx.BatchResults) error {
+		rows, err := br.Query()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				key                string
+				started, completed int64
+				ignored            any
+			)
+			if err := rows.Scan(&key, &started, &completed, &ignored); err != nil {
+				return err
+			}
+			if r := byKey[key]; r != nil {
+				r.found = true
+				stamped(r.rec, started, completed)
+			}
+		}
+		return rows.Err()
+	})
+	for _, r := range reqs {
+		r.err = err
+		close(r.done)
+	}
+}

@@ -1,0 +1,60 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkit/idem/idemcore"
+)
+
+// Lookup implements idemcore.Backend: one SELECT by key, which reads the
+// database's clock too (at), by which the engine judges the record.
+func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, time.Time, error) {
+	if !storable(q.Key) {
+		return nil, time.Time{}, nil
+	}
+	var (
+		r  scanned
+		at int64
+	)
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, {now_ns} FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(q.Key)...).Scan(append(r.dest(), &at)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, time.Time{}, nil
+	}
+	if err != nil {
+		return nil, time.Time{}, err
+	}
+	rec, err := r.record()
+	return rec, fromNs(at), err
+}
+
+// Owner implements idemcore.Backend: a started record is owned while its lease
+// has not lapsed by the database's clock.
+func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Ownership, error) {
+	var (
+		owner  string
+		left   int64 // µs until the lease lapses; ≤ 0 once it has
+		before = time.Now()
+	)
+	err := b.pool.QueryRow(ctx, b.sql(`SELECT owner, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint
+		FROM {schema}.idem_records WHERE key = $1::text AND state = 1 AND attempt = $2::integer AND started_ns = $3::bigint`),
+		b.s.args(rec.Key, rec.Attempt, toNs(rec.StartedAt))...).Scan(&owner, &left)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The record changed since it was read: Claim says how.
+		return idemcore.Ownership{}, nil
+	}
+	if err != nil {
+		return idemcore.Ownership{}, err
+	}
+	if left <= 0 || owner == b.owner {
+		// Lapsed; or claimed by this engine, whose calls the engine knows:
+		// none runs for the key while it asks (it holds the key), so the
+		// record is an interrupted execution of this engine's, recovered at
+		// once, as on bbolt.
+		return idemcore.Ownership{Owner: owner}, nil
+	}
+	return idemcore.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
+}

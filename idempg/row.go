@@ -1,0 +1,83 @@
+package idempg
+
+import (
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/idemkit/idem/idemcore"
+)
+
+// Record columns, in the order scanRecord reads them.
+const recordColumns = `key, fingerprint, state, attempt, fence, owner, lease_until, started_ns, completed_ns,
+	retention_ns, kept_until_resolved, response, has_error, error_code, error_message`
+
+// scanned is one record row as read.
+type scanned struct {
+	rec         idemcore.Record
+	fence       int64
+	owner       *string
+	leaseUntil  *time.Time
+	hasError    bool
+	code, msg   []byte // bytea: any bytes (migration 3)
+	fp          int64
+	startedNs   int64
+	completedNs int64
+	retentionNs int64
+}
+
+func (r *scanned) dest() []any {
+	return []any{&r.rec.Key, &r.fp, &r.rec.State, &r.rec.Attempt, &r.fence, &r.owner, &r.leaseUntil,
+		&r.startedNs, &r.completedNs, &r.retentionNs, &r.rec.KeptUntilResolved, &r.rec.Response,
+		&r.hasError, &r.code, &r.msg}
+}
+
+// record finishes r's Record.
+func (r *scanned) record() (*idemcore.Record, error) {
+	rec := r.rec
+	rec.Fingerprint = uint64(r.fp)
+	rec.StartedAt = fromNs(r.startedNs)
+	rec.CompletedAt = fromNs(r.completedNs)
+	rec.Retention = time.Duration(r.retentionNs)
+	if r.hasError {
+		rec.Err = &idemcore.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
+	}
+	if rec.State != idemcore.StateStarted && rec.State != idemcore.StateDone {
+		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, rec.State)
+	}
+	return &rec, nil
+}
+
+// toNs and fromNs convert times to the bigint columns: the zero time is 0.
+func toNs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNs(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// expiresNs is the end of r's own retention window (idemcore.Expiry), Unix
+// ns; 0 for never.
+func expiresNs(r *idemcore.Record) int64 { return toNs(idemcore.Expiry(r, 0)) }
+
+// errFields are the stored error columns of r: bytea, never NULL, so that
+// a code or message of any bytes (NUL, invalid UTF-8) is stored exactly.
+func errFields(r *idemcore.Record) (has bool, code, msg []byte) {
+	if r.Err == nil {
+		return false, []byte{}, []byte{}
+	}
+	return true, append([]byte{}, r.Err.Code...), append([]byte{}, r.Err.Message...)
+}
+
+// storable reports whether key can be stored in a text column: valid UTF-8
+// without NUL. Any other key (an operator's call for a key of the old rules)
+// has no record here.
+func storable(key string) bool { return utf8.ValidString(key) && strings.IndexByte(key, 0) < 0 }
