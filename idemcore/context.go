@@ -47,14 +47,11 @@ func (e *Engine[T]) fnContext(ctx context.Context, c *leading, inTx bool) (conte
 	if beat {
 		until = cl.LeaseUntil
 	}
-	lc := newLeaseCtx(ctx, until)
+	lc := newLeaseCtx(ctx, until, func() {
+		e.log.Warn("idem: the claim's lease lapsed before a renewal succeeded: fn's context is cancelled")
+	})
 	lc.call = callCtx{Call: Call{Key: c.key, Attempt: c.attempt, Recovered: c.recovered}, e: e, inTx: inTx}
 	lc.hasCall = true
-	if lc.leased {
-		lc.lapsed = func() {
-			e.log.Warn("idem: the claim's lease lapsed before a renewal succeeded: fn's context is cancelled")
-		}
-	}
 	unregister := context.AfterFunc(e.ctx, func() { lc.cancel(nil) })
 	stopBeat := func() {}
 	if beat {

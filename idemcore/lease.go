@@ -44,9 +44,10 @@ type leaseCtx struct {
 // newLeaseCtx returns a context over parent whose lease ends at until (a
 // reading of this process's clock, with its monotonic part: backends stamp
 // it from a reading taken before the claim was sent). A zero until is a
-// context that never lapses: parent's, with stop.
-func newLeaseCtx(parent context.Context, until time.Time) *leaseCtx {
-	c := &leaseCtx{}
+// context that never lapses: parent's, with stop. lapsed, if not nil, logs
+// a lapse, once; it is set before the timer starts, which may call it.
+func newLeaseCtx(parent context.Context, until time.Time, lapsed func()) *leaseCtx {
+	c := &leaseCtx{lapsed: lapsed}
 	c.Context, c.cancel = context.WithCancelCause(parent)
 	if until.IsZero() {
 		return c

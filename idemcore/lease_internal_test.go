@@ -20,7 +20,7 @@ func TestLeaseCtxJudgesItsLease(t *testing.T) {
 	defer cancel()
 	for _, look := range []string{"Err", "Done", "Cause"} {
 		t.Run(look, func(t *testing.T) {
-			c := newLeaseCtx(parent, time.Now().Add(time.Hour))
+			c := newLeaseCtx(parent, time.Now().Add(time.Hour), nil)
 			defer c.stop()
 			child, stopChild := context.WithCancel(c)
 			defer stopChild()
@@ -68,7 +68,7 @@ func TestLeaseCtxJudgesItsLease(t *testing.T) {
 // first end (here, a lease that began passed and was renewed before any
 // look).
 func TestLeaseCtxRenewed(t *testing.T) {
-	c := newLeaseCtx(context.Background(), time.Now().Add(time.Hour))
+	c := newLeaseCtx(context.Background(), time.Now().Add(time.Hour), nil)
 	defer c.stop()
 	c.extend(time.Now().Add(2 * time.Hour))
 	if c.Err() != nil || c.left() < time.Hour+30*time.Minute {
@@ -79,7 +79,7 @@ func TestLeaseCtxRenewed(t *testing.T) {
 // The timer ends the context at its lease's end for those that only wait
 // on Done: here a child, which never looks at the lease itself.
 func TestLeaseCtxTimer(t *testing.T) {
-	c := newLeaseCtx(context.Background(), time.Now().Add(time.Millisecond))
+	c := newLeaseCtx(context.Background(), time.Now().Add(time.Millisecond), nil)
 	defer c.stop()
 	child, cancel := context.WithCancel(c)
 	defer cancel()
@@ -93,16 +93,34 @@ func TestLeaseCtxTimer(t *testing.T) {
 	}
 }
 
+// A lease already past when its context is made (a claim whose answer
+// came back late, on a loaded machine) ends at once and logs its lapse: the
+// logger is the context's from the start, so the timer, which may fire
+// before the constructor returns, never races a later assignment of it.
+func TestLeaseCtxPastAtStartLogsLapse(t *testing.T) {
+	logged := make(chan struct{}, 1)
+	c := newLeaseCtx(context.Background(), time.Now().Add(-time.Second), func() { logged <- struct{}{} })
+	defer c.stop()
+	select {
+	case <-logged:
+	case <-time.After(30 * time.Second): // a hang guard
+		t.Fatal("the lapse of a lease past at start was never logged")
+	}
+	if !errors.Is(context.Cause(c), ErrLeaseLost) {
+		t.Fatalf("cause %v, want ErrLeaseLost", context.Cause(c))
+	}
+}
+
 // Stopped first, it is not a lost lease, and a lapse after that changes
 // nothing; a zero lease end never lapses.
 func TestLeaseCtxStop(t *testing.T) {
-	c := newLeaseCtx(context.Background(), time.Now().Add(time.Hour))
+	c := newLeaseCtx(context.Background(), time.Now().Add(time.Hour), nil)
 	c.stop()
 	c.extend(time.Now().Add(-time.Nanosecond))
 	if !errors.Is(context.Cause(c), context.Canceled) || errors.Is(context.Cause(c), ErrLeaseLost) {
 		t.Fatalf("stopped: cause %v, want Canceled", context.Cause(c))
 	}
-	n := newLeaseCtx(context.Background(), time.Time{})
+	n := newLeaseCtx(context.Background(), time.Time{}, nil)
 	defer n.stop()
 	if n.leased || n.Err() != nil {
 		t.Fatal("a zero lease end lapses")
@@ -113,7 +131,7 @@ func TestLeaseCtxStop(t *testing.T) {
 // ended, each with Done closed (run with -race).
 func TestLeaseCtxConcurrentLooks(t *testing.T) {
 	for range 50 {
-		c := newLeaseCtx(context.Background(), time.Now().Add(time.Hour))
+		c := newLeaseCtx(context.Background(), time.Now().Add(time.Hour), nil)
 		c.extend(time.Now().Add(-time.Nanosecond))
 		var wg sync.WaitGroup
 		for range 4 {
@@ -140,7 +158,7 @@ func TestLeaseCtxConcurrentLooks(t *testing.T) {
 func TestLeaseCtxTimerWaitsForRenewal(t *testing.T) {
 	for {
 		first := time.Now().Add(20 * time.Millisecond)
-		c := newLeaseCtx(context.Background(), first)
+		c := newLeaseCtx(context.Background(), first, nil)
 		c.extend(time.Now().Add(time.Hour))
 		if time.Until(first) <= 0 { // renewed too late: the lease may have lapsed
 			c.stop()

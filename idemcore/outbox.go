@@ -316,10 +316,9 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message, unt
 		hctx := ctx
 		var lc *leaseCtx
 		if !until.IsZero() {
-			lc = newLeaseCtx(ctx, until)
-			lc.lapsed = func() {
+			lc = newLeaseCtx(ctx, until, func() {
 				ob.e.log.Warn("idem: outbox: a handler's claim lapsed before a renewal succeeded: its context is cancelled", "topic", m.Topic, "seq", m.Seq)
-			}
+			})
 			hctx = lc
 		}
 		stopRenew := ob.renewWhileRunning(wctx, m, lc)
