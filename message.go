@@ -6,20 +6,7 @@ import (
 	"hash/crc32"
 	"math"
 	"time"
-
-	"github.com/idemkit/idem/idemcore"
 )
-
-// Message is an outbox message, as given to a Handler and as listed by
-// Engine.Messages (idemcore.Message documents its fields: Seq, Topic, Key,
-// Index, DownstreamKey, OrderingKey, Payload, Attempt, Failures, EnqueuedAt,
-// NextAttemptAt, LastError, Dead, DeadAt, DeadLetterRetention).
-type Message = idemcore.Message
-
-// DownstreamKey is the key a message passes on to the downstream system
-// (Message.DownstreamKey): key + "/" + index, or a SHA-256 form past
-// MaxKeyLen bytes (idemcore.DownstreamKey), the same on every attempt.
-func DownstreamKey(key string, index int) string { return idemcore.DownstreamKey(key, index) }
 
 // Message encoding, version 1 (little endian), stored under the message's
 // sequence number (u64 big endian) in idem/outbox or idem/dead:

@@ -4,8 +4,10 @@ package idem
 // the file's views and backups.
 
 import (
+	"context"
 	"io"
 	"os"
+	"time"
 
 	"go.etcd.io/bbolt"
 
@@ -138,4 +140,45 @@ func (e *Engine) BackupFile(path string) error {
 		return &OpError{Op: "backup", Path: path, Err: err}
 	}
 	return nil
+}
+
+// Forget deletes every version of key, in every slot.
+func (b *boltBackend) Forget(_ context.Context, key string) (found bool, err error) {
+	err = b.write(func(tx *bbolt.Tx) error {
+		var err error
+		found, err = b.st.deleteAll(tx, key)
+		return err
+	})
+	return found, err
+}
+
+// Resolve reads the key's newest version and writes fn's record in its
+// place, in one write transaction.
+func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record) (*Record, error)) error {
+	return b.write(func(tx *bbolt.Tx) error {
+		cur, err := b.st.lookup(tx, key, time.Time{})
+		if err != nil {
+			return err
+		}
+		next, err := fn(cur)
+		if err != nil {
+			return err
+		}
+		return b.st.put(tx, next, cur)
+	})
+}
+
+// Scan walks every stored record in one read transaction, slot by slot from
+// the oldest, by key within a slot.
+func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
+	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
+	var inUser bool
+	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
+		return b.st.forEach(tx, func(r *Record, err error) error {
+			inUser = true
+			err = fn(r, err)
+			inUser = false
+			return err
+		})
+	})
 }

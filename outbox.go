@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 
 	"go.etcd.io/bbolt"
@@ -32,39 +31,16 @@ type OutboxStats = idemcore.OutboxStats
 // once: pass m.DownstreamKey on (idemcore.Handler gives the contract).
 type Handler = idemcore.Handler
 
-// Enqueue stores a message for topic's handler in the outbox, in fn's
-// transaction: it commits with the call's record and fn's writes, or not at
-// all. Its ordering key is the call's idempotency key. payload is stored as
-// given (copied). The message is delivered after the commit, at least once,
-// after the messages enqueued before it with the same ordering key. topic is
-// 1 to 255 bytes of UTF-8 without NUL, else ErrInvalidMessage.
-func (t *Tx) Enqueue(topic string, payload []byte) error {
-	return t.EnqueueOrdered(topic, "", payload)
-}
+// Message is an outbox message, as given to a Handler and as listed by
+// Engine.Messages (idemcore.Message documents its fields: Seq, Topic, Key,
+// Index, DownstreamKey, OrderingKey, Payload, Attempt, Failures, EnqueuedAt,
+// NextAttemptAt, LastError, Dead, DeadAt, DeadLetterRetention).
+type Message = idemcore.Message
 
-// EnqueueOrdered is Enqueue with another ordering key, for example an order
-// id, so that messages of different calls about one thing are delivered in
-// the order they were enqueued (a refund never overtakes its charge). An empty
-// orderingKey means the call's idempotency key. orderingKey is at most
-// MaxKeyLen bytes of UTF-8 without NUL, else ErrInvalidMessage.
-func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
-	if t.tx == nil {
-		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
-	}
-	if err := idemcore.ValidateMessage(topic, orderingKey); err != nil {
-		return &OpError{Op: "enqueue", Key: t.key, Err: err}
-	}
-	if orderingKey == "" {
-		orderingKey = t.key
-	}
-	m := &Message{Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
-		Payload: payload, EnqueuedAt: t.b.now()}
-	if err := t.b.Enqueue(t, m); err != nil {
-		return &OpError{Op: "enqueue", Key: t.key, Err: err}
-	}
-	t.msgs++
-	return nil
-}
+// DownstreamKey is the key a message passes on to the downstream system
+// (Message.DownstreamKey): key + "/" + index, or a SHA-256 form past
+// MaxKeyLen bytes (idemcore.DownstreamKey), the same on every attempt.
+func DownstreamKey(key string, index int) string { return idemcore.DownstreamKey(key, index) }
 
 // Messages calls fn for every message in the file, in one read transaction:
 // the pending ones in enqueue order, then the dead letters inside their
@@ -139,11 +115,31 @@ func (e *Engine) outboxStats(tx *bbolt.Tx, s *OutboxStats) error {
 func outboxBucket(tx *bbolt.Tx) *bbolt.Bucket { return rootBucket(tx).Bucket(outboxName) }
 func deadBucket(tx *bbolt.Tx) *bbolt.Bucket   { return rootBucket(tx).Bucket(deadName) }
 
-// moveRaw moves pending message k, as it is, to the dead letters.
-func moveRaw(tx *bbolt.Tx, k []byte) error {
-	v := bytes.Clone(outboxBucket(tx).Get(k))
-	if err := deadBucket(tx).Put(k, v); err != nil {
-		return err
-	}
-	return outboxBucket(tx).Delete(k)
+// Messages walks the pending messages, then the dead letters, by Seq.
+func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, err error) error) error {
+	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
+	var inUser bool
+	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
+		for _, dead := range []bool{false, true} {
+			bk := outboxBucket(tx)
+			if dead {
+				bk = deadBucket(tx)
+			}
+			c := bk.Cursor()
+			for k, v := c.First(); k != nil; k, v = c.Next() {
+				seq, _ := parseU64Key(k)
+				m, err := decodeMessage(seq, v)
+				if err != nil {
+					m = &idemcore.Message{Seq: seq, Dead: dead}
+				}
+				inUser = true
+				err = fn(m, err)
+				inUser = false
+				if err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
 }

@@ -170,3 +170,8 @@ func judgeSlot(sl timeSlot, b *bbolt.Bucket, req idemcore.PruneRequest) expiredS
 	}
 	return s
 }
+
+// Prune is the slot pruner (prune.go).
+func (b *boltBackend) Prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
+	return b.prune(ctx, req)
+}
