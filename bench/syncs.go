@@ -37,13 +37,14 @@ import (
 // SyncsLegend explains the flush-count rows, for the lines under a table
 // that holds them.
 const SyncsLegend = `
-syncs: fsync and fdatasync calls per call at one caller, counted by strace -f -y attached
+syncs: flushes per call at one caller (fsync, fdatasync, …), counted by strace -f -y attached
 to a second process running the contender after its records are stored and its warm-up
 done, until it exits: the timed calls, its Close, then an Open and a Close of the same
 store (so a catch-up left to Close or to the next Open counts). Every thread counts, so
 does bbolt's catch-up behind a journal: the bbolt file's share (idem.db, naive.db), printed
 apart per file, is then that catch-up's, amortised over the calls. Other flushes (msync,
-syncfs, sync_file_range, writes to files opened O_SYNC/O_DSYNC) are listed after them.
+syncfs, sync_file_range, writes to files opened O_SYNC/O_DSYNC) count in the total and are
+listed after them.
 ratio: flushes per call over idem's (lower is fewer). No ops/s: strace slows every call.
 `
 
@@ -77,8 +78,9 @@ const syncsStored = 10_000
 
 // SyncsWorkload counts the flushes per call of kind ("first" or "dotx") at
 // one caller, in a second process traced by strace (see above). Its score
-// is flushes per call (lower is better), its metrics "syncs/call" and
-// "syncs/call:FILE" per file; ops/s and latencies are not given (strace
+// is flushes per call (lower is better), its metrics "syncs/call" (every
+// flush), "syncs/call:FILE" (fsync and fdatasync per file) and
+// "flushes/call:KIND-FILE" (the others); ops/s and latencies are not given (strace
 // slows every call). It needs strace (Debian's package strace) and the right
 // to trace a process (root, or ptrace_scope 0); without either the row says
 // skipped. ops calls are counted, after warmup ones.
@@ -119,11 +121,14 @@ type syncCount struct {
 	other   map[string]int // flushes that are not fsync or fdatasync: "msync", "O_DSYNC write"…
 }
 
-// total is the number of fsync and fdatasync calls.
+// total is the number of flushes: fsync and fdatasync calls, and the
+// others.
 func (c *syncCount) total() int {
 	n := 0
-	for _, v := range c.perFile {
-		n += v
+	for _, m := range []map[string]int{c.perFile, c.other} {
+		for _, v := range m {
+			n += v
+		}
 	}
 	return n
 }
@@ -147,12 +152,12 @@ func (c *syncCount) result(spec syncsSpec) *benchkit.Result {
 		}
 		parts = append(parts, fmt.Sprintf("%s %.2f", label, per))
 	}
-	r.Note = fmt.Sprintf("%.2f fsync+fdatasync/call (strace, %d calls, then Close, Open, Close)", total, c.Ops)
+	r.Note = fmt.Sprintf("%.2f flushes/call (strace, %d calls, then Close, Open, Close)", total, c.Ops)
 	if len(parts) > 0 {
-		r.Note += ": " + strings.Join(parts, ", ")
+		r.Note += ": fsync+fdatasync " + strings.Join(parts, ", ")
 	}
 	for _, k := range slices.Sorted(maps.Keys(c.other)) {
-		r.Note += fmt.Sprintf("; %s %.2f/call", k, float64(c.other[k])/ops)
+		r.Note += fmt.Sprintf("; %s %.2f", k, float64(c.other[k])/ops)
 		r.Metrics = append(r.Metrics, benchkit.Metric{Value: float64(c.other[k]) / ops, Unit: "flushes/call:" + strings.ReplaceAll(k, " ", "-")})
 	}
 	return r
