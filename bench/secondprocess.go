@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,11 +111,24 @@ func SecondProcessReplayWorkload(stored, callers int, load benchkit.Load) benchk
 	}
 }
 
-// Workloads lists benchkit's workloads at sizes s, then the cold replays
+// Workloads lists benchkit's workloads at sizes s, with the flush counts
+// of Do and DoTx at one caller after the ceilings (SyncsWorkload: as many
+// calls as four times the first rows' warm-up, at least 200), then the cold replays
 // from a second process (the largest replay store, each replay caller
 // count).
 func Workloads(s benchkit.Sizes) []benchkit.Workload {
-	ws := benchkit.Workloads(s)
+	syncs := []benchkit.Workload{
+		SyncsWorkload("first", s.FirstStored, max(s.First.Warmup*4, 200), max(s.First.Warmup/10, 5)),
+		SyncsWorkload("dotx", s.FirstStored, max(s.First.Warmup*4, 200), max(s.First.Warmup/10, 5)),
+	}
+	base := benchkit.Workloads(s)
+	at := len(base)
+	for i, w := range base {
+		if strings.HasPrefix(w.Name, "ceiling/") {
+			at = i + 1
+		}
+	}
+	ws := slices.Concat(base[:at], syncs, base[at:])
 	stored := 0
 	for _, n := range s.ReplayStored {
 		stored = max(stored, n)
@@ -127,16 +142,10 @@ func Workloads(s benchkit.Sizes) []benchkit.Workload {
 // runChild runs spec in a second process (this executable again) and
 // returns what it measured.
 func runChild(ctx context.Context, spec childSpec) (*benchkit.Result, error) {
-	exe, err := os.Executable()
+	cmd, err := selfCommand(ctx, childEnv, spec)
 	if err != nil {
 		return nil, err
 	}
-	js, err := json.Marshal(spec)
-	if err != nil {
-		return nil, err
-	}
-	cmd := exec.CommandContext(ctx, exe)
-	cmd.Env = append(os.Environ(), childEnv+"="+string(js))
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
@@ -154,10 +163,27 @@ func runChild(ctx context.Context, spec childSpec) (*benchkit.Result, error) {
 		Score: float64(h.Count()) / cr.Elapsed.Seconds(), ScoreUnit: "ops/s"}, nil
 }
 
+// selfCommand is the command that runs this executable again with spec,
+// in JSON, in the environment variable env.
+func selfCommand(ctx context.Context, env string, spec any) (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	js, err := json.Marshal(spec)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe)
+	cmd.Env = append(os.Environ(), env+"="+string(js))
+	return cmd, nil
+}
+
 // ChildMain runs this process as a second process if childEnv asks it to,
 // and then exits; else it returns at once. The compare command and the
 // bench tests call it first thing.
 func ChildMain() {
+	syncsChild() // a flush count's process, which exits
 	js := os.Getenv(childEnv)
 	if js == "" {
 		return

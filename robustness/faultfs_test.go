@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -34,11 +35,60 @@ type faultFS struct {
 }
 
 // undo is what one write or truncate changed: the bytes it overwrote at off
-// (beyond the old end of the file: nothing) and the file's size before it.
+// (beyond the old end of the file: nothing) and the file's size before it;
+// and what it did, so that a harsh power cut can replay it: the bytes a
+// write wrote (data), or the size a truncate set (trunc, truncTo).
 type undo struct {
 	off  int64
 	old  []byte
 	size int64
+
+	data    []byte
+	trunc   bool
+	truncTo int64
+}
+
+// sector is the unit a disk writes atomically: a harsh power cut tears a
+// write at these boundaries of the file's offsets, never inside one.
+const sector = 512
+
+// cut is what a power cut does to the writes not synced yet, per file.
+type cut int
+
+const (
+	// cutAll drops every unsynced write.
+	cutAll cut = iota
+	// cutSuffix drops the unsynced writes after a random point: the disk
+	// wrote the earlier ones back, in order.
+	cutSuffix
+	// cutHarsh keeps an arbitrary subset of the unsynced writes, in any
+	// order: each write is dropped, kept, or torn (each of its 512-byte
+	// sectors kept or dropped on its own), a third of the time each. No
+	// design passes it by relying on ordered write-back.
+	cutHarsh
+)
+
+func (c cut) String() string { return [...]string{"all", "suffix", "harsh"}[c] }
+
+// cutMode is one way of cutting the power that every power-cut test runs:
+// round i cuts with cuts[i%len(cuts)].
+type cutMode struct {
+	name string
+	cuts []cut
+}
+
+// cutModes are the modes of every power-cut test: "ordered" (every unsynced
+// write dropped in even rounds, a suffix of them in odd ones) and "harsh".
+var cutModes = []cutMode{{"ordered", []cut{cutAll, cutSuffix}}, {"harsh", []cut{cutHarsh}}}
+
+// cutStats is what a power cut did: unsynced writes (and truncates) seen,
+// dropped whole, and torn (some of their sectors kept, others not).
+type cutStats struct{ writes, dropped, torn int }
+
+func (s *cutStats) add(o cutStats) {
+	s.writes += o.writes
+	s.dropped += o.dropped
+	s.torn += o.torn
 }
 
 // mountFaultFS mounts a faultFS at a new directory, or skips the test when
@@ -100,23 +150,21 @@ func (f *faultFS) set(writes, fsyncs bool) {
 }
 
 // powerCut unmounts the file system (after the processes using it died) and
-// drops the unsynced writes of every file: all of them, or, with torn, only
-// the ones after a random point (the disk wrote the earlier ones back, in
-// order). It returns how many writes it dropped.
-func (f *faultFS) powerCut(t *testing.T, r *rand.Rand, torn bool) int {
+// applies c to the unsynced writes of every file (see cut), choosing with r.
+func (f *faultFS) powerCut(t *testing.T, r *rand.Rand, c cut) cutStats {
 	t.Helper()
 	f.unmount(t)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	dropped := 0
+	var st cutStats
 	for rel, us := range f.undo {
-		from := 0
-		if torn && len(us) > 0 {
-			from = r.IntN(len(us) + 1)
-		}
 		file, err := os.OpenFile(filepath.Join(f.under, rel), os.O_RDWR, 0)
 		if err != nil {
 			t.Fatalf("power cut: %v", err)
+		}
+		from := 0 // undo us[from:], newest first: the file as it was then
+		if c == cutSuffix && len(us) > 0 {
+			from = r.IntN(len(us) + 1)
 		}
 		for i := len(us) - 1; i >= from; i-- {
 			u := us[i]
@@ -126,14 +174,85 @@ func (f *faultFS) powerCut(t *testing.T, r *rand.Rand, torn bool) int {
 			if err := file.Truncate(u.size); err != nil {
 				t.Fatalf("power cut: %v", err)
 			}
-			dropped++
+		}
+		st.writes += len(us)
+		st.dropped += len(us) - from
+		if c == cutHarsh {
+			// The file is back as of its last fsync: redo a subset.
+			for _, u := range us {
+				keep := redo(r, u)
+				if err := apply(file, u, keep); err != nil {
+					t.Fatalf("power cut: %v", err)
+				}
+				switch {
+				case len(keep) == 0:
+				case keep[0].off == u.off && keep[0].n == len(u.data) || u.trunc:
+					st.dropped--
+				default:
+					st.dropped--
+					st.torn++
+				}
+			}
 		}
 		if err := file.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	f.undo = map[string][]undo{}
-	return dropped
+	return st
+}
+
+// piece is a run of bytes of a write, at off in the file.
+type piece struct {
+	off int64
+	n   int
+}
+
+// redo chooses what a harsh cut keeps of u: nothing, all of it, or (torn) a
+// random subset of its 512-byte sectors, as runs of contiguous sectors.
+func redo(r *rand.Rand, u undo) []piece {
+	fate := r.IntN(3)
+	if u.trunc {
+		if fate == 0 {
+			return nil
+		}
+		return []piece{{}}
+	}
+	switch fate {
+	case 0:
+		return nil
+	case 1:
+		return []piece{{u.off, len(u.data)}}
+	}
+	var ps []piece
+	for off, end := u.off, u.off+int64(len(u.data)); off < end; {
+		next := min((off/sector+1)*sector, end)
+		if r.IntN(2) == 0 {
+			if l := len(ps) - 1; l >= 0 && ps[l].off+int64(ps[l].n) == off {
+				ps[l].n += int(next - off)
+			} else {
+				ps = append(ps, piece{off, int(next - off)})
+			}
+		}
+		off = next
+	}
+	return ps
+}
+
+// apply redoes the pieces keep of u on file.
+func apply(file *os.File, u undo, keep []piece) error {
+	if u.trunc {
+		if len(keep) > 0 {
+			return file.Truncate(u.truncTo)
+		}
+		return nil
+	}
+	for _, p := range keep {
+		if _, err := file.WriteAt(u.data[p.off-u.off:][:p.n], p.off); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 type faultNode struct {
@@ -195,7 +314,9 @@ func (f *faultFile) Write(ctx context.Context, data []byte, off int64) (uint32, 
 		return 0, syscall.EIO
 	}
 	f.ffs.writes++
-	f.ffs.undo[f.rel] = append(f.ffs.undo[f.rel], f.state(off, len(data)))
+	u := f.state(off, len(data))
+	u.data = slices.Clone(data)
+	f.ffs.undo[f.rel] = append(f.ffs.undo[f.rel], u)
 	return f.LoopbackFile.Write(ctx, data, off)
 }
 
@@ -204,6 +325,7 @@ func (f *faultFile) Setattr(ctx context.Context, in *fuse.SetAttrIn, out *fuse.A
 	defer f.ffs.mu.Unlock()
 	if sz, ok := in.GetSize(); ok {
 		u := f.state(int64(sz), 1<<62)
+		u.trunc, u.truncTo = true, int64(sz)
 		f.ffs.undo[f.rel] = append(f.ffs.undo[f.rel], u)
 	}
 	return f.LoopbackFile.Setattr(ctx, in, out)

@@ -81,7 +81,7 @@ func call(ctx context.Context, e *idem.Engine, l *ledger, i int) (idem.Result, e
 
 // readAcks reads an acks file: key → response. A torn last line (the writer
 // died mid-line) is ignored.
-func readAcks(t *testing.T, path string) map[string]string {
+func readAcks(t testing.TB, path string) map[string]string {
 	t.Helper()
 	acks := map[string]string{}
 	f, err := os.Open(path)
@@ -106,12 +106,19 @@ type verdict struct {
 	keys, acked, reexecuted, recoveredSeen int
 }
 
+func (v *verdict) add(o verdict) {
+	v.keys += o.keys
+	v.acked += o.acked
+	v.reexecuted += o.reexecuted
+	v.recoveredSeen += o.recoveredSeen
+}
+
 // checkWorkload reopens nothing: on e (a reopened engine over what survived
 // the fault), it checks every acked answer replays unchanged, retries keys
 // 0..n-1 until each has an answer, then checks the effects: every DoTx key's
 // counter is exactly 1, and a Do key ran more than once only in an execution
 // that saw Recovered (read from the ledger).
-func checkWorkload(t *testing.T, e *idem.Engine, l *ledger, ledgerPath string, acks map[string]string, n int) verdict {
+func checkWorkload(t testing.TB, e *idem.Engine, l *ledger, ledgerPath string, acks map[string]string, n int) verdict {
 	t.Helper()
 	ctx := context.Background()
 	v := verdict{keys: n, acked: len(acks)}

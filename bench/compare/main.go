@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -92,6 +93,10 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 		command := strings.Join(append([]string{"go run ./compare"}, os.Args[1:]...), " ")
 		fmt.Fprint(stdout, benchkit.Header(command, cfg.dir, cfg.quick, "postgres: "+pg))
 		err = benchkit.WriteMarkdown(stdout, rows)
+		if slices.ContainsFunc(rows, func(r benchkit.Row) bool { return strings.HasPrefix(r.Workload, "syncs/") }) {
+			_, werr := io.WriteString(stdout, bench.SyncsLegend)
+			err = errors.Join(err, werr)
+		}
 	}
 	return errors.Join(runErr, err)
 }

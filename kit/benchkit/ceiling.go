@@ -55,18 +55,27 @@ func CeilingWorkload(stored, putsPerTx int, load Load) Workload {
 
 var ceilingBucket = []byte("records")
 
+// openCeilingDB opens a plain bbolt file of its own, name, in the
+// fixture's directory, with stored records; closing it removes it.
+func openCeilingDB(ctx context.Context, f *Fixture, name string, stored int) (db *bbolt.DB, closeDB func() error, err error) {
+	path := filepath.Join(f.Dir, name)
+	db, err = bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	if err != nil {
+		return nil, nil, err
+	}
+	closeDB = func() error { return errors.Join(db.Close(), os.Remove(path)) }
+	if err := ceilingPreload(ctx, db, stored); err != nil {
+		return nil, nil, errors.Join(fmt.Errorf("storing %d records: %w", stored, err), closeDB())
+	}
+	return db, closeDB, nil
+}
+
 func runCeiling(ctx context.Context, f *Fixture, stored, putsPerTx int, load Load) (res *Result, err error) {
-	path := filepath.Join(f.Dir, "ceiling.db")
-	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: time.Second})
+	db, closeDB, err := openCeilingDB(ctx, f, "ceiling.db", stored)
 	if err != nil {
 		return nil, fmt.Errorf("ceiling: %w", err)
 	}
-	defer func() {
-		err = errors.Join(err, db.Close(), os.Remove(path))
-	}()
-	if err := ceilingPreload(ctx, db, stored); err != nil {
-		return nil, fmt.Errorf("ceiling: storing %d records: %w", stored, err)
-	}
+	defer func() { err = errors.Join(err, closeDB()) }()
 	// The keys of every transaction, made before any is timed: indexes from
 	// stored up, never stored before.
 	txs := max(load.Ops, 1) + load.Warmup
@@ -109,6 +118,50 @@ func runCeiling(ctx context.Context, f *Fixture, stored, putsPerTx int, load Loa
 	r.Metrics = append(r.Metrics, Metric{puts, "puts/s"}, Metric{ceiling, ceilingMetric})
 	r.Note = note
 	return r, nil
+}
+
+// batchCeilingMetric is the batch ceiling's figure: commits of one put
+// each, gathered by bbolt's Batch, per second.
+const batchCeilingMetric = "bbolt-batch-puts/s"
+
+// BatchCeilingWorkload is bbolt's own group commit on this disk, the
+// ceiling beside the many-caller rows: callers concurrent callers each put
+// one 200-byte value at a fresh random key (Key) through bbolt's DB.Batch,
+// which gathers concurrent calls into one durable transaction (fsync'ed, as
+// every commit with bbolt's defaults), on a plain bbolt file of its own
+// holding stored records. It runs on naive-bbolt's row only, as the
+// ceiling does. Its operations are puts: one record per call, as a DoTx
+// whose effect shares the record's commit, or a Do's records brought up to
+// date behind a journal.
+func BatchCeilingWorkload(stored, callers int, load Load) Workload {
+	return Workload{
+		Name:       fmt.Sprintf("%sbbolt-batch/callers=%d", ceilingPrefix, callers),
+		Fixture:    FixtureSpec{Stored: stored},
+		Callers:    callers,
+		Load:       load,
+		Bytes:      ResponseSize,
+		Contenders: []string{Fallback},
+		Run: func(ctx context.Context, f *Fixture, load Load) (res *Result, err error) {
+			if f.D.Name() != Fallback {
+				return nil, fmt.Errorf("%w: the batch ceiling is measured through plain bbolt, on %s's row", ErrSkipped, Fallback)
+			}
+			db, closeDB, err := openCeilingDB(ctx, f, "batch-ceiling.db", stored)
+			if err != nil {
+				return nil, fmt.Errorf("batch ceiling: %w", err)
+			}
+			defer func() { err = errors.Join(err, closeDB()) }()
+			r, err := runCounted(ctx, f, callers, load, countWrites, func(_ context.Context, i int) error {
+				k := []byte(Key(stored + i))
+				return db.Batch(func(tx *bbolt.Tx) error { return tx.Bucket(ceilingBucket).Put(k, response) })
+			})
+			if err != nil {
+				return nil, fmt.Errorf("batch ceiling: %w", err)
+			}
+			r.Metrics = append(r.Metrics, Metric{r.OpsPerSec(), batchCeilingMetric})
+			r.Note = "plain bbolt, one put per call through DB.Batch (durable group commits); " + r.Note
+			return r, nil
+		},
+	}
 }
 
 // ceilingPreload stores records 0 … n-1 in transactions of 10,000 sorted

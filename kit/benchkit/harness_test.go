@@ -271,7 +271,7 @@ func TestHeader(t *testing.T) {
 func TestCeiling(t *testing.T) {
 	s := benchtest.TinySizes()
 	ws := benchkit.Workloads(s)
-	p, err := benchkit.NewPlan(ws, benchkit.Contenders(), regexp.MustCompile(`^(first/callers=8|ceiling/.*)/`))
+	p, err := benchkit.NewPlan(ws, benchkit.Contenders(), regexp.MustCompile(`^(first/callers=8|ceiling/puts.*)/`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,6 +311,58 @@ func TestCeiling(t *testing.T) {
 	}
 	if !strings.Contains(b.String(), "% of the bbolt ceiling (") {
 		t.Errorf("table lacks the fraction of the ceiling:\n%s", b.String())
+	}
+}
+
+// TestFlushCeiling: the flush ceiling and the batch ceiling are naive-bbolt's
+// rows only, without ratios; the flush ceiling's two figures are half its
+// flushes/s and all of it, and idem's first/callers=1 and dotx/callers=1
+// rows give their ops/s as a fraction of them, in the table too.
+func TestFlushCeiling(t *testing.T) {
+	s := benchtest.TinySizes()
+	s.DoTxCallers = []int{1, 4}
+	p, err := benchkit.NewPlan(benchkit.Workloads(s), benchkit.Contenders(), regexp.MustCompile(`^(first/callers=1|dotx/callers=1|ceiling/(flush|bbolt-batch).*)/(idem|naive-bbolt)$`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Len() != 6 {
+		t.Fatalf("Len() = %d, want 6: two rows each of first and dotx, a flush and a batch ceiling", p.Len())
+	}
+	rows, err := p.Run(context.Background(), t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]benchkit.Row{}
+	for _, r := range rows {
+		if r.Error != "" || r.Skipped != "" {
+			t.Fatalf("%s/%s: %+v", r.Workload, r.Contender, r)
+		}
+		got[r.Workload+"/"+r.Contender] = r
+	}
+	flush, batch := got["ceiling/flush/append=256B/naive-bbolt"], got["ceiling/bbolt-batch/callers=4/naive-bbolt"]
+	if flush.Ops == 0 || flush.Ratio != 0 || batch.Ops == 0 || batch.Ratio != 0 {
+		t.Fatalf("flush ceiling %+v, batch ceiling %+v: want measured rows of naive-bbolt without ratios", flush, batch)
+	}
+	if f := flush.Metrics["flushes/s"]; f != flush.OpsPerSec || flush.Metrics["two-flush-ceiling-Do/s"] != f/2 || flush.Metrics["one-flush-ceiling-DoTx/s"] != f {
+		t.Errorf("flush ceiling metrics %v, ops/s %v", flush.Metrics, flush.OpsPerSec)
+	}
+	for w, fc := range map[string]float64{"first/callers=1/idem": flush.OpsPerSec / 2, "dotx/callers=1/idem": flush.OpsPerSec} {
+		r := got[w]
+		if want := r.OpsPerSec / fc; r.FlushCeiling != fc || math.Abs(r.OfFlushCeiling-want) > 1e-9 {
+			t.Errorf("%s: %v of the flush ceiling %v, want %v of %v", w, r.OfFlushCeiling, r.FlushCeiling, want, fc)
+		}
+	}
+	if r := got["first/callers=1/naive-bbolt"]; r.OfFlushCeiling != 0 {
+		t.Errorf("naive-bbolt's first row has a fraction of the flush ceiling: %+v", r)
+	}
+	var b strings.Builder
+	if err := benchkit.WriteMarkdown(&b, rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"% of the two-flush ceiling (", "% of the one-flush ceiling (", "| ceiling/flush/append=256B | naive-bbolt |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
 	}
 }
 

@@ -34,9 +34,15 @@ type Row struct {
 	RatioTo string  `json:"ratio_to,omitempty"`
 	// OfCeiling is, for the reference's first executions, OpsPerSec over the
 	// ceiling the run's ceiling row measured (its "ceiling-Do/s").
-	OfCeiling float64            `json:"of_ceiling,omitempty"`
-	Metrics   map[string]float64 `json:"metrics,omitempty"`
-	Note      string             `json:"note,omitempty"`
+	OfCeiling float64 `json:"of_ceiling,omitempty"`
+	// OfFlushCeiling is, for the reference's rows at one caller, OpsPerSec
+	// over what the run's flush ceiling row allows: its two-flush figure for
+	// first executions, its one-flush figure for DoTx. FlushCeiling is that
+	// figure, in calls per second.
+	OfFlushCeiling float64            `json:"of_flush_ceiling,omitempty"`
+	FlushCeiling   float64            `json:"flush_ceiling,omitempty"`
+	Metrics        map[string]float64 `json:"metrics,omitempty"`
+	Note           string             `json:"note,omitempty"`
 	// Skipped says why the row was not measured; Error why it failed.
 	Skipped string `json:"skipped,omitempty"`
 	Error   string `json:"error,omitempty"`
@@ -73,8 +79,10 @@ func NewRow(workload, contender string, r *Result, err error) Row {
 // SetRatios sets each measured row's Ratio to its Score over that of the
 // Reference contender's row in the same workload, or, where the reference has
 // no figure, of the Fallback contender's. The ceiling row has no ratio: it is
-// bbolt's figure, not a contender's. When rows hold a ceiling row, it sets
-// the OfCeiling of the Reference's first executions.
+// bbolt's figure, not a contender's (nor have the flush and batch ceilings).
+// When rows hold a ceiling row, it sets the OfCeiling of the Reference's
+// first executions; when they hold a flush ceiling row, the OfFlushCeiling
+// and FlushCeiling of its first/callers=1 and dotx/callers=1 rows.
 func SetRatios(rows []Row) {
 	refs := make(map[string]Row)
 	var ceiling float64
@@ -85,9 +93,13 @@ func SetRatios(rows []Row) {
 			}
 		}
 	}
+	var flush Row
 	for _, r := range rows {
 		if v := r.Metrics[ceilingMetric]; v > 0 && strings.HasPrefix(r.Workload, ceilingPrefix) {
 			ceiling = v
+		}
+		if strings.HasPrefix(r.Workload, flushCeilingName+"/") {
+			flush = r
 		}
 	}
 	for i := range rows {
@@ -98,6 +110,12 @@ func SetRatios(rows []Row) {
 		}
 		if ceiling > 0 && r.Contender == Reference && strings.HasPrefix(r.Workload, "first/") && r.OpsPerSec > 0 {
 			r.OfCeiling = r.OpsPerSec / ceiling
+		}
+		if r.Contender == Reference && r.OpsPerSec > 0 {
+			fc := map[string]float64{"first/callers=1": flush.Metrics[twoFlushMetric], "dotx/callers=1": flush.Metrics[oneFlushMetric]}[r.Workload]
+			if fc > 0 {
+				r.OfFlushCeiling, r.FlushCeiling = r.OpsPerSec/fc, fc
+			}
 		}
 	}
 }
@@ -140,6 +158,13 @@ func WriteMarkdown(w io.Writer, rows []Row) error {
 			if r.OfCeiling > 0 {
 				note += fmt.Sprintf("; %.0f%% of the bbolt ceiling (%s Do/s)", 100*r.OfCeiling, thousands(r.OpsPerSec/r.OfCeiling))
 			}
+			if r.OfFlushCeiling > 0 {
+				flushes := "two-flush"
+				if strings.HasPrefix(r.Workload, "dotx/") {
+					flushes = "one-flush"
+				}
+				note += fmt.Sprintf("; %.0f%% of the %s ceiling (%s/s)", 100*r.OfFlushCeiling, flushes, thousands(r.FlushCeiling))
+			}
 		}
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s |\n",
 			r.Workload, r.Contender, ops, p50, p99, ratio, cell(note))
@@ -161,7 +186,13 @@ ceiling: plain bbolt on the same disk (a file of its own beside naive-bbolt's, b
 default options, the first rows' stored records): one caller commits durable transactions
 of random-key puts with 200-byte values. Its ops are puts, its p50 and p99 are those of
 whole transactions; half its puts/s is the ceiling of an engine that writes two records
-per call, and idem's first rows give their ops/s as a fraction of it. dotx-seq: dotx with
+per call, and idem's first rows give their ops/s as a fraction of it. ceiling/flush: the
+disk itself: one caller appends 256 bytes to a preallocated, zero-filled file and
+fdatasyncs it, in a loop; ops/s is flushes/s, half of it the two-flush ceiling of a Do
+(started durable before fn, done before the answer), all of it the one-flush ceiling of a
+DoTx, and idem's one-caller rows give their ops/s as a fraction of those.
+ceiling/bbolt-batch: plain bbolt's group commit, one put per call through DB.Batch by the
+many-caller rows' number of callers. dotx-seq: dotx with
 the effect row keyed by a sequence number instead of the idempotency key, so that each
 call adds one record at a random place in a B-tree instead of two.
 

@@ -133,7 +133,10 @@ func Workloads(s Sizes) []Workload {
 	for _, c := range s.FirstCallers {
 		ws = append(ws, FirstWorkload(s.FirstStored, c, s.First))
 	}
-	ws = append(ws, CeilingWorkload(s.FirstStored, s.CeilingPutsPerTx, s.Ceiling))
+	ws = append(ws, CeilingWorkload(s.FirstStored, s.CeilingPutsPerTx, s.Ceiling), FlushCeilingWorkload(s.FirstStored, s.First))
+	if len(s.DoTxCallers) > 0 && slices.Max(s.DoTxCallers) > 1 { // beside the many-caller rows
+		ws = append(ws, BatchCeilingWorkload(s.FirstStored, slices.Max(s.DoTxCallers), s.First))
+	}
 	for _, c := range s.DoTxCallers {
 		ws = append(ws, DoTxWorkload(s.FirstStored, c, s.First))
 	}
