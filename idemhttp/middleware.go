@@ -315,25 +315,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			return
 		}
-		var ipe *idemcore.InProgressError
+		ref, refused := idemcore.RefusalOf(err)
 		var se *idemcore.Error
 		switch {
 		case errors.Is(err, idemcore.ErrRetryable) && round+1 < maxRetryableRounds:
 			continue // the call waited for was not stored: the key is free
-		case errors.Is(err, idemcore.ErrRetryable):
-			problemInProgress(time.Second).write(w)
-		case errors.Is(err, idemcore.ErrResponseTooLarge):
-			problemResponseNotStored().write(w)
-		case errors.Is(err, idemcore.ErrFingerprintMismatch):
-			problemKeyMismatch().write(w)
-		case errors.As(err, &ipe):
-			problemInProgress(ipe.RetryAfter).write(w)
-		case errors.Is(err, idemcore.ErrInProgress):
-			problemInProgress(time.Second).write(w)
-		case errors.Is(err, idemcore.ErrIncomplete):
-			problemIncomplete().write(w)
-		case errors.Is(err, idemcore.ErrInvalidKey):
-			problemKeyInvalid("not a valid idempotency key").write(w)
+		case refused && ref.Kind != idemcore.RefusalUnavailable:
+			refusalProblem(ref, m.opts.StoreRetryAfter).write(w)
 		case errors.As(err, &se):
 			// A stored error (an operator's resolution, or another writer's).
 			w.Header().Set(HeaderReplayed, "true")

@@ -263,7 +263,7 @@ func (m *Middleware) call(ctx context.Context, method string, r *mcp.CallToolReq
 	}
 	if key == "" {
 		if !t.policy.RunUnkeyed && t.policy.Key.kind != keyNone {
-			return nil, refuse(CodeKeyRequired, TypeKeyRequired, 0,
+			return nil, refuse(TypeKeyRequired, 0,
 				"tool %q has side effects: send an idempotency key in _meta %q", r.Params.Name, MetaKey)
 		}
 		if !t.tx {
@@ -351,7 +351,7 @@ func (m *Middleware) enter(ctx context.Context, key, fp string) (release func(),
 var waitHook func()
 
 func (m *Middleware) inProgress(after time.Duration) error {
-	return refuse(CodeInProgress, TypeInProgress, after, "the first call with this key is still running")
+	return refuse(TypeInProgress, after, "the first call with this key is still running")
 }
 
 // key returns the call's idempotency key by the tool's policy: "" when it
@@ -387,10 +387,10 @@ func (m *Middleware) key(t *toolEntry, r *mcp.CallToolRequest) (string, error) {
 	}
 	key, ok := v.(string)
 	if !ok {
-		return "", refuse(CodeKeyInvalid, TypeKeyInvalid, 0, "_meta %q must be a string", MetaKey)
+		return "", refuse(TypeKeyInvalid, 0, "_meta %q must be a string", MetaKey)
 	}
 	if why := badKey(key); why != "" {
-		return "", refuse(CodeKeyInvalid, TypeKeyInvalid, 0, "invalid key: %s", why)
+		return "", refuse(TypeKeyInvalid, 0, "invalid key: %s", why)
 	}
 	return key, nil
 }
@@ -500,27 +500,20 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		return ranRes, ranErr
 	}
 	var ie *idemcore.Error
-	var ip *idemcore.InProgressError
 	switch {
 	case err == nil:
 		return answer(res.Response, false, res.Replayed)
 	case errors.As(err, &ie) && (ie.Code == codeToolError || ie.Code == codeProtocolError):
 		return answer([]byte(ie.Message), ie.Code == codeProtocolError, res.Replayed || ie.Replayed)
-	case errors.Is(err, idemcore.ErrFingerprintMismatch):
-		return nil, refuse(CodeConflict, TypeConflict, 0, "the key was used with another tool or other arguments")
-	case errors.As(err, &ip):
-		return nil, m.inProgress(ip.RetryAfter)
-	case errors.Is(err, idemcore.ErrInvalidKey):
-		return nil, refuse(CodeKeyInvalid, TypeKeyInvalid, 0, "invalid key")
-	case errors.Is(err, idemcore.ErrIncomplete):
-		return nil, refuse(CodeIncomplete, TypeIncomplete, 0, "an earlier execution with this key was interrupted; an operator must resolve the key")
-	case errors.Is(err, idemcore.ErrRetryable):
-		// The call this one waited for ended without an outcome to share.
-		return nil, m.inProgress(m.opts.RetryAfter)
+	}
+	ref, refused := idemcore.RefusalOf(err)
+	switch {
+	case refused && ref.Kind != idemcore.RefusalUnavailable:
+		return nil, RefusalFor(ref, m.opts.RetryAfter, err)
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return nil, err
 	case errors.As(err, &ie):
-		// A stored outcome of the engine's own (a response too large).
+		// A stored error of another writer's (an operator's resolution).
 		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: ie.Error()}
 	}
 	if ran && !t.tx {
@@ -535,5 +528,5 @@ func (m *Middleware) run(ctx context.Context, method string, r *mcp.CallToolRequ
 		m.opts.Logger.Warn("idemmcp: the tool ran but its outcome was not recorded", "tool", r.Params.Name, "err", cause)
 		return ranRes, ranErr
 	}
-	return nil, refuse(CodeUnavailable, TypeUnavailable, m.opts.RetryAfter, "the idempotency store failed; the tool did not run")
+	return nil, RefusalFor(idemcore.RefusalUnavailable.Refusal(), m.opts.RetryAfter, err)
 }

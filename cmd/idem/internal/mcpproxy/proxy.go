@@ -112,6 +112,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemmcp"
 )
 
@@ -627,7 +628,7 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 			return resp, err
 		})
 		cancel()
-		var inProgress *idem.InProgressError
+		ref, refused := idemcore.RefusalOf(err)
 		switch {
 		case err == nil:
 			answer, err = reply(res.Response, id, res.Replayed)
@@ -637,16 +638,12 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 			// The call this one waited for was answered but not recorded:
 			// the key is free, so this call runs on its own.
 			continue
-		case errors.Is(err, idem.ErrRetryable):
-			answer = refusal(id, idemmcp.TypeInProgress, idem.DefaultRetryAfter,
-				"the calls with this idempotency key ended without a recorded answer; retry")
 		case errors.Is(err, idem.ErrResponseTooLarge) && ran != nil:
 			// The server answered, over the engine's limit: its caller
 			// gets the answer; retries get the stored error.
 			answer, err = reply(ran, id, false)
-		case errors.Is(err, idem.ErrResponseTooLarge):
-			answer = errorResponse(id, jsonrpc.CodeInternalError, "",
-				"the answer to the first call with this idempotency key was too large to record, so it cannot be replayed: "+err.Error(), nil)
+		case refused && ref.Kind != idemcore.RefusalUnavailable:
+			answer, err = refusalOf(id, idemmcp.RefusalFor(ref, idem.DefaultRetryAfter, err)), nil
 		case c.ctx.Err() != nil && !s.isDone() && round < MaxRounds:
 			continue // the server died: run it again on the next one
 		case c.ctx.Err() != nil:
@@ -655,15 +652,6 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 		case errors.Is(err, context.DeadlineExceeded):
 			answer = refusal(id, idemmcp.TypeInProgress, idem.DefaultRetryAfter,
 				fmt.Sprintf("the first call with this idempotency key still runs after %v", maxWait))
-		case errors.Is(err, idem.ErrFingerprintMismatch):
-			answer = refusal(id, idemmcp.TypeConflict, 0, "the idempotency key was used with another tool or other arguments")
-		case errors.As(err, &inProgress):
-			answer = refusal(id, idemmcp.TypeInProgress, inProgress.RetryAfter, "the first call with this idempotency key still runs")
-		case errors.Is(err, idem.ErrIncomplete):
-			answer = refusal(id, idemmcp.TypeIncomplete, 0,
-				"an earlier call with this idempotency key was interrupted and its outcome is unknown: an operator must resolve the key")
-		case errors.Is(err, idem.ErrInvalidKey):
-			answer = refusal(id, idemmcp.TypeKeyInvalid, 0, reason(err))
 		default:
 			// The client learns what idemmcp's middleware says; the
 			// details (the key, the file) go to the operator's log.
@@ -675,7 +663,7 @@ func (s *session) runProtected(msg, id json.RawMessage, key, stored string, fp [
 				answer, err = reply(ran, id, false)
 				break
 			}
-			answer = refusal(id, idemmcp.TypeUnavailable, idem.DefaultRetryAfter, "the idempotency store failed; the tool did not run")
+			answer, err = refusalOf(id, idemmcp.RefusalFor(idemcore.RefusalUnavailable.Refusal(), idem.DefaultRetryAfter, err)), nil
 		}
 		if err != nil && answer == nil {
 			answer = refusal(id, idemmcp.TypeUnavailable, 0, "the recorded answer does not decode: "+reason(err))
@@ -850,7 +838,6 @@ func errorResponse(id json.RawMessage, code int64, typ, message string, extra ma
 	return b
 }
 
-// refusal is idemmcp's refusal of type typ as the answer to id.
 // reason is err's text without the engine's "idem: op "key": " prefix of an
 // *idem.OpError: a refusal's message already names what refused it
 // ("idempotency: ").
@@ -861,9 +848,17 @@ func reason(err error) string {
 	return err.Error()
 }
 
+// refusal is idemmcp's refusal of type typ as the answer to id.
 func refusal(id json.RawMessage, typ string, retryAfter time.Duration, message string) []byte {
-	we := idemmcp.RefusalError(typ, retryAfter, message)
-	e := map[string]any{"code": we.Code, "message": we.Message, "data": we.Data}
+	return refusalOf(id, idemmcp.RefusalError(typ, retryAfter, message))
+}
+
+// refusalOf is the JSON-RPC error we as the answer to id.
+func refusalOf(id json.RawMessage, we *jsonrpc.Error) []byte {
+	e := map[string]any{"code": we.Code, "message": we.Message}
+	if len(we.Data) > 0 {
+		e["data"] = we.Data
+	}
 	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "error": e})
 	return b
 }
