@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/idemcore"
 )
@@ -444,76 +443,10 @@ func (a *admin) operateDead(w http.ResponseWriter, r *http.Request, name string,
 
 // record renders rec, with its response only under ShowResponses.
 func (a *admin) record(rec *idemcore.Record) AdminRecord {
-	out := AdminRecord{
-		Key:         rec.Key,
-		State:       rec.State.String(),
-		Attempt:     rec.Attempt,
-		Fingerprint: fmt.Sprintf("%016x", rec.Fingerprint),
-		StartedAt:   rec.StartedAt.UTC(),
-		CompletedAt: adminTime(rec.CompletedAt),
-
-		Retention:         rec.Retention.String(),
-		KeptUntilResolved: rec.KeptUntilResolved,
-	}
-	out.ExpiresAt = adminTime(recordExpiry(rec, a.op.Retention()))
-	if rec.Err != nil {
-		out.Error = &AdminErrorJSON{Code: rec.Err.Code, Message: rec.Err.Message}
-	}
-	out.ResponseSize, out.Response, out.ResponseEncoding, out.ResponseHidden = a.userBytes(rec.Response)
-	return out
+	return NewAdminRecord(rec, idemcore.Expiry(rec, a.op.Retention()), a.opts.ShowResponses)
 }
 
 // message renders m, with its payload only under ShowResponses.
 func (a *admin) message(m *idemcore.Message) AdminMessage {
-	out := AdminMessage{
-		Seq:           m.Seq,
-		Topic:         m.Topic,
-		Key:           m.Key,
-		Index:         m.Index,
-		DownstreamKey: m.DownstreamKey,
-		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Failures,
-		EnqueuedAt:    m.EnqueuedAt.UTC(),
-		NextAttemptAt: adminTime(m.NextAttemptAt),
-		Dead:          m.Dead,
-		DeadAt:        adminTime(m.DeadAt),
-	}
-	if m.LastError != "" {
-		s := m.LastError
-		out.LastError = &s
-	}
-	out.PayloadSize, out.Payload, out.PayloadEncoding, out.PayloadHidden = a.userBytes(m.Payload)
-	return out
-}
-
-// userBytes renders stored user bytes: their size (nil: none stored, which
-// differs from empty) and, under ShowResponses, the bytes themselves: UTF-8
-// text as is, other bytes in base64.
-func (a *admin) userBytes(b []byte) (size *int, text *string, encoding string, hidden bool) {
-	if b == nil {
-		return nil, nil, "", false
-	}
-	n := len(b)
-	if !a.opts.ShowResponses {
-		return &n, nil, "", true
-	}
-	s, enc := string(b), "utf-8"
-	if !utf8.Valid(b) {
-		s, enc = base64.StdEncoding.EncodeToString(b), "base64"
-	}
-	return &n, &s, enc, false
-}
-
-func adminTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	t = t.UTC()
-	return &t
-}
-
-// recordExpiry is when rec leaves the retention window under the engine's
-// retention (idemcore.Expiry); the zero time for never.
-func recordExpiry(rec *idemcore.Record, retention time.Duration) time.Time {
-	return idemcore.Expiry(rec, retention)
+	return NewAdminMessage(m, 0, a.opts.ShowResponses)
 }

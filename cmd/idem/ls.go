@@ -60,7 +60,7 @@ func (a *app) ls(state string, limit int) (err error) {
 		case rerr != nil:
 			return rerr
 		case want == 0 || r.State == want:
-			out.Records = append(out.Records, a.recordJSON(r))
+			out.Records = append(out.Records, a.recordJSON(r, false))
 		}
 		return nil
 	})

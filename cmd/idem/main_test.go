@@ -356,7 +356,7 @@ func TestResolve(t *testing.T) {
 		{"with a response from stdin", "piped", []string{"--response-file", "-"},
 			getJSON{Response: ptr("piped")}},
 		{"as a stored error with a code", "", []string{"--code", "card_declined", "--error", "declined downstream"},
-			getJSON{recordJSON: recordJSON{Error: &errorJSON{Code: "card_declined", Message: "declined downstream"}}}},
+			getJSON{Error: &errorJSON{Code: "card_declined", Message: "declined downstream"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -204,8 +204,7 @@ func (r *remote) Forget(key string) error {
 func (r *remote) Resolve(key string, response []byte, outcome *idem.Error) error {
 	body := map[string]any{}
 	if response != nil {
-		text, enc := userBytes(response)
-		body["response"], body["response_encoding"] = *text, enc
+		body["response"], body["response_encoding"] = base64.StdEncoding.EncodeToString(response), "base64"
 	}
 	if outcome != nil {
 		body["error"] = idemhttp.AdminErrorJSON{Code: outcome.Code, Message: outcome.Message}
