@@ -17,9 +17,10 @@ import (
 )
 
 // Operator is the part of an engine the admin handler drives: the operator
-// API of github.com/idemkit/idem. *idem.Engine implements it; so does any
-// backend's engine that offers the same calls. See the Engine methods of the
-// same names for their errors.
+// API every engine offers (the bbolt *idem.Engine, idempg's *Engine, any
+// backend's engine over idemcore). See the Engine methods of the same names
+// for their errors. An Operator that is also a FileScanner (*idem.Engine)
+// has GET /stats count its store in one scan.
 type Operator interface {
 	// Get returns key's live record (idemcore.ErrNotFound if none).
 	Get(key string) (*idemcore.Record, error)
@@ -33,12 +34,23 @@ type Operator interface {
 	RetryDead(seq uint64) error
 	// DropDead deletes a dead letter.
 	DropDead(seq uint64) error
-	// ScanFile counts the records and messages in the file.
-	ScanFile() (idemcore.FileStats, error)
+	// Records walks the live records.
+	Records(fn func(r *idemcore.Record, err error) error) error
 	// Stats returns the counters since Open.
 	Stats() idemcore.Stats
 	// Retention is the retention window, wall-clock.
 	Retention() time.Duration
+}
+
+// FileScanner is the optional part of an Operator that counts what its
+// store holds in one read (*idem.Engine's ScanFile, over the bbolt file).
+// For an Operator without it (idempg's engine), GET /stats counts by
+// walking Records and Messages: live records only (ExpiredPending 0), no
+// store size (FileSize 0), and no Waiting messages (which handlers the
+// program registered is its dispatcher's to know).
+type FileScanner interface {
+	// ScanFile counts the records and messages in the store.
+	ScanFile() (idemcore.FileStats, error)
 }
 
 // AdminAction is what an admin request asks to do, as passed to
@@ -115,7 +127,7 @@ func adminBearer(r *http.Request) (string, bool) {
 // that any key fits; SEQ a message's sequence number):
 //
 //	GET    /                        the retention window and whether responses are shown
-//	GET    /stats                   counts and counters (Engine.ScanFile, which scans the file, and Engine.Stats)
+//	GET    /stats                   counts and counters (FileScanner's scan, or walks; and Engine.Stats)
 //	GET    /records?key=KEY         KEY's live record
 //	DELETE /records?key=KEY         forget KEY: the next call runs as new
 //	POST   /records/resolve?key=KEY complete KEY's interrupted execution (JSON body)
@@ -203,11 +215,54 @@ func (a *admin) index(w http.ResponseWriter, _ *http.Request) error {
 }
 
 func (a *admin) stats(w http.ResponseWriter, _ *http.Request) error {
-	fs, err := a.op.ScanFile()
+	fs, err := a.scan()
 	if err != nil {
 		return err
 	}
 	return adminWriteJSON(w, http.StatusOK, newAdminStats(fs, a.op.Stats(), a.op.Retention()))
+}
+
+// scan counts what the store holds: FileScanner's scan, else walks of the
+// records and the messages (see FileScanner).
+func (a *admin) scan() (idemcore.FileStats, error) {
+	if fs, ok := a.op.(FileScanner); ok {
+		return fs.ScanFile()
+	}
+	var s idemcore.FileStats
+	err := a.op.Records(func(r *idemcore.Record, err error) error {
+		switch {
+		case err != nil && errors.Is(err, idemcore.ErrCorrupt):
+			s.Corrupt++
+		case err != nil:
+			return err
+		case r.State == idemcore.StateStarted:
+			s.Started++
+		default:
+			s.Done++
+		}
+		return nil
+	})
+	if err != nil {
+		return s, err
+	}
+	err = a.op.Messages(func(m *idemcore.Message, err error) error {
+		switch {
+		case err != nil && errors.Is(err, idemcore.ErrCorrupt):
+			s.Outbox.Corrupt++
+		case err != nil:
+			return err
+		case m.Dead:
+			s.Outbox.Dead++
+		default:
+			s.Outbox.Pending++
+			if m.Failures > 0 {
+				s.Outbox.Retrying++
+			}
+		}
+		return nil
+	})
+	s.Outbox.Delivered = a.op.Stats().Delivered
+	return s, err
 }
 
 // adminQueryKey returns the key parameter: present and unique.

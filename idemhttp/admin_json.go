@@ -29,7 +29,8 @@ type AdminIndex struct {
 type AdminStats struct {
 	// Retention is the retention window as a Go duration.
 	Retention string `json:"retention"`
-	// FileSize is the bytes of the file in use by bbolt's pages.
+	// FileSize is the bytes of the file in use by bbolt's pages; 0 for an
+	// Operator that is not a FileScanner (see it for what else it counts).
 	FileSize int64 `json:"file_size"`
 	// Records counts the records by state (idemcore.Stats).
 	Records struct {

@@ -37,14 +37,26 @@ var remoteNeutral = map[string]bool{"idem": true, "idem outbox": true, "idem hel
 
 // operator is what the commands that work both on a file and through --url
 // call: an *idem.Engine on the file, or a *remote.
+// The admin handler's Operator, less the walk of every record (ls reads
+// the file only), with the file's scan (stats).
 type operator interface {
-	idemhttp.Operator
+	Get(key string) (*idem.Record, error)
+	Forget(key string) error
+	Resolve(key string, response []byte, outcome *idem.Error) error
+	Messages(fn func(m *idem.Message, err error) error) error
+	RetryDead(seq uint64) error
+	DropDead(seq uint64) error
+	Stats() idem.Stats
+	Retention() time.Duration
+	idemhttp.FileScanner
 	Close() error
 }
 
 var (
-	_ operator = (*idem.Engine)(nil)
-	_ operator = (*remote)(nil)
+	_ operator             = (*idem.Engine)(nil)
+	_ operator             = (*remote)(nil)
+	_ idemhttp.Operator    = (*idem.Engine)(nil)
+	_ idemhttp.FileScanner = (*idem.Engine)(nil)
 )
 
 // remoteFlags are the flags of online operation.
