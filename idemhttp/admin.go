@@ -1,61 +1,10 @@
 package idemhttp
 
 import (
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
-	"strconv"
-	"strings"
-	"time"
-
-	"github.com/idemkit/idem/idemcore"
 )
-
-// Operator is the part of an engine the admin handler drives: the operator
-// API every engine offers (the bbolt *idem.Engine, idempg's *Engine, any
-// backend's engine over idemcore). See the Engine methods of the same names
-// for their errors. An Operator that is also a FileScanner (*idem.Engine)
-// has GET /stats count its store in one scan.
-type Operator interface {
-	// Get returns key's live record (idemcore.ErrNotFound if none).
-	Get(key string) (*idemcore.Record, error)
-	// Forget deletes key's record in any state.
-	Forget(key string) error
-	// Resolve completes an interrupted execution by hand.
-	Resolve(key string, response []byte, outcome *idemcore.Error) error
-	// Messages walks the outbox: pending messages, then dead letters.
-	Messages(fn func(m *idemcore.Message, err error) error) error
-	// RetryDead puts a dead letter back in the outbox.
-	RetryDead(seq uint64) error
-	// DropDead deletes a dead letter.
-	DropDead(seq uint64) error
-	// Records walks the live records.
-	Records(fn func(r *idemcore.Record, err error) error) error
-	// Stats returns the counters since Open.
-	Stats() idemcore.Stats
-	// Retention is the retention window, wall-clock.
-	Retention() time.Duration
-}
-
-// FileScanner is the optional part of an Operator that counts what its
-// store holds in one read (*idem.Engine's ScanFile, over the bbolt file).
-// For an Operator without it (idempg's engine), GET /stats counts by
-// walking Records and Messages: live records only (ExpiredPending 0), no
-// store size (FileSize 0), and no Waiting messages (which handlers the
-// program registered is its dispatcher's to know).
-type FileScanner interface {
-	// ScanFile counts the records and messages in the store.
-	ScanFile() (idemcore.FileStats, error)
-}
-
-// AdminAction is what an admin request asks to do, as passed to
-// AdminOptions.Authorize.
-type AdminAction string
 
 const (
 	// AdminRead is every GET route: the index, counters, records and outbox
@@ -91,28 +40,6 @@ type AdminOptions struct {
 	// MaxBody is the largest request body read, in bytes; a larger one is
 	// refused with 413 and changes nothing. Zero means DefaultAdminMaxBody.
 	MaxBody int64
-}
-
-// AllowBearer returns an AdminOptions.Authorize that allows every action to
-// requests carrying "Authorization: Bearer <token>" (RFC 6750), compared in
-// constant time, and refuses all others. An empty token refuses everything.
-// For finer rules (read-only tokens), write the function yourself.
-func AllowBearer(token string) func(*http.Request, AdminAction) bool {
-	want := []byte(token)
-	return func(r *http.Request, _ AdminAction) bool {
-		got, ok := adminBearer(r)
-		return ok && len(want) > 0 && subtle.ConstantTimeCompare([]byte(got), want) == 1
-	}
-}
-
-// adminBearer returns the token of an "Authorization: Bearer" header.
-func adminBearer(r *http.Request) (string, bool) {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	token = strings.TrimSpace(token)
-	return token, token != ""
 }
 
 // Admin returns the admin handler: a JSON API over op for operators of a
@@ -214,294 +141,24 @@ func (a *admin) index(w http.ResponseWriter, _ *http.Request) error {
 	})
 }
 
-func (a *admin) stats(w http.ResponseWriter, _ *http.Request) error {
-	fs, err := a.scan()
+// AdminIndex is the answer of GET /.
+type AdminIndex struct {
+	// Retention is the retention window as a Go duration ("24h0m0s"), and
+	// RetentionSeconds the same in seconds.
+	Retention        string  `json:"retention"`
+	RetentionSeconds float64 `json:"retention_seconds"`
+	// ShowResponses tells whether answers carry stored responses and
+	// payloads (AdminOptions.ShowResponses).
+	ShowResponses bool `json:"show_responses"`
+}
+
+func adminWriteJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return adminWriteJSON(w, http.StatusOK, newAdminStats(fs, a.op.Stats(), a.op.Retention()))
-}
-
-// scan counts what the store holds: FileScanner's scan, else walks of the
-// records and the messages (see FileScanner).
-func (a *admin) scan() (idemcore.FileStats, error) {
-	if fs, ok := a.op.(FileScanner); ok {
-		return fs.ScanFile()
-	}
-	var s idemcore.FileStats
-	err := a.op.Records(func(r *idemcore.Record, err error) error {
-		switch {
-		case err != nil && errors.Is(err, idemcore.ErrCorrupt):
-			s.Corrupt++
-		case err != nil:
-			return err
-		case r.State == idemcore.StateStarted:
-			s.Started++
-		default:
-			s.Done++
-		}
-		return nil
-	})
-	if err != nil {
-		return s, err
-	}
-	err = a.op.Messages(func(m *idemcore.Message, err error) error {
-		switch {
-		case err != nil && errors.Is(err, idemcore.ErrCorrupt):
-			s.Outbox.Corrupt++
-		case err != nil:
-			return err
-		case m.Dead:
-			s.Outbox.Dead++
-		default:
-			s.Outbox.Pending++
-			if m.Failures > 0 {
-				s.Outbox.Retrying++
-			}
-		}
-		return nil
-	})
-	s.Outbox.Delivered = a.op.Stats().Delivered
-	return s, err
-}
-
-// adminQueryKey returns the key parameter: present and unique.
-func adminQueryKey(r *http.Request) (string, error) {
-	keys, ok := r.URL.Query()["key"]
-	if !ok || len(keys) != 1 {
-		return "", adminBadRequest("give one key parameter: ?key=KEY (query-escaped)")
-	}
-	return keys[0], nil
-}
-
-func (a *admin) getRecord(w http.ResponseWriter, r *http.Request) error {
-	key, err := adminQueryKey(r)
-	if err != nil {
-		return err
-	}
-	rec, err := a.op.Get(key)
-	if err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, a.record(rec))
-}
-
-func (a *admin) forget(w http.ResponseWriter, r *http.Request) error {
-	key, err := adminQueryKey(r)
-	if err != nil {
-		return err
-	}
-	if err := a.op.Forget(key); err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, adminForgotten{Key: key, Forgotten: true})
-}
-
-// adminResolveBody is the JSON body of POST /records/resolve.
-type adminResolveBody struct {
-	Response         *string          `json:"response"`
-	ResponseEncoding string           `json:"response_encoding"`
-	Error            *AdminErrorJSON  `json:"error"`
-	HTTP             *adminHTTPAnswer `json:"http"`
-}
-
-// adminHTTPAnswer is a resolve's "http" member: an HTTP answer, stored in
-// Middleware's format (EncodeResponse).
-type adminHTTPAnswer struct {
-	Status       int         `json:"status"`
-	Headers      http.Header `json:"headers"`
-	Body         string      `json:"body"`
-	BodyEncoding string      `json:"body_encoding"`
-}
-
-// decodeText decodes s as encoding names it: "utf-8" (or "") or "base64".
-func decodeText(s, encoding, member string) ([]byte, error) {
-	switch encoding {
-	case "", "utf-8":
-		return []byte(s), nil
-	case "base64":
-		b, err := base64.StdEncoding.DecodeString(s)
-		if err != nil {
-			return nil, adminBadRequest(member + " is not valid base64: " + err.Error())
-		}
-		return b, nil
-	default:
-		return nil, adminBadRequest(fmt.Sprintf("%s_encoding must be utf-8 or base64, not %q", member, encoding))
-	}
-}
-
-func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
-	key, err := adminQueryKey(r)
-	if err != nil {
-		return err
-	}
-	var body adminResolveBody
-	if err := a.readJSON(w, r, &body); err != nil {
-		return err
-	}
-	var resp []byte
-	if body.HTTP != nil {
-		if body.Response != nil || body.Error != nil || body.ResponseEncoding != "" {
-			return adminBadRequest(`"http" excludes "response", "response_encoding" and "error"`)
-		}
-		b, err := decodeText(body.HTTP.Body, body.HTTP.BodyEncoding, "body")
-		if err != nil {
-			return err
-		}
-		if resp, err = EncodeResponse(body.HTTP.Status, body.HTTP.Headers, b); err != nil {
-			return adminBadRequest(err.Error())
-		}
-	}
-	if body.Response != nil {
-		if resp, err = decodeText(*body.Response, body.ResponseEncoding, "response"); err != nil {
-			return err
-		}
-		if resp == nil {
-			resp = []byte{} // "" is an empty response, not none
-		}
-	}
-	var outcome *idemcore.Error
-	if body.Error != nil {
-		outcome = &idemcore.Error{Code: body.Error.Code, Message: body.Error.Message}
-	}
-	if err := a.op.Resolve(key, resp, outcome); err != nil {
-		return err
-	}
-	rec, err := a.op.Get(key)
-	if err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, a.record(rec))
-}
-
-// readJSON decodes r's body into v: application/json, at most MaxBody
-// bytes, one object with no unknown members.
-func (a *admin) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return &adminError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
-			detail: "the body must be JSON, with Content-Type: application/json"}
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, a.opts.MaxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.As(err, new(*http.MaxBytesError)) {
-			return &adminError{status: http.StatusRequestEntityTooLarge, code: "too_large",
-				detail: fmt.Sprintf("the body exceeds %d bytes", a.opts.MaxBody)}
-		}
-		return adminBadRequest("the body is not the JSON object expected: " + err.Error())
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return adminBadRequest("the body holds more than one JSON value")
-	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
 	return nil
-}
-
-func (a *admin) listMessages(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	state := q.Get("state")
-	switch state {
-	case "":
-		state = "all"
-	case "all", "pending", "dead":
-	default:
-		return adminBadRequest(fmt.Sprintf("state must be pending, dead or all, not %q", state))
-	}
-	limit := 0
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			return adminBadRequest(fmt.Sprintf("limit must be a non-negative integer, not %q", s))
-		}
-		limit = n
-	}
-	_, byTopic := q["topic"]
-	topic := q.Get("topic")
-	out := AdminMessages{Messages: []AdminMessage{}, Corrupt: []AdminCorrupt{}}
-	err := a.op.Messages(func(m *idemcore.Message, merr error) error {
-		switch {
-		case state == "pending" && m.Dead, state == "dead" && !m.Dead:
-		case merr != nil && errors.Is(merr, idemcore.ErrCorrupt):
-			out.Corrupt = append(out.Corrupt, AdminCorrupt{Seq: m.Seq, Dead: m.Dead})
-		case merr != nil:
-			return merr
-		case !byTopic || m.Topic == topic:
-			out.Matched++
-			if limit == 0 || len(out.Messages) < limit {
-				out.Messages = append(out.Messages, a.message(m))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, out)
-}
-
-// adminPathSeq parses the {seq} path segment.
-func adminPathSeq(r *http.Request) (uint64, error) {
-	s := r.PathValue("seq")
-	seq, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || seq == 0 {
-		return 0, adminBadRequest(fmt.Sprintf("%q is not a message sequence number (a positive integer)", s))
-	}
-	return seq, nil
-}
-
-// adminErrStop ends a walk of the messages early.
-var adminErrStop = errors.New("stop")
-
-func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
-	seq, err := adminPathSeq(r)
-	if err != nil {
-		return err
-	}
-	var found *idemcore.Message
-	err = a.op.Messages(func(m *idemcore.Message, merr error) error {
-		if m.Seq != seq {
-			return nil
-		}
-		if merr != nil {
-			return merr
-		}
-		found = m
-		return adminErrStop
-	})
-	switch {
-	case errors.Is(err, adminErrStop):
-	case err != nil:
-		return err
-	case found == nil:
-		return fmt.Errorf("%w: message %d (delivered, dropped, expired or never enqueued)", idemcore.ErrMessageNotFound, seq)
-	}
-	return adminWriteJSON(w, http.StatusOK, a.message(found))
-}
-
-func (a *admin) retryDead(w http.ResponseWriter, r *http.Request) error {
-	return a.operateDead(w, r, "retry", a.op.RetryDead)
-}
-
-func (a *admin) dropDead(w http.ResponseWriter, r *http.Request) error {
-	return a.operateDead(w, r, "drop", a.op.DropDead)
-}
-
-func (a *admin) operateDead(w http.ResponseWriter, r *http.Request, name string, do func(uint64) error) error {
-	seq, err := adminPathSeq(r)
-	if err != nil {
-		return err
-	}
-	if err := do(seq); err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, adminDeadOp{Op: name, Seq: seq})
-}
-
-// record renders rec, with its response only under ShowResponses.
-func (a *admin) record(rec *idemcore.Record) AdminRecord {
-	return NewAdminRecord(rec, idemcore.Expiry(rec, a.op.Retention()), a.opts.ShowResponses)
-}
-
-// message renders m, with its payload only under ShowResponses.
-func (a *admin) message(m *idemcore.Message) AdminMessage {
-	return NewAdminMessage(m, 0, a.opts.ShowResponses)
 }
