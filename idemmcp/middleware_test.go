@@ -76,6 +76,16 @@ func (r *rig) call(key, tool string, args any) (*mcp.CallToolResult, error) {
 	return r.cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
 }
 
+// requireReplay calls tool with key and args and requires the stored
+// outcome back, replayed.
+func (r *rig) requireReplay(t *testing.T, key, tool string, args any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := r.call(key, tool, args)
+	require.NoError(t, err)
+	require.True(t, idemmcp.Replayed(res))
+	return res
+}
+
 func text(t *testing.T, res *mcp.CallToolResult) string {
 	t.Helper()
 	require.NotNil(t, res)
@@ -250,9 +260,7 @@ func TestPanickingToolIsAnInterruptedExecution(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, idemmcp.Replayed(res))
 	require.True(t, recovered.Load())
-	again, err := r.call("k-1", "create_order", args)
-	require.NoError(t, err)
-	require.True(t, idemmcp.Replayed(again))
+	r.requireReplay(t, "k-1", "create_order", args)
 	require.EqualValues(t, 2, runs.Load())
 }
 
@@ -368,9 +376,7 @@ func TestRetryableIsNotStored(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, second.IsError)
 			require.False(t, idemmcp.Replayed(second), "the key was free: the tool ran again")
-			third, err := r.call("k-"+tool, tool, map[string]any{"sku": "A1", "qty": 1})
-			require.NoError(t, err)
-			require.True(t, idemmcp.Replayed(third))
+			r.requireReplay(t, "k-"+tool, tool, map[string]any{"sku": "A1", "qty": 1})
 			require.EqualValues(t, 2, runs.Load())
 		})
 	}
@@ -460,9 +466,7 @@ func TestServerRestartOnTheSameFileReplays(t *testing.T) {
 	r.close()
 
 	r2 := newRig(t, r.path, nil, nil, shop(&orders))
-	second, err := r2.call("k-1", "create_order", args)
-	require.NoError(t, err)
-	require.True(t, idemmcp.Replayed(second))
+	second := r2.requireReplay(t, "k-1", "create_order", args)
 	require.Equal(t, text(t, first), text(t, second))
 	require.EqualValues(t, 1, orders.Load())
 }
@@ -512,9 +516,7 @@ func TestKeyPolicies(t *testing.T) {
 		before := orders.Load()
 		first, err := r.call("", "pay_order", map[string]any{"sku": "A1", "qty": 3})
 		require.NoError(t, err)
-		second, err := r.call("", "pay_order", map[string]any{"qty": 3.0, "sku": "A1"})
-		require.NoError(t, err)
-		require.True(t, idemmcp.Replayed(second))
+		second := r.requireReplay(t, "", "pay_order", map[string]any{"qty": 3.0, "sku": "A1"})
 		require.Equal(t, text(t, first), text(t, second))
 		require.Equal(t, before+1, orders.Load())
 	})
@@ -684,9 +686,7 @@ func TestCancelledWaiterReturnsAndChangesNothing(t *testing.T) {
 	require.ErrorIs(t, <-waiter, context.Canceled)
 	close(release)
 	require.NoError(t, <-first)
-	res, err := r.call("k-1", "create_order", args)
-	require.NoError(t, err)
-	require.True(t, idemmcp.Replayed(res))
+	r.requireReplay(t, "k-1", "create_order", args)
 	require.EqualValues(t, 1, orders.Load())
 }
 

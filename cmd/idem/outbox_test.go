@@ -497,16 +497,7 @@ func TestOutboxFileInUse(t *testing.T) {
 func TestOutboxMissingFileIsNotCreated(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "missing.db")
-	for name, args := range outboxCommands(path) {
-		t.Run(name, func(t *testing.T) {
-			r := idemCmd(t, nil, "", args...)
-			require.Equal(t, 1, r.code)
-			require.Equal(t, "idem: "+path+": no such file\n", r.stderr)
-			require.Empty(t, r.stdout)
-			_, err := os.Stat(path)
-			require.ErrorIs(t, err, os.ErrNotExist)
-		})
-	}
+	requireNotCreated(t, path, outboxCommands(path))
 }
 
 // TestReadOnlyCommands checks that the commands that only read open the
