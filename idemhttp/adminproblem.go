@@ -47,7 +47,26 @@ func adminBadRequest(detail string) error {
 	return &adminError{status: http.StatusBadRequest, code: "bad_request", detail: detail}
 }
 
-// toAdminError maps an engine error to its status and code.
+// adminCodes are the engine's errors the admin handler names, checked in
+// order: the first that err matches gives its status and code; any other
+// error is 500 "internal".
+var adminCodes = []struct {
+	err    error
+	status int
+	code   string
+}{
+	{idemcore.ErrInvalidKey, http.StatusBadRequest, "invalid_key"},
+	{idemcore.ErrNotFound, http.StatusNotFound, "not_found"},
+	{idemcore.ErrMessageNotFound, http.StatusNotFound, "message_not_found"},
+	{idemcore.ErrState, http.StatusConflict, "wrong_state"},
+	{idemcore.ErrInProgress, http.StatusConflict, "in_progress"}, // with Retry-After
+	// A resolution over the engine's Options.MaxResponseSize.
+	{idemcore.ErrResponseTooLarge, http.StatusRequestEntityTooLarge, "too_large"},
+	{idemcore.ErrClosed, http.StatusServiceUnavailable, "closed"},
+	{idemcore.ErrCorrupt, http.StatusInternalServerError, "corrupt"},
+}
+
+// toAdminError maps an engine error to its status and code (adminCodes).
 func toAdminError(err error) *adminError {
 	var ae *adminError
 	if errors.As(err, &ae) {
@@ -58,30 +77,18 @@ func toAdminError(err error) *adminError {
 	if errors.As(err, &op) {
 		out.op, out.key, out.detail = op.Op, op.Key, op.Err.Error()
 	}
-	var ip *idemcore.InProgressError
-	switch {
-	case errors.Is(err, idemcore.ErrInvalidKey):
-		out.status, out.code = http.StatusBadRequest, "invalid_key"
-	case errors.Is(err, idemcore.ErrNotFound):
-		out.status, out.code = http.StatusNotFound, "not_found"
-	case errors.Is(err, idemcore.ErrMessageNotFound):
-		out.status, out.code = http.StatusNotFound, "message_not_found"
-	case errors.Is(err, idemcore.ErrState):
-		out.status, out.code = http.StatusConflict, "wrong_state"
-	case errors.Is(err, idemcore.ErrInProgress):
-		out.status, out.code, out.retryAfter = http.StatusConflict, "in_progress", time.Second
-		if errors.As(err, &ip) {
+	out.status, out.code = http.StatusInternalServerError, "internal"
+	for _, c := range adminCodes {
+		if errors.Is(err, c.err) {
+			out.status, out.code = c.status, c.code
+			break
+		}
+	}
+	if out.code == "in_progress" {
+		out.retryAfter = time.Second
+		if ip, ok := errors.AsType[*idemcore.InProgressError](err); ok {
 			out.retryAfter = ip.RetryAfter
 		}
-	case errors.Is(err, idemcore.ErrResponseTooLarge):
-		// A resolution over the engine's Options.MaxResponseSize.
-		out.status, out.code = http.StatusRequestEntityTooLarge, "too_large"
-	case errors.Is(err, idemcore.ErrClosed):
-		out.status, out.code = http.StatusServiceUnavailable, "closed"
-	case errors.Is(err, idemcore.ErrCorrupt):
-		out.status, out.code = http.StatusInternalServerError, "corrupt"
-	default:
-		out.status, out.code = http.StatusInternalServerError, "internal"
 	}
 	return out
 }

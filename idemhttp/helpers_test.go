@@ -208,6 +208,19 @@ func post(t *testing.T, c *http.Client, url, key, body string) (*http.Response, 
 	return resp, b, err
 }
 
+// mustDo sends req through c and reads its answer whole; a transport error
+// fails the test.
+func mustDo(t *testing.T, c *http.Client, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
 // mustPost is post that fails the test on a transport error.
 func mustPost(t *testing.T, c *http.Client, url, key, body string) (*http.Response, []byte) {
 	t.Helper()

@@ -88,13 +88,7 @@ func TestKeyParsing(t *testing.T) {
 			send := func(values []string) (*http.Response, []byte) {
 				req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/orders", strings.NewReader("{}"))
 				req.Header[idemhttp.HeaderKey] = values
-				resp, err := s.Client().Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				return resp, b
+				return mustDo(t, s.Client(), req)
 			}
 			resp, body := send(tt.values)
 			if tt.status != 0 {
@@ -490,13 +484,7 @@ func TestScope(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader(body))
 		req.Header.Set(idemhttp.HeaderKey, "shared-key")
 		req.Header.Set("X-User", who)
-		resp, err := s.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, b
+		return mustDo(t, s.Client(), req)
 	}
 	t.Run("scoped", func(t *testing.T) {
 		o := &orders{}

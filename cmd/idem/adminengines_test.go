@@ -77,14 +77,7 @@ func TestAdminServesEitherEngine(t *testing.T) {
 			t.Cleanup(srv.Close)
 			call := func(method, route string, out any) {
 				t.Helper()
-				req, err := http.NewRequest(method, srv.URL+route, nil)
-				require.NoError(t, err)
-				req.Header.Set("Authorization", "Bearer "+testToken)
-				resp, err := http.DefaultClient.Do(req)
-				require.NoError(t, err)
-				defer resp.Body.Close()
-				require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s", method, route)
-				require.NoError(t, json.NewDecoder(resp.Body).Decode(out))
+				require.NoError(t, json.Unmarshal(adminOK(t, method, srv.URL+route), out))
 			}
 
 			var st idemhttp.AdminStats

@@ -33,19 +33,27 @@ func TestJSONFormSameAsAdmin(t *testing.T) {
 			t.Parallel()
 			path := c.fixture(t)
 			u, _ := serveAdmin(t, copyFixture(t, path), true)
-			req, err := http.NewRequest(http.MethodGet, u+c.route, nil)
-			require.NoError(t, err)
-			req.Header.Set("Authorization", "Bearer "+testToken)
-			resp, err := http.DefaultClient.Do(req)
-			require.NoError(t, err)
-			defer resp.Body.Close()
-			served, err := io.ReadAll(resp.Body)
-			require.NoError(t, err)
-			require.Equal(t, http.StatusOK, resp.StatusCode, "%s", served)
+			served := adminOK(t, http.MethodGet, u+c.route)
 
 			r := idemDB(t, path, append([]string{"--json"}, c.args...)...)
 			require.Equal(t, 0, r.code, "stderr: %s", r.stderr)
 			require.JSONEq(t, string(served), r.stdout)
 		})
 	}
+}
+
+// adminOK sends method to the admin handler's URL u with testToken and
+// returns the body of its 200 answer.
+func adminOK(t *testing.T, method, u string) []byte {
+	t.Helper()
+	req, err := http.NewRequest(method, u, nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testToken)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%s %s: %s", method, u, body)
+	return body
 }

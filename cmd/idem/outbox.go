@@ -157,14 +157,20 @@ func (a *app) checkDeadLetterRetention() error {
 	return nil
 }
 
+// openOutbox is openOperator for the outbox commands, after their
+// --dead-letter-retention is checked.
+func (a *app) openOutbox() (operator, error) {
+	if err := a.checkDeadLetterRetention(); err != nil {
+		return nil, err
+	}
+	return a.openOperator()
+}
+
 func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
 	if limit < 0 {
 		return &usageError{errors.New("--limit must not be negative")}
 	}
-	if err := a.checkDeadLetterRetention(); err != nil {
-		return err
-	}
-	e, err := a.openOperator()
+	e, err := a.openOutbox()
 	if err != nil {
 		return err
 	}
@@ -283,10 +289,7 @@ type outboxGetJSON = messageJSON
 var errStop = errors.New("stop")
 
 func (a *app) outboxGet(seq uint64, raw bool) (err error) {
-	if err := a.checkDeadLetterRetention(); err != nil {
-		return err
-	}
-	e, err := a.openOperator()
+	e, err := a.openOutbox()
 	if err != nil {
 		return err
 	}
@@ -416,10 +419,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := a.checkDeadLetterRetention(); err != nil {
-		return err
-	}
-	e, err := a.openOperator()
+	e, err := a.openOutbox()
 	if err != nil {
 		return err
 	}

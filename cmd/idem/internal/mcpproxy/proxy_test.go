@@ -365,12 +365,7 @@ func TestCancelledProtectedCallIsNotForwarded(t *testing.T) {
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "D4", "qty": 1}
 	ctx, cancel := context.WithCancel(t.Context())
-	first := make(chan error, 1)
-	go func() {
-		_, err := callTool(ctx, cs, "gated_order", args, "gated-k1")
-		first <- err
-	}()
-	waitFile(t, filepath.Join(f.dir, "blocked"))
+	first := f.startGated(t, ctx, cs, args)
 	cancel()
 	require.ErrorIs(t, <-first, context.Canceled)
 
@@ -383,7 +378,7 @@ func TestCancelledProtectedCallIsNotForwarded(t *testing.T) {
 		r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
 		retry <- answer{r, err}
 	}()
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), []byte("open"), 0o600))
+	f.openGate(t)
 	a := <-retry
 	require.NoError(t, a.err)
 	require.Equal(t, "order 1: 1 x D4", textOf(t, a.r))
@@ -538,6 +533,26 @@ func processAlive(pid int) bool {
 }
 
 // killBlocked waits for the orders server to block mid-call and SIGKILLs it.
+// startGated starts a call of gated_order with args and the key gated-k1
+// (ctx its context) and waits until the server blocks in it: the call's
+// error comes on the channel once it ends (openGate).
+func (f *fixture) startGated(t *testing.T, ctx context.Context, cs *mcp.ClientSession, args map[string]any) <-chan error {
+	t.Helper()
+	first := make(chan error, 1)
+	go func() {
+		_, err := callTool(ctx, cs, "gated_order", args, "gated-k1")
+		first <- err
+	}()
+	waitFile(t, filepath.Join(f.dir, "blocked"))
+	return first
+}
+
+// openGate lets the server's gated calls end.
+func (f *fixture) openGate(t *testing.T) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+}
+
 func (f *fixture) killBlocked(t *testing.T) int {
 	t.Helper()
 	path := filepath.Join(f.dir, "blocked")
@@ -596,18 +611,13 @@ func TestInFlightFailRefusesADuplicate(t *testing.T) {
 	f.env = []string{"IDEM_TEST_INFLIGHT=fail"}
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "G7", "qty": 1}
-	first := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-		first <- err
-	}()
-	waitFile(t, filepath.Join(f.dir, "blocked"))
+	first := f.startGated(t, t.Context(), cs, args)
 	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
 	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
 	var we *jsonrpc.Error
 	require.ErrorAs(t, err, &we)
 	require.JSONEq(t, `{"type":"idempotency_key_in_progress","retryAfter":1}`, string(we.Data))
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	f.openGate(t)
 	require.NoError(t, <-first)
 	require.Len(t, f.effects(), 1)
 }
@@ -640,15 +650,10 @@ func TestDuplicateWaitsAtMostMaxWait(t *testing.T) {
 	f.env = []string{"IDEM_TEST_MAXWAIT=50ms"}
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "J9", "qty": 1}
-	first := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-		first <- err
-	}()
-	waitFile(t, filepath.Join(f.dir, "blocked"))
+	first := f.startGated(t, t.Context(), cs, args)
 	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
 	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	f.openGate(t)
 	require.NoError(t, <-first, "the first call outlives MaxWait")
 	r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
 	require.NoError(t, err)
@@ -704,7 +709,7 @@ func TestClientGoneMidCall(t *testing.T) {
 	waitFile(t, filepath.Join(f.dir, "blocked"))
 	require.NoError(t, out.Close())
 	require.NoError(t, in.Close())
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	f.openGate(t)
 	err = cmd.Wait()
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "the proxy reports the failed write")
