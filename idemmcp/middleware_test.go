@@ -183,13 +183,19 @@ func blocking(orders *atomic.Int32, started chan<- struct{}, release <-chan stru
 	}
 }
 
-func TestConcurrentCallsRunOnce(t *testing.T) {
-	var orders atomic.Int32
-	started, release := make(chan struct{}, 2), make(chan struct{})
-	waiting := make(chan struct{}, 1)
+// waitingRig is a rig whose create_order blocks (blocking, with started and
+// release) and whose duplicates send on waiting as they start to wait.
+func waitingRig(t *testing.T, orders *atomic.Int32) (r *rig, started, release, waiting chan struct{}) {
+	started, release = make(chan struct{}, 2), make(chan struct{})
+	waiting = make(chan struct{}, 1)
 	idemmcp.SetWaitHook(func() { waiting <- struct{}{} })
 	t.Cleanup(func() { idemmcp.SetWaitHook(nil) })
-	r := newRig(t, "", nil, nil, blocking(&orders, started, release))
+	return newRig(t, "", nil, nil, blocking(orders, started, release)), started, release, waiting
+}
+
+func TestConcurrentCallsRunOnce(t *testing.T) {
+	var orders atomic.Int32
+	r, started, release, waiting := waitingRig(t, &orders)
 	args := map[string]any{"sku": "A1", "qty": 2}
 	var wg sync.WaitGroup
 	results := make([]*mcp.CallToolResult, 2)
@@ -666,11 +672,7 @@ func TestStackedMiddlewareDedupesOnce(t *testing.T) {
 
 func TestCancelledWaiterReturnsAndChangesNothing(t *testing.T) {
 	var orders atomic.Int32
-	started, release := make(chan struct{}, 2), make(chan struct{})
-	waiting := make(chan struct{}, 1)
-	idemmcp.SetWaitHook(func() { waiting <- struct{}{} })
-	t.Cleanup(func() { idemmcp.SetWaitHook(nil) })
-	r := newRig(t, "", nil, nil, blocking(&orders, started, release))
+	r, started, release, waiting := waitingRig(t, &orders)
 	args := map[string]any{"sku": "A1", "qty": 1}
 	first := make(chan error, 1)
 	go func() { _, err := r.call("k-1", "create_order", args); first <- err }()

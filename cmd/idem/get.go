@@ -20,14 +20,7 @@ With --json the response is a string: UTF-8 text as is, other bytes in base64
 from an empty one.`,
 		Args: cobra.ExactArgs(1),
 	}
-	key := keyArg(c)
-	c.RunE = func(_ *cobra.Command, args []string) error {
-		k, err := key(args)
-		if err != nil {
-			return err
-		}
-		return a.get(k, raw)
-	}
+	keyArg(c, func(_ *cobra.Command, key string) error { return a.get(key, raw) })
 	c.Flags().BoolVar(&raw, "raw", false, "write only the response bytes to stdout")
 	return c
 }

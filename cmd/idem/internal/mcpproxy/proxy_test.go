@@ -419,6 +419,16 @@ type rawSession struct {
 	lines chan json.RawMessage
 }
 
+// startSession is startRaw and the session's handshake: initialize, its
+// answer, and notifications/initialized.
+func (f *fixture) startSession(t *testing.T, config string, server []string) *rawSession {
+	s := f.startRaw(t, config, server)
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return s
+}
+
 func (f *fixture) startRaw(t *testing.T, config string, server []string) *rawSession {
 	cmd := f.proxyCmd(t, config, server)
 	in, err := cmd.StdinPipe()
@@ -467,10 +477,7 @@ const rawInit = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protoc
 // its retry are answered under their own ids, whatever their type.
 func TestReplayAnswersUnderTheNewID(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	call := `{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"create_order","arguments":%s,"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`
 	s.send(fmt.Sprintf(call, "7", `{"sku":"A","qty":1}`))
 	first := s.await("7")
@@ -489,10 +496,7 @@ func TestReplayAnswersUnderTheNewID(t *testing.T) {
 // call with the recovered flag.
 func TestProxyKilledTakesItsServer(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	s.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow_order","arguments":{"sku":"E5","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`)
 	pid, err := strconv.Atoi(string(waitFile(t, filepath.Join(f.dir, "blocked"))))
 	require.NoError(t, err)
@@ -666,10 +670,7 @@ func TestDuplicateWaitsAtMostMaxWait(t *testing.T) {
 // so it neither conflicts with nor replays the first round.
 func TestContinuationHasItsOwnKey(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`
 	texts := map[int]string{}
 	for i, state := range []string{``, `"requestState":"round-2",`, `"requestState":"round-2",`, ``} {
@@ -729,10 +730,7 @@ func TestClientGoneMidCall(t *testing.T) {
 // for the first round and for a continuation alike, and nothing runs.
 func TestKeyRulesHoldForContinuations(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":%q}}}`
 	id := 10
 	for _, key := range []string{" k", "k\u00a0", "\ufeffk"} {
@@ -793,10 +791,7 @@ func TestBatchOfProtectedCallsIsRefused(t *testing.T) {
 // unprotected.
 func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	params := `"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"N","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"null-k"}}`
 	s.send(`{"jsonrpc":"2.0",` + params + `}`)
 	s.send(`{"jsonrpc":"2.0","id":null,` + params + `}`)
@@ -826,10 +821,7 @@ func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
 func TestAnswerOverTheEngineLimit(t *testing.T) {
 	f := newFixture(t)
 	f.env = []string{"IDEM_TEST_MAXRESPONSE=1024"}
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	sku := strings.Repeat("s", 4<<10)
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"big-k"}}}`
 	s.send(fmt.Sprintf(call, 10, sku))
@@ -851,10 +843,7 @@ func TestAnswerOverTheEngineLimit(t *testing.T) {
 func TestStoreFailureAfterTheServerRanAnswersItsResult(t *testing.T) {
 	f := newFixture(t)
 	f.env = []string{"IDEM_TEST_MAXRESPONSE=8388608", "IDEM_TEST_MAXSIZE=1048576"}
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	sku := strings.Repeat("s", 2<<20)
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"full-k"}}}`
 	s.send(fmt.Sprintf(call, 10, sku))
