@@ -108,30 +108,34 @@ func (k RefusalKind) Refusal() Refusal {
 // context's end (context.Canceled, context.DeadlineExceeded: the caller's
 // own), which each adapter answers in its own way.
 func RefusalOf(err error) (Refusal, bool) {
-	var ip *InProgressError
-	var stored *Error
-	switch {
-	case err == nil:
+	if err == nil {
 		return Refusal{}, false
-	case errors.Is(err, ErrRetryable):
-		return RefusalInProgress.Refusal(), true
-	case errors.Is(err, ErrResponseTooLarge):
-		return RefusalNotStored.Refusal(), true
-	case errors.Is(err, ErrFingerprintMismatch):
-		return RefusalConflict.Refusal(), true
-	case errors.As(err, &ip):
-		r := RefusalInProgress.Refusal()
-		r.RetryAfter = ip.RetryAfter
-		return r, true
-	case errors.Is(err, ErrInProgress):
-		return RefusalInProgress.Refusal(), true
-	case errors.Is(err, ErrIncomplete):
-		return RefusalIncomplete.Refusal(), true
-	case errors.Is(err, ErrInvalidKey):
-		return RefusalKeyInvalid.Refusal(), true
-	case errors.As(err, &stored),
-		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+	}
+	for _, c := range refusalOrder {
+		if errors.Is(err, c.err) {
+			r := c.kind.Refusal()
+			if ip, ok := errors.AsType[*InProgressError](err); ok && c.err == ErrInProgress {
+				r.RetryAfter = ip.RetryAfter
+			}
+			return r, true
+		}
+	}
+	if _, ok := errors.AsType[*Error](err); ok ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return Refusal{}, false
 	}
 	return RefusalUnavailable.Refusal(), true
+}
+
+// refusalOrder is RefusalOf's table, in the order it checks.
+var refusalOrder = []struct {
+	err  error
+	kind RefusalKind
+}{
+	{ErrRetryable, RefusalInProgress},
+	{ErrResponseTooLarge, RefusalNotStored},
+	{ErrFingerprintMismatch, RefusalConflict},
+	{ErrInProgress, RefusalInProgress}, // an *InProgressError gives its RetryAfter
+	{ErrIncomplete, RefusalIncomplete},
+	{ErrInvalidKey, RefusalKeyInvalid},
 }

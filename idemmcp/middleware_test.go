@@ -86,6 +86,16 @@ func (r *rig) requireReplay(t *testing.T, key, tool string, args any) *mcp.CallT
 	return res
 }
 
+// requireRPCCode requires err to be a JSON-RPC error with code, and returns
+// it.
+func requireRPCCode(t *testing.T, err error, code int64) *jsonrpc.Error {
+	t.Helper()
+	var we *jsonrpc.Error
+	require.ErrorAs(t, err, &we)
+	require.EqualValues(t, code, we.Code)
+	return we
+}
+
 func text(t *testing.T, res *mcp.CallToolResult) string {
 	t.Helper()
 	require.NotNil(t, res)
@@ -255,9 +265,7 @@ func TestPanickingToolIsAnInterruptedExecution(t *testing.T) {
 	})
 	args := map[string]any{"sku": "A1", "qty": 2}
 	_, err := r.call("k-1", "create_order", args)
-	var we *jsonrpc.Error
-	require.ErrorAs(t, err, &we)
-	require.EqualValues(t, jsonrpc.CodeInternalError, we.Code)
+	we := requireRPCCode(t, err, jsonrpc.CodeInternalError)
 	require.Contains(t, we.Message, "panicked")
 
 	// The server still serves, and the retry recovers the interrupted
@@ -308,9 +316,7 @@ func TestToolErrorsAreStoredAndReplayed(t *testing.T) {
 		_, err1 := r.call("k-raw", "raw_fails", args)
 		_, err2 := r.call("k-raw", "raw_fails", args)
 		for _, err := range []error{err1, err2} {
-			var we *jsonrpc.Error
-			require.ErrorAs(t, err, &we)
-			require.EqualValues(t, -32001, we.Code)
+			we := requireRPCCode(t, err, -32001)
 			require.Equal(t, "gateway refused", we.Message)
 			require.JSONEq(t, `{"reason":"limit"}`, string(we.Data))
 		}
@@ -712,9 +718,7 @@ func TestPanickingTxToolCommitsNothing(t *testing.T) {
 	})
 	args := map[string]any{"sku": "A1", "qty": 1}
 	_, err := r.call("k-1", "create_order", args)
-	var we *jsonrpc.Error
-	require.ErrorAs(t, err, &we)
-	require.EqualValues(t, jsonrpc.CodeInternalError, we.Code)
+	requireRPCCode(t, err, jsonrpc.CodeInternalError)
 	keys := 0
 	require.NoError(t, r.e.View(func(tx *bboltTx) error {
 		if b := tx.Bucket([]byte("orders")); b != nil {

@@ -551,6 +551,21 @@ func (f *fixture) startGated(t *testing.T, ctx context.Context, cs *mcp.ClientSe
 	return first
 }
 
+// gatedDuplicate runs the proxy with env, starts a gated call of sku and
+// sends a duplicate while the server blocks in it, which is refused as in
+// progress: it returns the fixture, the session, the call's arguments, the
+// first call's end (startGated) and the duplicate's error.
+func gatedDuplicate(t *testing.T, env, sku string) (*fixture, *mcp.ClientSession, map[string]any, <-chan error, error) {
+	f := newFixture(t)
+	f.env = []string{env}
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	args := map[string]any{"sku": sku, "qty": 1}
+	first := f.startGated(t, t.Context(), cs, args)
+	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
+	return f, cs, args, first, err
+}
+
 // openGate lets the server's gated calls end.
 func (f *fixture) openGate(t *testing.T) {
 	t.Helper()
@@ -611,13 +626,7 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 // TestInFlightFailRefusesADuplicate: under InFlightFail a duplicate of a
 // running call gets idemmcp.CodeInProgress with retryAfter.
 func TestInFlightFailRefusesADuplicate(t *testing.T) {
-	f := newFixture(t)
-	f.env = []string{"IDEM_TEST_INFLIGHT=fail"}
-	cs := f.connect(t, ordersConfig, ordersServer(t))
-	args := map[string]any{"sku": "G7", "qty": 1}
-	first := f.startGated(t, t.Context(), cs, args)
-	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
+	f, _, _, first, err := gatedDuplicate(t, "IDEM_TEST_INFLIGHT=fail", "G7")
 	var we *jsonrpc.Error
 	require.ErrorAs(t, err, &we)
 	require.JSONEq(t, `{"type":"idempotency_key_in_progress","retryAfter":1}`, string(we.Data))
@@ -650,13 +659,7 @@ func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
 // than MaxWait is refused as in progress; the first call is recorded when it
 // ends, and the next retry replays it.
 func TestDuplicateWaitsAtMostMaxWait(t *testing.T) {
-	f := newFixture(t)
-	f.env = []string{"IDEM_TEST_MAXWAIT=50ms"}
-	cs := f.connect(t, ordersConfig, ordersServer(t))
-	args := map[string]any{"sku": "J9", "qty": 1}
-	first := f.startGated(t, t.Context(), cs, args)
-	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
+	f, cs, args, first, err := gatedDuplicate(t, "IDEM_TEST_MAXWAIT=50ms", "J9")
 	f.openGate(t)
 	require.NoError(t, <-first, "the first call outlives MaxWait")
 	r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
