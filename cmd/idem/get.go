@@ -40,11 +40,7 @@ func (a *app) get(key string, raw bool) (err error) {
 	}
 	n, hidden := a.hiddenResponse(key)
 	if raw {
-		if hidden {
-			return errHiddenByServer("response")
-		}
-		_, err := a.stdout.Write(r.Response)
-		return err
+		return a.writeRaw(r.Response, hidden, "response")
 	}
 	out := a.recordJSON(r, true)
 	if hidden {

@@ -167,8 +167,8 @@ func (a *app) openOutbox() (operator, error) {
 }
 
 func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
-	if limit < 0 {
-		return &usageError{errors.New("--limit must not be negative")}
+	if err := checkLimit(limit); err != nil {
+		return err
 	}
 	e, err := a.openOutbox()
 	if err != nil {
@@ -195,10 +195,7 @@ func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
 	if err != nil {
 		return err
 	}
-	out.Matched = len(out.Messages)
-	if limit > 0 && len(out.Messages) > limit {
-		out.Messages = out.Messages[:limit]
-	}
+	out.Messages, out.Matched = firstOf(out.Messages, limit)
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -307,11 +304,7 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	}
 	_, hidden := a.hiddenPayload(seq)
 	if raw {
-		if hidden {
-			return errHiddenByServer("payload")
-		}
-		_, err := a.stdout.Write(m.Payload)
-		return err
+		return a.writeRaw(m.Payload, hidden, "payload")
 	}
 	out := a.messageJSON(m, true)
 	if a.json {

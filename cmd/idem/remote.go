@@ -483,3 +483,13 @@ const hiddenNote = "hidden by the server (idemhttp.AdminOptions.ShowResponses is
 func errHiddenByServer(what string) error {
 	return fmt.Errorf("idem: the server hides the %s: its idemhttp.AdminOptions.ShowResponses is off", what)
 }
+
+// writeRaw writes stored bytes b (a response, a payload: what) to stdout as
+// they are, for --raw; refused when the server hides them.
+func (a *app) writeRaw(b []byte, hidden bool, what string) error {
+	if hidden {
+		return errHiddenByServer(what)
+	}
+	_, err := a.stdout.Write(b)
+	return err
+}

@@ -126,6 +126,23 @@ func (f *fixture) executionsOf(tool string) []execution {
 	return out
 }
 
+// answer is a tools/call's result or error.
+type answer struct {
+	r   *mcp.CallToolResult
+	err error
+}
+
+// callAsync is callTool in a goroutine of its own: its answer comes on the
+// channel.
+func callAsync(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any, key string) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		r, err := callTool(ctx, cs, tool, args, key)
+		done <- answer{r, err}
+	}()
+	return done
+}
+
 func callTool(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any, key string) (*mcp.CallToolResult, error) {
 	p := &mcp.CallToolParams{Name: tool, Arguments: args}
 	if key != "" {
@@ -319,15 +336,7 @@ func TestServerKilledMidCallIsRecovered(t *testing.T) {
 			f := newFixture(t)
 			cs := f.connect(t, ordersConfig, ordersServer(t))
 			args := map[string]any{"sku": "C3", "qty": 5}
-			type answer struct {
-				r   *mcp.CallToolResult
-				err error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				r, err := callTool(t.Context(), cs, tc.tool, args, "slow-k1")
-				done <- answer{r, err}
-			}()
+			done := callAsync(t.Context(), cs, tc.tool, args, "slow-k1")
 			pid, err := strconv.Atoi(string(waitFile(t, filepath.Join(f.dir, "blocked"))))
 			require.NoError(t, err)
 			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
@@ -369,15 +378,7 @@ func TestCancelledProtectedCallIsNotForwarded(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-first, context.Canceled)
 
-	type answer struct {
-		r   *mcp.CallToolResult
-		err error
-	}
-	retry := make(chan answer, 1)
-	go func() {
-		r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-		retry <- answer{r, err}
-	}()
+	retry := callAsync(t.Context(), cs, "gated_order", args, "gated-k1")
 	f.openGate(t)
 	a := <-retry
 	require.NoError(t, a.err)
@@ -589,15 +590,11 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 	f := newFixture(t)
 	f.terminate = 200 * time.Millisecond
 	cs := f.connect(t, ordersConfig, ordersServer(t))
-	done := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
-		done <- err
-	}()
+	done := callAsync(t.Context(), cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
 	for range MaxRounds {
 		f.killBlocked(t)
 	}
-	err := <-done
+	err := (<-done).err
 	requireRPCError(t, err, CodeServerDied, TypeServerDied)
 	require.ErrorContains(t, err, "died during the call 3 times")
 	ex := f.executionsOf("stuck_order")
@@ -608,10 +605,7 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithCancel(t.Context())
-	go func() {
-		_, err := callTool(ctx, cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
-		done <- err
-	}()
+	done = callAsync(ctx, cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
 	waitFile(t, filepath.Join(f.dir, "blocked"))
 	ex = f.executionsOf("stuck_order")
 	require.Len(t, ex, MaxRounds+1)
@@ -620,7 +614,7 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 	// end for the protected calls it runs: give up the call, and let
 	// the client's SIGTERM end the proxy.
 	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
+	require.ErrorIs(t, (<-done).err, context.Canceled)
 }
 
 // TestInFlightFailRefusesADuplicate: under InFlightFail a duplicate of a
@@ -643,13 +637,9 @@ func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
 	f.env = []string{"IDEM_TEST_RECOVERY=refuse"}
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "H8", "qty": 1}
-	done := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
-		done <- err
-	}()
+	done := callAsync(t.Context(), cs, "slow_order", args, "slow-k1")
 	f.killBlocked(t)
-	requireRPCError(t, <-done, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
+	requireRPCError(t, (<-done).err, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
 	_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
 	requireRPCError(t, err, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
 	require.Len(t, f.executionsOf("slow_order"), 1)
@@ -866,20 +856,9 @@ func TestWaiterOfAnUnrecordedAnswerRunsItsOwn(t *testing.T) {
 	f := newFixture(t)
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "F1", "qty": 1}
-	type answer struct {
-		r   *mcp.CallToolResult
-		err error
-	}
-	first, waiter := make(chan answer, 1), make(chan answer, 1)
-	go func() {
-		r, err := callTool(t.Context(), cs, "gated_flaky", args, "flaky-w1")
-		first <- answer{r, err}
-	}()
+	first := callAsync(t.Context(), cs, "gated_flaky", args, "flaky-w1")
 	waitFile(t, filepath.Join(f.dir, "blocked-flaky"))
-	go func() {
-		r, err := callTool(t.Context(), cs, "gated_flaky", args, "flaky-w1")
-		waiter <- answer{r, err}
-	}()
+	waiter := callAsync(t.Context(), cs, "gated_flaky", args, "flaky-w1")
 	time.Sleep(200 * time.Millisecond) // not a timing claim: see above
 	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate-flaky"), []byte("open"), 0o600))
 	a := <-first
