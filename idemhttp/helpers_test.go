@@ -208,6 +208,33 @@ func post(t *testing.T, c *http.Client, url, key, body string) (*http.Response, 
 	return resp, b, err
 }
 
+// answer is an HTTP answer, or the error of its request.
+type answer struct {
+	status   int
+	replayed string // the Idempotent-Replayed header
+	body     string
+	err      error
+}
+
+// postAsync sends one POST with key through c and puts its answer on out;
+// it is for a goroutine of its own, so it reports failures on out only.
+func postAsync(c *http.Client, url, key, body string, out chan<- answer) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		out <- answer{err: err}
+		return
+	}
+	req.Header.Set(idemhttp.HeaderKey, key)
+	resp, err := c.Do(req)
+	if err != nil {
+		out <- answer{err: err}
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	out <- answer{status: resp.StatusCode, replayed: resp.Header.Get(idemhttp.HeaderReplayed), body: string(b), err: err}
+}
+
 // mustDo sends req through c and reads its answer whole; a transport error
 // fails the test.
 func mustDo(t *testing.T, c *http.Client, req *http.Request) (*http.Response, []byte) {
