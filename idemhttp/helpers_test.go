@@ -225,6 +225,11 @@ func postAsync(c *http.Client, url, key, body string, out chan<- answer) {
 		return
 	}
 	req.Header.Set(idemhttp.HeaderKey, key)
+	doAsync(c, req, out)
+}
+
+// doAsync sends req through c and puts its answer on out, as postAsync.
+func doAsync(c *http.Client, req *http.Request, out chan<- answer) {
 	resp, err := c.Do(req)
 	if err != nil {
 		out <- answer{err: err}
