@@ -37,26 +37,15 @@ var remoteNeutral = map[string]bool{"idem": true, "idem outbox": true, "idem hel
 
 // operator is what the commands that work both on a file and through --url
 // call: an *idem.Engine on the file, or a *remote.
-// The admin handler's Operator, less the walk of every record (ls reads
-// the file only), with the file's scan (stats).
 type operator interface {
-	Get(key string) (*idem.Record, error)
-	Forget(key string) error
-	Resolve(key string, response []byte, outcome *idem.Error) error
-	Messages(fn func(m *idem.Message, err error) error) error
-	RetryDead(seq uint64) error
-	DropDead(seq uint64) error
-	Stats() idem.Stats
-	Retention() time.Duration
+	idemhttp.Operator
 	idemhttp.FileScanner
 	Close() error
 }
 
 var (
-	_ operator             = (*idem.Engine)(nil)
-	_ operator             = (*remote)(nil)
-	_ idemhttp.Operator    = (*idem.Engine)(nil)
-	_ idemhttp.FileScanner = (*idem.Engine)(nil)
+	_ operator = (*idem.Engine)(nil)
+	_ operator = (*remote)(nil)
 )
 
 // remoteFlags are the flags of online operation.
@@ -198,6 +187,12 @@ type remote struct {
 func (r *remote) Close() error { return nil }
 
 func (r *remote) Retention() time.Duration { return r.retention }
+
+// Records fails: the admin handler lists no records (ls reads a file only,
+// and takes no --url).
+func (r *remote) Records(func(*idem.Record, error) error) error {
+	return fmt.Errorf("idem: %s: the admin handler lists no records: run idem ls on the file", r.base)
+}
 
 func keyPath(route, key string) string { return route + "?key=" + url.QueryEscape(key) }
 
