@@ -1,50 +1,10 @@
 package idemhttp
 
 import (
-	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
-	"mime"
 	"net/http"
-	"strconv"
-	"strings"
-	"time"
-	"unicode/utf8"
-
-	"github.com/idemkit/idem/idemcore"
 )
-
-// Operator is the part of an engine the admin handler drives: the operator
-// API of github.com/idemkit/idem. *idem.Engine implements it; so does any
-// backend's engine that offers the same calls. See the Engine methods of the
-// same names for their errors.
-type Operator interface {
-	// Get returns key's live record (idemcore.ErrNotFound if none).
-	Get(key string) (*idemcore.Record, error)
-	// Forget deletes key's record in any state.
-	Forget(key string) error
-	// Resolve completes an interrupted execution by hand.
-	Resolve(key string, response []byte, outcome *idemcore.Error) error
-	// Messages walks the outbox: pending messages, then dead letters.
-	Messages(fn func(m *idemcore.Message, err error) error) error
-	// RetryDead puts a dead letter back in the outbox.
-	RetryDead(seq uint64) error
-	// DropDead deletes a dead letter.
-	DropDead(seq uint64) error
-	// ScanFile counts the records and messages in the file.
-	ScanFile() (idemcore.FileStats, error)
-	// Stats returns the counters since Open.
-	Stats() idemcore.Stats
-	// Retention is the retention window, wall-clock.
-	Retention() time.Duration
-}
-
-// AdminAction is what an admin request asks to do, as passed to
-// AdminOptions.Authorize.
-type AdminAction string
 
 const (
 	// AdminRead is every GET route: the index, counters, records and outbox
@@ -82,28 +42,6 @@ type AdminOptions struct {
 	MaxBody int64
 }
 
-// AllowBearer returns an AdminOptions.Authorize that allows every action to
-// requests carrying "Authorization: Bearer <token>" (RFC 6750), compared in
-// constant time, and refuses all others. An empty token refuses everything.
-// For finer rules (read-only tokens), write the function yourself.
-func AllowBearer(token string) func(*http.Request, AdminAction) bool {
-	want := []byte(token)
-	return func(r *http.Request, _ AdminAction) bool {
-		got, ok := adminBearer(r)
-		return ok && len(want) > 0 && subtle.ConstantTimeCompare([]byte(got), want) == 1
-	}
-}
-
-// adminBearer returns the token of an "Authorization: Bearer" header.
-func adminBearer(r *http.Request) (string, bool) {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	if !ok || !strings.EqualFold(scheme, "Bearer") {
-		return "", false
-	}
-	token = strings.TrimSpace(token)
-	return token, token != ""
-}
-
 // Admin returns the admin handler: a JSON API over op for operators of a
 // running program, which holds the idem file (the idem CLI talks to it with
 // --url). Mount it under a prefix of its own, behind your authentication:
@@ -116,7 +54,7 @@ func adminBearer(r *http.Request) (string, bool) {
 // that any key fits; SEQ a message's sequence number):
 //
 //	GET    /                        the retention window and whether responses are shown
-//	GET    /stats                   counts and counters (Engine.ScanFile, which scans the file, and Engine.Stats)
+//	GET    /stats                   counts and counters (FileScanner's scan, or walks; and Engine.Stats)
 //	GET    /records?key=KEY         KEY's live record
 //	DELETE /records?key=KEY         forget KEY: the next call runs as new
 //	POST   /records/resolve?key=KEY complete KEY's interrupted execution (JSON body)
@@ -203,317 +141,24 @@ func (a *admin) index(w http.ResponseWriter, _ *http.Request) error {
 	})
 }
 
-func (a *admin) stats(w http.ResponseWriter, _ *http.Request) error {
-	fs, err := a.op.ScanFile()
+// AdminIndex is the answer of GET /.
+type AdminIndex struct {
+	// Retention is the retention window as a Go duration ("24h0m0s"), and
+	// RetentionSeconds the same in seconds.
+	Retention        string  `json:"retention"`
+	RetentionSeconds float64 `json:"retention_seconds"`
+	// ShowResponses tells whether answers carry stored responses and
+	// payloads (AdminOptions.ShowResponses).
+	ShowResponses bool `json:"show_responses"`
+}
+
+func adminWriteJSON(w http.ResponseWriter, status int, v any) error {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	return adminWriteJSON(w, http.StatusOK, newAdminStats(fs, a.op.Stats(), a.op.Retention()))
-}
-
-// adminQueryKey returns the key parameter: present and unique.
-func adminQueryKey(r *http.Request) (string, error) {
-	keys, ok := r.URL.Query()["key"]
-	if !ok || len(keys) != 1 {
-		return "", adminBadRequest("give one key parameter: ?key=KEY (query-escaped)")
-	}
-	return keys[0], nil
-}
-
-func (a *admin) getRecord(w http.ResponseWriter, r *http.Request) error {
-	key, err := adminQueryKey(r)
-	if err != nil {
-		return err
-	}
-	rec, err := a.op.Get(key)
-	if err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, a.record(rec))
-}
-
-func (a *admin) forget(w http.ResponseWriter, r *http.Request) error {
-	key, err := adminQueryKey(r)
-	if err != nil {
-		return err
-	}
-	if err := a.op.Forget(key); err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, adminForgotten{Key: key, Forgotten: true})
-}
-
-// adminResolveBody is the JSON body of POST /records/resolve.
-type adminResolveBody struct {
-	Response         *string          `json:"response"`
-	ResponseEncoding string           `json:"response_encoding"`
-	Error            *AdminErrorJSON  `json:"error"`
-	HTTP             *adminHTTPAnswer `json:"http"`
-}
-
-// adminHTTPAnswer is a resolve's "http" member: an HTTP answer, stored in
-// Middleware's format (EncodeResponse).
-type adminHTTPAnswer struct {
-	Status       int         `json:"status"`
-	Headers      http.Header `json:"headers"`
-	Body         string      `json:"body"`
-	BodyEncoding string      `json:"body_encoding"`
-}
-
-// decodeText decodes s as encoding names it: "utf-8" (or "") or "base64".
-func decodeText(s, encoding, member string) ([]byte, error) {
-	switch encoding {
-	case "", "utf-8":
-		return []byte(s), nil
-	case "base64":
-		b, err := base64.StdEncoding.DecodeString(s)
-		if err != nil {
-			return nil, adminBadRequest(member + " is not valid base64: " + err.Error())
-		}
-		return b, nil
-	default:
-		return nil, adminBadRequest(fmt.Sprintf("%s_encoding must be utf-8 or base64, not %q", member, encoding))
-	}
-}
-
-func (a *admin) resolve(w http.ResponseWriter, r *http.Request) error {
-	key, err := adminQueryKey(r)
-	if err != nil {
-		return err
-	}
-	var body adminResolveBody
-	if err := a.readJSON(w, r, &body); err != nil {
-		return err
-	}
-	var resp []byte
-	if body.HTTP != nil {
-		if body.Response != nil || body.Error != nil || body.ResponseEncoding != "" {
-			return adminBadRequest(`"http" excludes "response", "response_encoding" and "error"`)
-		}
-		b, err := decodeText(body.HTTP.Body, body.HTTP.BodyEncoding, "body")
-		if err != nil {
-			return err
-		}
-		if resp, err = EncodeResponse(body.HTTP.Status, body.HTTP.Headers, b); err != nil {
-			return adminBadRequest(err.Error())
-		}
-	}
-	if body.Response != nil {
-		if resp, err = decodeText(*body.Response, body.ResponseEncoding, "response"); err != nil {
-			return err
-		}
-		if resp == nil {
-			resp = []byte{} // "" is an empty response, not none
-		}
-	}
-	var outcome *idemcore.Error
-	if body.Error != nil {
-		outcome = &idemcore.Error{Code: body.Error.Code, Message: body.Error.Message}
-	}
-	if err := a.op.Resolve(key, resp, outcome); err != nil {
-		return err
-	}
-	rec, err := a.op.Get(key)
-	if err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, a.record(rec))
-}
-
-// readJSON decodes r's body into v: application/json, at most MaxBody
-// bytes, one object with no unknown members.
-func (a *admin) readJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		return &adminError{status: http.StatusUnsupportedMediaType, code: "unsupported_media_type",
-			detail: "the body must be JSON, with Content-Type: application/json"}
-	}
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, a.opts.MaxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		if errors.As(err, new(*http.MaxBytesError)) {
-			return &adminError{status: http.StatusRequestEntityTooLarge, code: "too_large",
-				detail: fmt.Sprintf("the body exceeds %d bytes", a.opts.MaxBody)}
-		}
-		return adminBadRequest("the body is not the JSON object expected: " + err.Error())
-	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return adminBadRequest("the body holds more than one JSON value")
-	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
 	return nil
-}
-
-func (a *admin) listMessages(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
-	state := q.Get("state")
-	switch state {
-	case "":
-		state = "all"
-	case "all", "pending", "dead":
-	default:
-		return adminBadRequest(fmt.Sprintf("state must be pending, dead or all, not %q", state))
-	}
-	limit := 0
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			return adminBadRequest(fmt.Sprintf("limit must be a non-negative integer, not %q", s))
-		}
-		limit = n
-	}
-	_, byTopic := q["topic"]
-	topic := q.Get("topic")
-	out := AdminMessages{Messages: []AdminMessage{}, Corrupt: []AdminCorrupt{}}
-	err := a.op.Messages(func(m *idemcore.Message, merr error) error {
-		switch {
-		case state == "pending" && m.Dead, state == "dead" && !m.Dead:
-		case merr != nil && errors.Is(merr, idemcore.ErrCorrupt):
-			out.Corrupt = append(out.Corrupt, AdminCorrupt{Seq: m.Seq, Dead: m.Dead})
-		case merr != nil:
-			return merr
-		case !byTopic || m.Topic == topic:
-			out.Matched++
-			if limit == 0 || len(out.Messages) < limit {
-				out.Messages = append(out.Messages, a.message(m))
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, out)
-}
-
-// adminPathSeq parses the {seq} path segment.
-func adminPathSeq(r *http.Request) (uint64, error) {
-	s := r.PathValue("seq")
-	seq, err := strconv.ParseUint(s, 10, 64)
-	if err != nil || seq == 0 {
-		return 0, adminBadRequest(fmt.Sprintf("%q is not a message sequence number (a positive integer)", s))
-	}
-	return seq, nil
-}
-
-// adminErrStop ends a walk of the messages early.
-var adminErrStop = errors.New("stop")
-
-func (a *admin) getMessage(w http.ResponseWriter, r *http.Request) error {
-	seq, err := adminPathSeq(r)
-	if err != nil {
-		return err
-	}
-	var found *idemcore.Message
-	err = a.op.Messages(func(m *idemcore.Message, merr error) error {
-		if m.Seq != seq {
-			return nil
-		}
-		if merr != nil {
-			return merr
-		}
-		found = m
-		return adminErrStop
-	})
-	switch {
-	case errors.Is(err, adminErrStop):
-	case err != nil:
-		return err
-	case found == nil:
-		return fmt.Errorf("%w: message %d (delivered, dropped, expired or never enqueued)", idemcore.ErrMessageNotFound, seq)
-	}
-	return adminWriteJSON(w, http.StatusOK, a.message(found))
-}
-
-func (a *admin) retryDead(w http.ResponseWriter, r *http.Request) error {
-	return a.operateDead(w, r, "retry", a.op.RetryDead)
-}
-
-func (a *admin) dropDead(w http.ResponseWriter, r *http.Request) error {
-	return a.operateDead(w, r, "drop", a.op.DropDead)
-}
-
-func (a *admin) operateDead(w http.ResponseWriter, r *http.Request, name string, do func(uint64) error) error {
-	seq, err := adminPathSeq(r)
-	if err != nil {
-		return err
-	}
-	if err := do(seq); err != nil {
-		return err
-	}
-	return adminWriteJSON(w, http.StatusOK, adminDeadOp{Op: name, Seq: seq})
-}
-
-// record renders rec, with its response only under ShowResponses.
-func (a *admin) record(rec *idemcore.Record) AdminRecord {
-	out := AdminRecord{
-		Key:         rec.Key,
-		State:       rec.State.String(),
-		Attempt:     rec.Attempt,
-		Fingerprint: fmt.Sprintf("%016x", rec.Fingerprint),
-		StartedAt:   rec.StartedAt.UTC(),
-		CompletedAt: adminTime(rec.CompletedAt),
-
-		Retention:         rec.Retention.String(),
-		KeptUntilResolved: rec.KeptUntilResolved,
-	}
-	out.ExpiresAt = adminTime(recordExpiry(rec, a.op.Retention()))
-	if rec.Err != nil {
-		out.Error = &AdminErrorJSON{Code: rec.Err.Code, Message: rec.Err.Message}
-	}
-	out.ResponseSize, out.Response, out.ResponseEncoding, out.ResponseHidden = a.userBytes(rec.Response)
-	return out
-}
-
-// message renders m, with its payload only under ShowResponses.
-func (a *admin) message(m *idemcore.Message) AdminMessage {
-	out := AdminMessage{
-		Seq:           m.Seq,
-		Topic:         m.Topic,
-		Key:           m.Key,
-		Index:         m.Index,
-		DownstreamKey: m.DownstreamKey,
-		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Failures,
-		EnqueuedAt:    m.EnqueuedAt.UTC(),
-		NextAttemptAt: adminTime(m.NextAttemptAt),
-		Dead:          m.Dead,
-		DeadAt:        adminTime(m.DeadAt),
-	}
-	if m.LastError != "" {
-		s := m.LastError
-		out.LastError = &s
-	}
-	out.PayloadSize, out.Payload, out.PayloadEncoding, out.PayloadHidden = a.userBytes(m.Payload)
-	return out
-}
-
-// userBytes renders stored user bytes: their size (nil: none stored, which
-// differs from empty) and, under ShowResponses, the bytes themselves: UTF-8
-// text as is, other bytes in base64.
-func (a *admin) userBytes(b []byte) (size *int, text *string, encoding string, hidden bool) {
-	if b == nil {
-		return nil, nil, "", false
-	}
-	n := len(b)
-	if !a.opts.ShowResponses {
-		return &n, nil, "", true
-	}
-	s, enc := string(b), "utf-8"
-	if !utf8.Valid(b) {
-		s, enc = base64.StdEncoding.EncodeToString(b), "base64"
-	}
-	return &n, &s, enc, false
-}
-
-func adminTime(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	t = t.UTC()
-	return &t
-}
-
-// recordExpiry is when rec leaves the retention window under the engine's
-// retention (idemcore.Expiry); the zero time for never.
-func recordExpiry(rec *idemcore.Record, retention time.Duration) time.Time {
-	return idemcore.Expiry(rec, retention)
 }

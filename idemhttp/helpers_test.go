@@ -208,6 +208,51 @@ func post(t *testing.T, c *http.Client, url, key, body string) (*http.Response, 
 	return resp, b, err
 }
 
+// answer is an HTTP answer, or the error of its request.
+type answer struct {
+	status   int
+	replayed string // the Idempotent-Replayed header
+	body     string
+	err      error
+}
+
+// postAsync sends one POST with key through c and puts its answer on out;
+// it is for a goroutine of its own, so it reports failures on out only.
+func postAsync(c *http.Client, url, key, body string, out chan<- answer) {
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		out <- answer{err: err}
+		return
+	}
+	req.Header.Set(idemhttp.HeaderKey, key)
+	doAsync(c, req, out)
+}
+
+// doAsync sends req through c and puts its answer on out, as postAsync.
+func doAsync(c *http.Client, req *http.Request, out chan<- answer) {
+	resp, err := c.Do(req)
+	if err != nil {
+		out <- answer{err: err}
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	out <- answer{status: resp.StatusCode, replayed: resp.Header.Get(idemhttp.HeaderReplayed), body: string(b), err: err}
+}
+
+// mustDo sends req through c and reads its answer whole; a transport error
+// fails the test.
+func mustDo(t *testing.T, c *http.Client, req *http.Request) (*http.Response, []byte) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp, b
+}
+
 // mustPost is post that fails the test on a transport error.
 func mustPost(t *testing.T, c *http.Client, url, key, body string) (*http.Response, []byte) {
 	t.Helper()

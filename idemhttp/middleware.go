@@ -1,142 +1,17 @@
 package idemhttp
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/textproto"
 	"strconv"
-	"strings"
-	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/idemkit/idem/idemcore"
 )
-
-// Header names the middleware reads and writes.
-const (
-	// HeaderKey is the request header that carries the idempotency key (IETF
-	// draft-ietf-httpapi-idempotency-key-header, revision 07, section 2).
-	HeaderKey = "Idempotency-Key"
-	// HeaderReplayed is set to "true" on every replayed response, as Stripe
-	// does; a first answer never carries it.
-	HeaderReplayed = "Idempotent-Replayed"
-	// HeaderRetention advertises the retention window on every response to a
-	// request with a key: delta-seconds (like Retry-After), how long after it
-	// completes a request is replayed (idemcore.Doer.Retention, rounded down).
-	// The draft defines no such header; the name is ours.
-	HeaderRetention = "Idempotency-Retention"
-)
-
-// Defaults for the zero values of Options.
-const (
-	// DefaultMaxBodySize is the largest request body read, in bytes (1 MiB):
-	// a larger one is refused with 413 and nothing is stored.
-	DefaultMaxBodySize = 1 << 20
-	// DefaultMaxResponseSize is the largest response body stored, in bytes
-	// (1 MiB - 64 KiB, so that the stored record, headers included, fits the
-	// engine's own default limit idemcore.DefaultMaxResponseSize).
-	DefaultMaxResponseSize = 1<<20 - 64<<10
-	// DefaultStoreRetryAfter is the Retry-After of a 503 when the store
-	// fails.
-	DefaultStoreRetryAfter = time.Second
-	// maxRetryableRounds bounds how often a request that waited for a first
-	// execution marked NotStored tries the key again before it answers 409.
-	maxRetryableRounds = 3
-	// scopeNamespace is the namespace of stored keys when Options.Scope is
-	// set (see StoredKey).
-	scopeNamespace = "idemhttp"
-)
-
-// defaultHeaders are the response headers stored and replayed when
-// Options.Headers is nil.
-var defaultHeaders = []string{
-	"Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
-	"Content-Location", "Content-Type", "ETag", "Expires", "Last-Modified", "Link",
-	"Location", "Vary",
-}
-
-// neverStored are headers no configuration stores: they belong to one
-// response (Set-Cookie, Date), are computed (Content-Length) or are
-// hop-by-hop (RFC 9110 section 7.6.1), or the middleware sets them.
-var neverStored = map[string]bool{
-	"Set-Cookie": true, "Date": true, "Content-Length": true, "Transfer-Encoding": true,
-	"Connection": true, "Keep-Alive": true, "Trailer": true, "Upgrade": true,
-	"Proxy-Connection": true, HeaderReplayed: true, HeaderRetention: true,
-}
-
-// Options configure Middleware. A nil *Options means all defaults; the zero
-// value of every field means its default.
-type Options struct {
-	// Methods are the methods the middleware applies to; requests with other
-	// methods pass through untouched. Nil means POST and PATCH (GET, HEAD,
-	// PUT, DELETE and OPTIONS are idempotent by definition, RFC 9110 section
-	// 9.2.2, as the draft notes).
-	Methods []string
-
-	// Optional lets requests without an Idempotency-Key header through to
-	// the handler, unprotected. False (the default) refuses them: 400
-	// ProblemKeyMissing.
-	Optional bool
-
-	// Scope returns the principal a request belongs to (the authenticated
-	// user or tenant); it is combined into the stored key (StoredKey), so two
-	// principals' equal keys never meet. Nil means ONE PRINCIPAL FOR ALL
-	// CALLERS: a key sent by one client is replayed to any other client that
-	// sends it, with the first client's response. Set Scope on every API with
-	// more than one user, and put the middleware after authentication (a 401
-	// or 403 is never stored). An empty scope is a principal of its own.
-	Scope func(*http.Request) string
-
-	// MaxBodySize is the largest request body, in bytes, read into the
-	// fingerprint and handed to the handler. Zero means DefaultMaxBodySize.
-	// A larger body gets 413 ProblemBodyTooLarge; the handler does not run
-	// and nothing is stored.
-	MaxBodySize int64
-
-	// MaxResponseSize is the largest response body, in bytes, buffered and
-	// stored, its trailers (names and values) counted with it. Zero means
-	// DefaultMaxResponseSize. A handler that writes more is streamed to its
-	// caller from then on (the first caller gets the whole response, and
-	// so does it when only the trailers pass the limit) and the response is
-	// not stored: the key is done, the handler does not run again, and
-	// replays get 500 ProblemResponseNotStored, never a truncated body. The
-	// engine's own limit (idemcore.Options.MaxResponseSize) applies to the
-	// stored record, status and headers included, with the same outcome.
-	MaxResponseSize int
-
-	// Headers are the response headers stored and replayed, beside the
-	// status and body. Nil means Cache-Control, Content-Disposition,
-	// Content-Encoding, Content-Language, Content-Location, Content-Type,
-	// ETag, Expires, Last-Modified, Link, Location and Vary. Set-Cookie,
-	// Date, Content-Length, hop-by-hop headers and the middleware's own are
-	// never stored: Middleware panics if the list names one. The first
-	// caller gets every header the handler set before it wrote the status,
-	// as from net/http. Trailers are stored whatever the list says (see
-	// the package documentation).
-	Headers []string
-
-	// StoreRetryAfter is the Retry-After, wall-clock, of a 503 when the
-	// store fails (rounded up to whole seconds). Zero means
-	// DefaultStoreRetryAfter.
-	StoreRetryAfter time.Duration
-
-	// RunUnprotected runs the handler without idempotency when the store
-	// fails before the handler began, instead of answering 503: duplicates
-	// then execute again. An explicit opt-in for APIs that prefer
-	// availability to at-most-once.
-	RunUnprotected bool
-
-	// Logger receives store failures at warn level, without keys or bodies.
-	// Nil discards.
-	Logger *slog.Logger
-}
 
 // Middleware returns the Idempotency-Key middleware over d, any engine (the
 // bbolt *idem.Engine, or another backend's). Wrap the handlers that have
@@ -224,14 +99,6 @@ func Middleware(d idemcore.Doer, opts *Options) func(http.Handler) http.Handler 
 	}
 }
 
-// StoredKey is the key the middleware stores a request under when
-// Options.Scope is set: idemcore.KeyOf("idemhttp", scope, key), the namespace
-// "idemhttp", ":" and a SHA-256 of the scope and the client's key (so
-// neither sits in the file in clear, and no two (scope, key) pairs meet).
-// Operators compute it to find a client's key with Get, Forget or Resolve.
-// Without Scope the stored key is the client's key itself.
-func StoredKey(scope, key string) string { return idemcore.KeyOf(scopeNamespace, scope, key) }
-
 type middleware struct {
 	d       idemcore.Doer
 	opts    Options
@@ -315,25 +182,13 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			}
 			return
 		}
-		var ipe *idemcore.InProgressError
+		ref, refused := idemcore.RefusalOf(err)
 		var se *idemcore.Error
 		switch {
 		case errors.Is(err, idemcore.ErrRetryable) && round+1 < maxRetryableRounds:
 			continue // the call waited for was not stored: the key is free
-		case errors.Is(err, idemcore.ErrRetryable):
-			problemInProgress(time.Second).write(w)
-		case errors.Is(err, idemcore.ErrResponseTooLarge):
-			problemResponseNotStored().write(w)
-		case errors.Is(err, idemcore.ErrFingerprintMismatch):
-			problemKeyMismatch().write(w)
-		case errors.As(err, &ipe):
-			problemInProgress(ipe.RetryAfter).write(w)
-		case errors.Is(err, idemcore.ErrInProgress):
-			problemInProgress(time.Second).write(w)
-		case errors.Is(err, idemcore.ErrIncomplete):
-			problemIncomplete().write(w)
-		case errors.Is(err, idemcore.ErrInvalidKey):
-			problemKeyInvalid("not a valid idempotency key").write(w)
+		case refused && ref.Kind != idemcore.RefusalUnavailable:
+			refusalProblem(ref, m.opts.StoreRetryAfter).write(w)
 		case errors.As(err, &se):
 			// A stored error (an operator's resolution, or another writer's).
 			w.Header().Set(HeaderReplayed, "true")
@@ -362,146 +217,4 @@ func errorClass(err error) string {
 		err = op.Err
 	}
 	return err.Error()
-}
-
-// parseKey reads the Idempotency-Key header fields. It returns "" and no
-// problem when there is none.
-func parseKey(values []string) (string, *problem) {
-	switch len(values) {
-	case 0:
-		return "", nil
-	case 1:
-	default:
-		return "", problemKeyInvalid("the header appears more than once")
-	}
-	v := strings.Trim(values[0], " \t")
-	if s, ok := parseSFString(v); ok {
-		v = s
-	}
-	switch {
-	case strings.TrimSpace(v) == "":
-		return "", problemKeyInvalid("the key is empty")
-	case len(v) > idemcore.MaxKeyLen:
-		return "", problemKeyInvalid(fmt.Sprintf("the key is longer than %d bytes", idemcore.MaxKeyLen))
-	case !utf8.ValidString(v):
-		return "", problemKeyInvalid("the key is not valid UTF-8")
-	case strings.IndexFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) >= 0:
-		return "", problemKeyInvalid("the key holds control characters")
-	}
-	// The engine's rules (white space at an end, format characters), also
-	// when Scope stores a hash of the key, which the engine cannot check.
-	if err := idemcore.ValidateKey(v); err != nil {
-		return "", problemKeyInvalid(strings.TrimPrefix(err.Error(), idemcore.ErrInvalidKey.Error()+": "))
-	}
-	return v, nil
-}
-
-// parseSFString parses v as a Structured Field String (RFC 8941 section
-// 3.3.3): DQUOTE, printable ASCII with `"` and `\` escaped by `\`, DQUOTE,
-// nothing after. It reports false for anything else, parameters included.
-func parseSFString(v string) (string, bool) {
-	if len(v) < 2 || v[0] != '"' {
-		return "", false
-	}
-	var b strings.Builder
-	for i := 1; i < len(v); i++ {
-		c := v[i]
-		switch {
-		case c == '\\':
-			i++
-			if i >= len(v) || (v[i] != '"' && v[i] != '\\') {
-				return "", false
-			}
-			b.WriteByte(v[i])
-		case c == '"':
-			if i != len(v)-1 {
-				return "", false
-			}
-			return b.String(), true
-		case c < 0x20 || c > 0x7e:
-			return "", false
-		default:
-			b.WriteByte(c)
-		}
-	}
-	return "", false // no closing quote
-}
-
-// readBody reads r's body, at most limit bytes.
-func readBody(r *http.Request, limit int64) (body []byte, tooLarge bool, err error) {
-	if r.ContentLength > limit {
-		return nil, true, nil
-	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return []byte{}, false, nil
-	}
-	body, err = io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		return nil, false, err
-	}
-	if int64(len(body)) > limit {
-		return nil, true, nil
-	}
-	return body, false, nil
-}
-
-// withBody returns a shallow copy of r whose body reads body.
-func withBody(r *http.Request, body []byte) *http.Request {
-	r2 := *r
-	r2.Body = io.NopCloser(bytes.NewReader(body))
-	r2.ContentLength = int64(len(body))
-	r2.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	return &r2
-}
-
-// fingerprint is what defines "the same request": the method, the escaped
-// path, the raw query and the raw body, each prefixed with its length. The
-// scope is in the key, not here; headers are not part of it.
-func fingerprint(r *http.Request, body []byte) []byte {
-	parts := [...][]byte{[]byte(r.Method), []byte(r.URL.EscapedPath()), []byte(r.URL.RawQuery), body}
-	n := 0
-	for _, p := range parts {
-		n += binary.MaxVarintLen64 + len(p)
-	}
-	fp := make([]byte, 0, n)
-	for _, p := range parts {
-		fp = binary.AppendUvarint(fp, uint64(len(p)))
-		fp = append(fp, p...)
-	}
-	return fp
-}
-
-// Where a call stands, for callContext.
-const (
-	callWaiting int32 = iota // fn has not started: the request's end ends the call
-	callStarted              // fn started: the call outlives the request
-	callLeft                 // the request ended before fn started
-)
-
-// callContext is the context the middleware calls Do with: reqCtx's values,
-// no deadline, and reqCtx's end only until fn starts, so that a waiting
-// duplicate whose client goes away stops waiting while a handler whose
-// client goes away runs on, its outcome recorded for the retry (fn's
-// context, a child of this one, is the handler's: it ends when the engine
-// closes or the lease is lost, never with the client). fn calls begin
-// first: false if the request has ended, and then fn must not run the
-// handler (its context is ending). One atomic state decides between the two,
-// so there is no instant at which both could win. release frees the context
-// after Do returns.
-func callContext(reqCtx context.Context) (ctx context.Context, begin func() bool, release func()) {
-	ctx, cancel := context.WithCancelCause(context.WithoutCancel(reqCtx))
-	var state atomic.Int32
-	left := func() {
-		if state.CompareAndSwap(callWaiting, callLeft) {
-			cancel(context.Cause(reqCtx))
-		}
-	}
-	stop := context.AfterFunc(reqCtx, left)
-	begin = func() bool {
-		if reqCtx.Err() != nil { // ended, its AfterFunc maybe not run yet
-			left()
-		}
-		return state.CompareAndSwap(callWaiting, callStarted)
-	}
-	return ctx, begin, func() { stop(); cancel(nil) }
 }

@@ -88,13 +88,7 @@ func TestKeyParsing(t *testing.T) {
 			send := func(values []string) (*http.Response, []byte) {
 				req, _ := http.NewRequest(http.MethodPost, s.URL+"/v1/orders", strings.NewReader("{}"))
 				req.Header[idemhttp.HeaderKey] = values
-				resp, err := s.Client().Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				b, _ := io.ReadAll(resp.Body)
-				return resp, b
+				return mustDo(t, s.Client(), req)
 			}
 			resp, body := send(tt.values)
 			if tt.status != 0 {
@@ -230,22 +224,10 @@ func TestConcurrentDuplicates(t *testing.T) {
 		h := newBlocking()
 		s := newServer(t, openEngine(t, nil), nil, h)
 		const n = 8
-		type answer struct {
-			replayed string
-			body     string
-			err      error
-		}
 		answers := make(chan answer, n)
 		var wg sync.WaitGroup
 		for range n {
-			wg.Go(func() {
-				resp, b, err := post(t, s.Client(), s.URL, "dup", "x")
-				if err != nil {
-					answers <- answer{err: err}
-					return
-				}
-				answers <- answer{replayed: resp.Header.Get(idemhttp.HeaderReplayed), body: string(b)}
-			})
+			wg.Go(func() { postAsync(s.Client(), s.URL, "dup", "x", answers) })
 		}
 		<-h.started
 		close(h.release)
@@ -490,13 +472,7 @@ func TestScope(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader(body))
 		req.Header.Set(idemhttp.HeaderKey, "shared-key")
 		req.Header.Set("X-User", who)
-		resp, err := s.Client().Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp, b
+		return mustDo(t, s.Client(), req)
 	}
 	t.Run("scoped", func(t *testing.T) {
 		o := &orders{}
@@ -695,22 +671,8 @@ func TestEngineClosedFirst(t *testing.T) {
 		io.WriteString(w, "done")
 	})
 	s := newServer(t, e, nil, h)
-	type answer struct {
-		status int
-		err    error
-	}
 	first := make(chan answer, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
-		req.Header.Set(idemhttp.HeaderKey, "k")
-		resp, err := s.Client().Do(req)
-		if err != nil {
-			first <- answer{err: err}
-			return
-		}
-		resp.Body.Close()
-		first <- answer{status: resp.StatusCode}
-	}()
+	go postAsync(s.Client(), s.URL, "k", "x", first)
 	<-started
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
@@ -753,23 +715,7 @@ func TestNotStoredWithWaiters(t *testing.T) {
 		io.WriteString(w, "run "+strconv.FormatInt(n, 10))
 	})
 	s := newServer(t, openEngine(t, nil), nil, h)
-	type answer struct {
-		status int
-		body   string
-		err    error
-	}
-	send := func(out chan<- answer) {
-		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
-		req.Header.Set(idemhttp.HeaderKey, "w")
-		resp, err := s.Client().Do(req)
-		if err != nil {
-			out <- answer{err: err}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		out <- answer{status: resp.StatusCode, body: string(b)}
-	}
+	send := func(out chan<- answer) { postAsync(s.Client(), s.URL, "w", "x", out) }
 	first := make(chan answer, 1)
 	go send(first)
 	<-started

@@ -107,30 +107,30 @@ func newProblem(typ string, status int, stripeType, code, title, detail string) 
 }
 
 func problemKeyMissing() *problem {
-	return newProblem(ProblemKeyMissing, http.StatusBadRequest, stripeIdempotency, "idempotency_key_missing",
+	return newProblem(ProblemKeyMissing, idemcore.RefusalKeyMissing.Refusal().Status, stripeIdempotency, "idempotency_key_missing",
 		"Idempotency-Key header required", "")
 }
 
 func problemKeyInvalid(detail string) *problem {
-	return newProblem(ProblemKeyInvalid, http.StatusBadRequest, stripeIdempotency, "idempotency_key_invalid",
+	return newProblem(ProblemKeyInvalid, idemcore.RefusalKeyInvalid.Refusal().Status, stripeIdempotency, "idempotency_key_invalid",
 		"Idempotency-Key header invalid", detail)
 }
 
 func problemKeyMismatch() *problem {
-	return newProblem(ProblemKeyMismatch, http.StatusUnprocessableEntity, stripeIdempotency, "idempotency_key_mismatch",
+	return newProblem(ProblemKeyMismatch, idemcore.RefusalConflict.Refusal().Status, stripeIdempotency, "idempotency_key_mismatch",
 		"Idempotency-Key reused with another request",
 		"keys for idempotent requests can only be used with the same method, path, query and body they were first used with")
 }
 
 func problemInProgress(retryAfter time.Duration) *problem {
-	p := newProblem(ProblemInProgress, http.StatusConflict, stripeIdempotency, stripeKeyInUse,
+	p := newProblem(ProblemInProgress, idemcore.RefusalInProgress.Refusal().Status, stripeIdempotency, stripeKeyInUse,
 		"A request with this Idempotency-Key is in progress", "retry after the Retry-After delay")
 	p.retryAfter = retryAfter
 	return p
 }
 
 func problemIncomplete() *problem {
-	return newProblem(ProblemIncomplete, http.StatusConflict, stripeIdempotency, "idempotency_key_incomplete",
+	return newProblem(ProblemIncomplete, idemcore.RefusalIncomplete.Refusal().Status, stripeIdempotency, "idempotency_key_incomplete",
 		"The first request with this Idempotency-Key did not complete",
 		"its outcome is unknown; an operator must resolve the key, or retry if the first request was only interrupted")
 }
@@ -141,13 +141,13 @@ func problemBodyTooLarge(limit int64) *problem {
 }
 
 func problemResponseNotStored() *problem {
-	return newProblem(ProblemResponseNotStored, http.StatusInternalServerError, stripeIdempotency, "idempotency_response_not_stored",
+	return newProblem(ProblemResponseNotStored, idemcore.RefusalNotStored.Refusal().Status, stripeIdempotency, "idempotency_response_not_stored",
 		"The response to this Idempotency-Key cannot be replayed",
 		"the request was executed, but its response was over the size limit and was not stored")
 }
 
 func problemStoreUnavailable(retryAfter time.Duration) *problem {
-	p := newProblem(ProblemStoreUnavailable, http.StatusServiceUnavailable, stripeAPI, "idempotency_store_unavailable",
+	p := newProblem(ProblemStoreUnavailable, idemcore.RefusalUnavailable.Refusal().Status, stripeAPI, "idempotency_store_unavailable",
 		"Idempotency store unavailable", "the request was not executed; retry after the Retry-After delay")
 	p.retryAfter = retryAfter
 	return p
@@ -170,6 +170,30 @@ func problemStoredError(e *idemcore.Error) *problem {
 		p.Error.Message = p.Title
 	}
 	return p
+}
+
+// refusalProblem is the problem of an engine refusal (idemcore.RefusalOf):
+// the draft's 409 with ref's RetryAfter (a second when it has none) for in
+// progress, storeRetryAfter for a store unavailable.
+func refusalProblem(ref idemcore.Refusal, storeRetryAfter time.Duration) *problem {
+	switch ref.Kind {
+	case idemcore.RefusalKeyMissing:
+		return problemKeyMissing()
+	case idemcore.RefusalKeyInvalid:
+		return problemKeyInvalid("not a valid idempotency key")
+	case idemcore.RefusalConflict:
+		return problemKeyMismatch()
+	case idemcore.RefusalInProgress:
+		if ref.RetryAfter <= 0 {
+			ref.RetryAfter = time.Second
+		}
+		return problemInProgress(ref.RetryAfter)
+	case idemcore.RefusalIncomplete:
+		return problemIncomplete()
+	case idemcore.RefusalNotStored:
+		return problemResponseNotStored()
+	}
+	return problemStoreUnavailable(storeRetryAfter)
 }
 
 // write sends p as application/problem+json.

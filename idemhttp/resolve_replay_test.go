@@ -1,8 +1,8 @@
 package idemhttp_test
 
 import (
+	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -54,20 +54,8 @@ func TestResolvedKeyReplays(t *testing.T) {
 			if resp.StatusCode != http.StatusConflict || problemOf(t, resp, body).Type != idemhttp.ProblemIncomplete {
 				t.Fatalf("before resolve: %d %s", resp.StatusCode, body)
 			}
-			req, err := http.NewRequest(http.MethodPost, admin+"/records/resolve?key=k1", strings.NewReader(tc.resolve))
-			if err != nil {
-				t.Fatal(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+adminToken)
-			ar, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ab, _ := io.ReadAll(ar.Body)
-			ar.Body.Close()
-			if ar.StatusCode != http.StatusOK {
-				t.Fatalf("resolve: %d %s", ar.StatusCode, ab)
+			if ar := adminCall(t, http.MethodPost, admin+"/records/resolve?key=k1", adminToken, json.RawMessage(tc.resolve)); ar.status != http.StatusOK {
+				t.Fatalf("resolve: %d %s", ar.status, ar.body)
 			}
 			for range 2 { // every retry gets the same answer
 				resp, body = mustPost(t, c, s.URL, "k1", "x")
@@ -114,17 +102,8 @@ func TestResolveHTTPFormRefused(t *testing.T) {
 			if _, _, err := post(t, noKeepAlive(), s.URL, "k1", "x"); err == nil {
 				t.Fatal("the panicking request got an answer")
 			}
-			req, _ := http.NewRequest(http.MethodPost, admin+"/records/resolve?key=k1", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+adminToken)
-			ar, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ab, _ := io.ReadAll(ar.Body)
-			ar.Body.Close()
-			if ar.StatusCode != http.StatusBadRequest {
-				t.Fatalf("resolve: %d %s", ar.StatusCode, ab)
+			if ar := adminCall(t, http.MethodPost, admin+"/records/resolve?key=k1", adminToken, json.RawMessage(body)); ar.status != http.StatusBadRequest {
+				t.Fatalf("resolve: %d %s", ar.status, ar.body)
 			}
 			rec, err := e.Get("k1")
 			if err != nil || rec.State != idem.StateStarted {

@@ -125,39 +125,18 @@ func TestTransportKeys(t *testing.T) {
 func TestTransportInProgress(t *testing.T) {
 	h := newBlocking()
 	s := newServer(t, openEngine(t, &idem.Options{InFlight: idem.InFlightFail}), nil, h)
-	first := make(chan error, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodPost, s.URL, strings.NewReader("x"))
-		req.Header.Set(idemhttp.HeaderKey, "busy")
-		resp, err := http.DefaultClient.Do(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		first <- err
-	}()
+	first := make(chan answer, 1)
+	go postAsync(http.DefaultClient, s.URL, "busy", "x", first)
 	<-h.started
-	type answer struct {
-		replayed, body string
-		err            error
-	}
 	second := make(chan answer, 1)
-	go func() {
-		req, _ := http.NewRequestWithContext(idemhttp.WithKey(context.Background(), "busy"), http.MethodPost, s.URL, strings.NewReader("x"))
-		resp, err := (&http.Client{Transport: fastTransport()}).Do(req)
-		if err != nil {
-			second <- answer{err: err}
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		second <- answer{replayed: resp.Header.Get(idemhttp.HeaderReplayed), body: string(b)}
-	}()
+	req, _ := http.NewRequestWithContext(idemhttp.WithKey(context.Background(), "busy"), http.MethodPost, s.URL, strings.NewReader("x"))
+	go doAsync(&http.Client{Transport: fastTransport()}, req, second)
 	for s.faults.hits.Load() < 2 { // the duplicate got its 409 (Retry-After: 1)
 		time.Sleep(time.Millisecond)
 	}
 	close(h.release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
+	if a := <-first; a.err != nil {
+		t.Fatal(a.err)
 	}
 	a := <-second
 	if a.err != nil || a.replayed != "true" || a.body != "run 1" || h.runs.Load() != 1 {

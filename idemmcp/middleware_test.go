@@ -76,6 +76,26 @@ func (r *rig) call(key, tool string, args any) (*mcp.CallToolResult, error) {
 	return r.cs.CallTool(ctx, &mcp.CallToolParams{Name: tool, Arguments: args})
 }
 
+// requireReplay calls tool with key and args and requires the stored
+// outcome back, replayed.
+func (r *rig) requireReplay(t *testing.T, key, tool string, args any) *mcp.CallToolResult {
+	t.Helper()
+	res, err := r.call(key, tool, args)
+	require.NoError(t, err)
+	require.True(t, idemmcp.Replayed(res))
+	return res
+}
+
+// requireRPCCode requires err to be a JSON-RPC error with code, and returns
+// it.
+func requireRPCCode(t *testing.T, err error, code int64) *jsonrpc.Error {
+	t.Helper()
+	var we *jsonrpc.Error
+	require.ErrorAs(t, err, &we)
+	require.EqualValues(t, code, we.Code)
+	return we
+}
+
 func text(t *testing.T, res *mcp.CallToolResult) string {
 	t.Helper()
 	require.NotNil(t, res)
@@ -173,13 +193,19 @@ func blocking(orders *atomic.Int32, started chan<- struct{}, release <-chan stru
 	}
 }
 
-func TestConcurrentCallsRunOnce(t *testing.T) {
-	var orders atomic.Int32
-	started, release := make(chan struct{}, 2), make(chan struct{})
-	waiting := make(chan struct{}, 1)
+// waitingRig is a rig whose create_order blocks (blocking, with started and
+// release) and whose duplicates send on waiting as they start to wait.
+func waitingRig(t *testing.T, orders *atomic.Int32) (r *rig, started, release, waiting chan struct{}) {
+	started, release = make(chan struct{}, 2), make(chan struct{})
+	waiting = make(chan struct{}, 1)
 	idemmcp.SetWaitHook(func() { waiting <- struct{}{} })
 	t.Cleanup(func() { idemmcp.SetWaitHook(nil) })
-	r := newRig(t, "", nil, nil, blocking(&orders, started, release))
+	return newRig(t, "", nil, nil, blocking(orders, started, release)), started, release, waiting
+}
+
+func TestConcurrentCallsRunOnce(t *testing.T) {
+	var orders atomic.Int32
+	r, started, release, waiting := waitingRig(t, &orders)
 	args := map[string]any{"sku": "A1", "qty": 2}
 	var wg sync.WaitGroup
 	results := make([]*mcp.CallToolResult, 2)
@@ -239,9 +265,7 @@ func TestPanickingToolIsAnInterruptedExecution(t *testing.T) {
 	})
 	args := map[string]any{"sku": "A1", "qty": 2}
 	_, err := r.call("k-1", "create_order", args)
-	var we *jsonrpc.Error
-	require.ErrorAs(t, err, &we)
-	require.EqualValues(t, jsonrpc.CodeInternalError, we.Code)
+	we := requireRPCCode(t, err, jsonrpc.CodeInternalError)
 	require.Contains(t, we.Message, "panicked")
 
 	// The server still serves, and the retry recovers the interrupted
@@ -250,9 +274,7 @@ func TestPanickingToolIsAnInterruptedExecution(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, idemmcp.Replayed(res))
 	require.True(t, recovered.Load())
-	again, err := r.call("k-1", "create_order", args)
-	require.NoError(t, err)
-	require.True(t, idemmcp.Replayed(again))
+	r.requireReplay(t, "k-1", "create_order", args)
 	require.EqualValues(t, 2, runs.Load())
 }
 
@@ -294,9 +316,7 @@ func TestToolErrorsAreStoredAndReplayed(t *testing.T) {
 		_, err1 := r.call("k-raw", "raw_fails", args)
 		_, err2 := r.call("k-raw", "raw_fails", args)
 		for _, err := range []error{err1, err2} {
-			var we *jsonrpc.Error
-			require.ErrorAs(t, err, &we)
-			require.EqualValues(t, -32001, we.Code)
+			we := requireRPCCode(t, err, -32001)
 			require.Equal(t, "gateway refused", we.Message)
 			require.JSONEq(t, `{"reason":"limit"}`, string(we.Data))
 		}
@@ -368,9 +388,7 @@ func TestRetryableIsNotStored(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, second.IsError)
 			require.False(t, idemmcp.Replayed(second), "the key was free: the tool ran again")
-			third, err := r.call("k-"+tool, tool, map[string]any{"sku": "A1", "qty": 1})
-			require.NoError(t, err)
-			require.True(t, idemmcp.Replayed(third))
+			r.requireReplay(t, "k-"+tool, tool, map[string]any{"sku": "A1", "qty": 1})
 			require.EqualValues(t, 2, runs.Load())
 		})
 	}
@@ -460,9 +478,7 @@ func TestServerRestartOnTheSameFileReplays(t *testing.T) {
 	r.close()
 
 	r2 := newRig(t, r.path, nil, nil, shop(&orders))
-	second, err := r2.call("k-1", "create_order", args)
-	require.NoError(t, err)
-	require.True(t, idemmcp.Replayed(second))
+	second := r2.requireReplay(t, "k-1", "create_order", args)
 	require.Equal(t, text(t, first), text(t, second))
 	require.EqualValues(t, 1, orders.Load())
 }
@@ -512,9 +528,7 @@ func TestKeyPolicies(t *testing.T) {
 		before := orders.Load()
 		first, err := r.call("", "pay_order", map[string]any{"sku": "A1", "qty": 3})
 		require.NoError(t, err)
-		second, err := r.call("", "pay_order", map[string]any{"qty": 3.0, "sku": "A1"})
-		require.NoError(t, err)
-		require.True(t, idemmcp.Replayed(second))
+		second := r.requireReplay(t, "", "pay_order", map[string]any{"qty": 3.0, "sku": "A1"})
 		require.Equal(t, text(t, first), text(t, second))
 		require.Equal(t, before+1, orders.Load())
 	})
@@ -664,11 +678,7 @@ func TestStackedMiddlewareDedupesOnce(t *testing.T) {
 
 func TestCancelledWaiterReturnsAndChangesNothing(t *testing.T) {
 	var orders atomic.Int32
-	started, release := make(chan struct{}, 2), make(chan struct{})
-	waiting := make(chan struct{}, 1)
-	idemmcp.SetWaitHook(func() { waiting <- struct{}{} })
-	t.Cleanup(func() { idemmcp.SetWaitHook(nil) })
-	r := newRig(t, "", nil, nil, blocking(&orders, started, release))
+	r, started, release, waiting := waitingRig(t, &orders)
 	args := map[string]any{"sku": "A1", "qty": 1}
 	first := make(chan error, 1)
 	go func() { _, err := r.call("k-1", "create_order", args); first <- err }()
@@ -684,9 +694,7 @@ func TestCancelledWaiterReturnsAndChangesNothing(t *testing.T) {
 	require.ErrorIs(t, <-waiter, context.Canceled)
 	close(release)
 	require.NoError(t, <-first)
-	res, err := r.call("k-1", "create_order", args)
-	require.NoError(t, err)
-	require.True(t, idemmcp.Replayed(res))
+	r.requireReplay(t, "k-1", "create_order", args)
 	require.EqualValues(t, 1, orders.Load())
 }
 
@@ -710,9 +718,7 @@ func TestPanickingTxToolCommitsNothing(t *testing.T) {
 	})
 	args := map[string]any{"sku": "A1", "qty": 1}
 	_, err := r.call("k-1", "create_order", args)
-	var we *jsonrpc.Error
-	require.ErrorAs(t, err, &we)
-	require.EqualValues(t, jsonrpc.CodeInternalError, we.Code)
+	requireRPCCode(t, err, jsonrpc.CodeInternalError)
 	keys := 0
 	require.NoError(t, r.e.View(func(tx *bboltTx) error {
 		if b := tx.Bucket([]byte("orders")); b != nil {

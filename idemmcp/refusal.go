@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The JSON-RPC error codes of the middleware's refusals. They sit in the
@@ -93,15 +95,26 @@ func RefusalOf(err error) (*Refusal, bool) {
 	return &r, true
 }
 
-// codes maps each refusal type to its code.
-var codes = map[string]int64{
-	TypeKeyRequired: CodeKeyRequired,
-	TypeKeyInvalid:  CodeKeyInvalid,
-	TypeConflict:    CodeConflict,
-	TypeInProgress:  CodeInProgress,
-	TypeIncomplete:  CodeIncomplete,
-	TypeUnavailable: CodeUnavailable,
+// types names the data.type of each kind of refusal (idemcore.RefusalKind):
+// a kind's code is idemcore's (the Code* constants), a type's code that of
+// its kind. RefusalNotStored has no type: it is an internal error.
+var types = map[idemcore.RefusalKind]string{
+	idemcore.RefusalKeyMissing:  TypeKeyRequired,
+	idemcore.RefusalKeyInvalid:  TypeKeyInvalid,
+	idemcore.RefusalConflict:    TypeConflict,
+	idemcore.RefusalInProgress:  TypeInProgress,
+	idemcore.RefusalIncomplete:  TypeIncomplete,
+	idemcore.RefusalUnavailable: TypeUnavailable,
 }
+
+// codes maps each refusal type to its code.
+var codes = func() map[string]int64 {
+	m := map[string]int64{}
+	for k, typ := range types {
+		m[typ] = k.Refusal().Code
+	}
+	return m
+}()
 
 // RefusalError returns the JSON-RPC error of a refusal of type typ (a Type*
 // constant, sent with its Code*; an unknown type gets CodeUnavailable), with
@@ -121,9 +134,51 @@ func RefusalError(typ string, retryAfter time.Duration, message string) *jsonrpc
 	return &jsonrpc.Error{Code: code, Message: "idempotency: " + message, Data: data}
 }
 
+// RefusalFor returns the JSON-RPC error by which the middleware (and idem
+// mcp-proxy) refuses a call the engine answered with err, whose refusal is
+// ref (idemcore.RefusalOf(err)): ref's Code, data {"type", "retryAfter"} as
+// RefusalError sends it, and a message saying why, the same for every
+// adapter. retryAfter is the wait suggested, for in progress and a store
+// unavailable, when ref carries none. A RefusalNotStored is an internal
+// error (jsonrpc.CodeInternalError) without data.
+func RefusalFor(ref idemcore.Refusal, retryAfter time.Duration, err error) *jsonrpc.Error {
+	if ref.RetryAfter > 0 {
+		retryAfter = ref.RetryAfter
+	}
+	var msg string
+	switch ref.Kind {
+	case idemcore.RefusalNotStored:
+		return &jsonrpc.Error{Code: ref.Code, Message: "idempotency: the answer to the first call with this key " +
+			"was too large to record, so it cannot be replayed"}
+	case idemcore.RefusalKeyInvalid:
+		msg = "invalid key: " + reason(err)
+		retryAfter = 0
+	case idemcore.RefusalConflict:
+		msg, retryAfter = "the key was used with another tool or other arguments", 0
+	case idemcore.RefusalInProgress:
+		msg = "the first call with this key is still running"
+		if errors.Is(err, idemcore.ErrRetryable) {
+			msg = "the call with this key ended without a recorded answer; retry"
+		}
+	case idemcore.RefusalIncomplete:
+		msg, retryAfter = "an earlier execution with this key was interrupted and its outcome is unknown: "+
+			"an operator must resolve the key", 0
+	default:
+		msg = "the idempotency store failed; the tool did not run"
+	}
+	return RefusalError(types[ref.Kind], retryAfter, msg)
+}
+
+// reason is err's text without the engine's "idem: op "key": " prefix of an
+// *idemcore.OpError: a refusal's message already names what refused it.
+func reason(err error) string {
+	if oe, ok := errors.AsType[*idemcore.OpError](err); ok && oe.Err != nil {
+		return oe.Err.Error()
+	}
+	return err.Error()
+}
+
 // refuse builds the JSON-RPC error of a refusal.
-func refuse(code int64, typ string, retryAfter time.Duration, format string, args ...any) error {
-	we := RefusalError(typ, retryAfter, fmt.Sprintf(format, args...))
-	we.Code = code
-	return we
+func refuse(typ string, retryAfter time.Duration, format string, args ...any) error {
+	return RefusalError(typ, retryAfter, fmt.Sprintf(format, args...))
 }

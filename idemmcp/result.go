@@ -14,13 +14,13 @@ func answer(stored []byte, protocolErr, replayed bool) (mcp.Result, error) {
 	if protocolErr {
 		var we jsonrpc.Error
 		if err := json.Unmarshal(stored, &we); err != nil {
-			return nil, refuse(CodeUnavailable, TypeUnavailable, 0, "stored outcome does not decode: %v", err)
+			return nil, refuse(TypeUnavailable, 0, "stored outcome does not decode: %v", err)
 		}
 		return nil, &we
 	}
 	res, err := decodeResult(stored)
 	if err != nil {
-		return nil, refuse(CodeUnavailable, TypeUnavailable, 0, "stored outcome does not decode: %v", err)
+		return nil, refuse(TypeUnavailable, 0, "stored outcome does not decode: %v", err)
 	}
 	if replayed {
 		if res.Meta == nil {

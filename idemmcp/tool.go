@@ -90,3 +90,74 @@ func markRan(ctx context.Context) {
 		st.ran = true
 	}
 }
+
+// toolEntry is what the middleware knows of a tool.
+type toolEntry struct {
+	policy Policy
+	// tracked: the handler was registered through this package, so the
+	// middleware learns whether it ran (else the SDK refused the input).
+	tracked bool
+	// do runs fn under the key: the engine's Do, or DoTx for a DoTx tool.
+	do func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idemcore.Result, error)
+	tx bool
+}
+
+// lookup returns what the middleware knows of a tool; known is false for
+// a tool registered with the SDK directly and absent from Options.Tools.
+func (m *Middleware) lookup(name string) (t *toolEntry, known bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if t, ok := m.tools[name]; ok {
+		return t, true
+	}
+	p, ok := m.opts.Tools[name]
+	return &toolEntry{policy: p, do: m.d.Do}, ok
+}
+
+// listed returns the server's definition of the named tool, as its
+// tools/list answers (asked through the handlers below the middleware), or
+// nil if the server has no such tool.
+func listed(ctx context.Context, r *mcp.CallToolRequest, next mcp.MethodHandler) (*mcp.Tool, error) {
+	params := &mcp.ListToolsParams{}
+	for {
+		res, err := next(ctx, "tools/list", &mcp.ListToolsRequest{Session: r.Session, Params: params, Extra: r.Extra})
+		if err != nil {
+			return nil, err
+		}
+		lr, ok := res.(*mcp.ListToolsResult)
+		if !ok {
+			return nil, fmt.Errorf("idemmcp: tools/list answered a %T", res)
+		}
+		for _, t := range lr.Tools {
+			if t.Name == r.Params.Name {
+				return t, nil
+			}
+		}
+		if lr.NextCursor == "" || lr.NextCursor == params.Cursor {
+			return nil, nil
+		}
+		params = &mcp.ListToolsParams{Cursor: lr.NextCursor}
+	}
+}
+
+// register records a tool registered through this package.
+func (m *Middleware) register(t *mcp.Tool, p *Policy, te *toolEntry) {
+	if p != nil {
+		te.policy = *p
+	} else if op, ok := m.opts.Tools[t.Name]; ok {
+		te.policy = op
+	}
+	if t.Annotations != nil && t.Annotations.ReadOnlyHint {
+		te.policy.ReadOnly = true
+	}
+	if te.policy.Key.kind == keyArgs && (len(t.Name) == 0 || len(t.Name) > idemcore.MaxNamespaceLen) {
+		panic(fmt.Sprintf("idemmcp: tool %q: KeyFromArgs needs a name of 1 to %d bytes", t.Name, idemcore.MaxNamespaceLen))
+	}
+	te.tracked = true
+	if te.do == nil {
+		te.do = m.d.Do
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.tools[t.Name] = te
+}

@@ -14,14 +14,7 @@ func newForgetCmd(a *app) *cobra.Command {
 or not. The next call with KEY runs its function again, as for a new key.`,
 		Args: cobra.ExactArgs(1),
 	}
-	key := keyArg(c)
-	c.RunE = func(_ *cobra.Command, args []string) error {
-		k, err := key(args)
-		if err != nil {
-			return err
-		}
-		return a.forget(k)
-	}
+	keyArg(c, func(_ *cobra.Command, key string) error { return a.forget(key) })
 	return c
 }
 

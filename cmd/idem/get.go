@@ -1,9 +1,7 @@
 package main
 
 import (
-	"encoding/base64"
 	"fmt"
-	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
@@ -22,25 +20,13 @@ With --json the response is a string: UTF-8 text as is, other bytes in base64
 from an empty one.`,
 		Args: cobra.ExactArgs(1),
 	}
-	key := keyArg(c)
-	c.RunE = func(_ *cobra.Command, args []string) error {
-		k, err := key(args)
-		if err != nil {
-			return err
-		}
-		return a.get(k, raw)
-	}
+	keyArg(c, func(_ *cobra.Command, key string) error { return a.get(key, raw) })
 	c.Flags().BoolVar(&raw, "raw", false, "write only the response bytes to stdout")
 	return c
 }
 
-type getJSON struct {
-	recordJSON
-	Response         *string `json:"response"`          // null: no response
-	ResponseEncoding string  `json:"response_encoding"` // "utf-8" or "base64"
-	// ResponseHidden: with --url, the server shows only the size.
-	ResponseHidden bool `json:"response_hidden,omitempty"`
-}
+// getJSON is a record with its response.
+type getJSON = recordJSON
 
 func (a *app) get(key string, raw bool) (err error) {
 	e, err := a.openOperator()
@@ -54,16 +40,11 @@ func (a *app) get(key string, raw bool) (err error) {
 	}
 	n, hidden := a.hiddenResponse(key)
 	if raw {
-		if hidden {
-			return errHiddenByServer("response")
-		}
-		_, err := a.stdout.Write(r.Response)
-		return err
+		return a.writeRaw(r.Response, hidden, "response")
 	}
-	out := getJSON{recordJSON: a.recordJSON(r)}
-	out.Response, out.ResponseEncoding = userBytes(r.Response)
+	out := a.recordJSON(r, true)
 	if hidden {
-		out.ResponseSize, out.ResponseHidden = &n, true
+		out.ResponseSize, out.Response, out.ResponseEncoding, out.ResponseHidden = &n, nil, "", true
 	}
 	if at, ok := a.serverExpiry(key); ok {
 		out.ExpiresAt = at
@@ -110,18 +91,4 @@ func (a *app) printRecord(r *idem.Record, out getJSON) error {
 		fmt.Fprintln(a.stdout, *out.Response)
 	}
 	return nil
-}
-
-// userBytes renders stored user bytes (a response, a payload) for output:
-// the text itself if it is UTF-8, else base64, with the encoding's name; nil
-// (none stored, which differs from empty) stays nil.
-func userBytes(b []byte) (text *string, encoding string) {
-	if b == nil {
-		return nil, "utf-8"
-	}
-	s, enc := string(b), "utf-8"
-	if !utf8.Valid(b) {
-		s, enc = base64.StdEncoding.EncodeToString(b), "base64"
-	}
-	return &s, enc
 }

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"io"
-	"os"
 	"path/filepath"
 	"testing"
 
@@ -14,15 +12,7 @@ import (
 // ../../testdata/legacy-keys.db was written before the rules changed (see
 // the root's key_test.go).
 func TestKeysStoredBeforeTheKeyRules(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "idem.db")
-	in, err := os.Open(filepath.Join("..", "..", "testdata", "legacy-keys.db"))
-	require.NoError(t, err)
-	out, err := os.Create(path)
-	require.NoError(t, err)
-	_, err = io.Copy(out, in)
-	require.NoError(t, err)
-	require.NoError(t, out.Close())
-	require.NoError(t, in.Close())
+	path := copyFixture(t, filepath.Join("..", "..", "testdata", "legacy-keys.db"))
 
 	r := idemDB(t, path, "get", " k ")
 	require.Equal(t, 0, r.code, r.stderr)

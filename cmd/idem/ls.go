@@ -43,8 +43,8 @@ func (a *app) ls(state string, limit int) (err error) {
 			return &usageError{fmt.Errorf("--state: %w", err)}
 		}
 	}
-	if limit < 0 {
-		return &usageError{errors.New("--limit must not be negative")}
+	if err := checkLimit(limit); err != nil {
+		return err
 	}
 	e, err := a.openEngine()
 	if err != nil {
@@ -60,7 +60,7 @@ func (a *app) ls(state string, limit int) (err error) {
 		case rerr != nil:
 			return rerr
 		case want == 0 || r.State == want:
-			out.Records = append(out.Records, a.recordJSON(r))
+			out.Records = append(out.Records, a.recordJSON(r, false))
 		}
 		return nil
 	})
@@ -68,10 +68,7 @@ func (a *app) ls(state string, limit int) (err error) {
 		return err
 	}
 	slices.SortFunc(out.Records, func(x, y recordJSON) int { return strings.Compare(x.Key, y.Key) })
-	out.Matched = len(out.Records)
-	if limit > 0 && len(out.Records) > limit {
-		out.Records = out.Records[:limit]
-	}
+	out.Records, out.Matched = firstOf(out.Records, limit)
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -111,4 +108,21 @@ func parseState(s string) (idem.State, error) {
 		return idem.StateDone, nil
 	}
 	return 0, fmt.Errorf("unknown state %q (want started or done)", s)
+}
+
+// checkLimit checks a --limit: 0 (all) or more.
+func checkLimit(limit int) error {
+	if limit < 0 {
+		return &usageError{errors.New("--limit must not be negative")}
+	}
+	return nil
+}
+
+// firstOf returns the first limit elements of list (all of them when limit
+// is 0) and how many it held.
+func firstOf[T any](list []T, limit int) ([]T, int) {
+	if limit > 0 && len(list) > limit {
+		return list[:limit], len(list)
+	}
+	return list, len(list)
 }

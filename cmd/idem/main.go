@@ -66,6 +66,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemhttp"
 	"github.com/idemkit/idem/internal/boltfile"
 )
 
@@ -544,59 +545,17 @@ func (a *app) retentionNote() string {
 	return fmt.Sprintf("retention at least %v", a.retention)
 }
 
-// recordJSON is a record in JSON output, without its response.
-type recordJSON struct {
-	Key         string     `json:"key"`
-	State       string     `json:"state"`
-	Attempt     int        `json:"attempt"`
-	Fingerprint string     `json:"fingerprint"` // 16 hex digits of the xxhash
-	StartedAt   time.Time  `json:"started_at"`
-	CompletedAt *time.Time `json:"completed_at"` // null while started
-	ExpiresAt   *time.Time `json:"expires_at"`   // null: never
-	// Retention is the retention window the record was written under, as Go
-	// prints a duration; KeptUntilResolved marks an interrupted execution
-	// written under the refuse policy (it never expires).
-	Retention         string `json:"retention"`
-	KeptUntilResolved bool   `json:"kept_until_resolved"`
-	// ResponseSize is the response's length in bytes; null when the response
-	// is nil (no response), which differs from an empty one.
-	ResponseSize *int       `json:"response_size"`
-	Error        *errorJSON `json:"error"` // the stored error, null if none
-}
+// recordJSON is a record in JSON output: idemhttp's JSON form of a record,
+// the admin handler's too (get shows the response, ls its size only).
+type recordJSON = idemhttp.AdminRecord
 
-type errorJSON struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// errorJSON is a stored error in JSON output.
+type errorJSON = idemhttp.AdminErrorJSON
 
-func (a *app) recordJSON(r *idem.Record) recordJSON {
-	out := recordJSON{
-		Key:               r.Key,
-		State:             r.State.String(),
-		Attempt:           r.Attempt,
-		Fingerprint:       fmt.Sprintf("%016x", r.Fingerprint),
-		StartedAt:         r.StartedAt.UTC(),
-		CompletedAt:       timePtr(r.CompletedAt),
-		ExpiresAt:         timePtr(a.expiresAt(r)),
-		Retention:         r.Retention.String(),
-		KeptUntilResolved: r.KeptUntilResolved,
-	}
-	if r.Response != nil {
-		n := len(r.Response)
-		out.ResponseSize = &n
-	}
-	if r.Err != nil {
-		out.Error = &errorJSON{Code: r.Err.Code, Message: r.Err.Message}
-	}
-	return out
-}
-
-func timePtr(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	t = t.UTC()
-	return &t
+// recordJSON renders r, with its response if show, and its expiry as this
+// command judges it (--retention, --recovery).
+func (a *app) recordJSON(r *idem.Record, show bool) recordJSON {
+	return idemhttp.NewAdminRecord(r, a.expiresAt(r), show)
 }
 
 // Human renderings.

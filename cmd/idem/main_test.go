@@ -356,7 +356,7 @@ func TestResolve(t *testing.T) {
 		{"with a response from stdin", "piped", []string{"--response-file", "-"},
 			getJSON{Response: ptr("piped")}},
 		{"as a stored error with a code", "", []string{"--code", "card_declined", "--error", "declined downstream"},
-			getJSON{recordJSON: recordJSON{Error: &errorJSON{Code: "card_declined", Message: "declined downstream"}}}},
+			getJSON{Error: &errorJSON{Code: "card_declined", Message: "declined downstream"}}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -574,7 +574,14 @@ func requireInUse(t *testing.T, path string, commands map[string][]string) {
 func TestMissingFileIsNotCreated(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "missing.db")
-	for name, args := range allCommands(path) {
+	requireNotCreated(t, path, allCommands(path))
+}
+
+// requireNotCreated checks that every command of commands (name → args)
+// on path, a file that does not exist, says so and creates nothing.
+func requireNotCreated(t *testing.T, path string, commands map[string][]string) {
+	t.Helper()
+	for name, args := range commands {
 		t.Run(name, func(t *testing.T) {
 			r := idemCmd(t, nil, "", args...)
 			require.Equal(t, 1, r.code)

@@ -1,19 +1,18 @@
 package main
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 
 	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemhttp"
 )
 
 // maxErrWidth is the runes of a message's last error shown in a table; the
@@ -119,54 +118,18 @@ be dropped.`,
 	}
 }
 
-// messageJSON is an outbox message in JSON output, without its payload.
-type messageJSON struct {
-	Seq           uint64     `json:"seq"`
-	Topic         string     `json:"topic"`
-	Key           string     `json:"key"`   // the idempotency key of the call that enqueued it
-	Index         int        `json:"index"` // its place among that call's messages, from 0
-	DownstreamKey string     `json:"downstream_key"`
-	OrderingKey   string     `json:"ordering_key"`
-	Attempt       int        `json:"attempt"` // failed attempts so far
-	EnqueuedAt    time.Time  `json:"enqueued_at"`
-	NextAttemptAt *time.Time `json:"next_attempt_at"` // null: at once (or dead)
-	LastError     *string    `json:"last_error"`      // null: no failed attempt
-	// PayloadSize is the payload's length in bytes; null when the payload is
-	// nil, which differs from an empty one.
-	PayloadSize *int       `json:"payload_size"`
-	Dead        bool       `json:"dead"`
-	DeadAt      *time.Time `json:"dead_at"`    // null unless dead
-	ExpiresAt   *time.Time `json:"expires_at"` // when a dead letter is deleted; null unless dead
-}
+// messageJSON is an outbox message in JSON output: idemhttp's JSON form of
+// a message, the admin handler's too (outbox get shows the payload, outbox
+// ls its size only).
+type messageJSON = idemhttp.AdminMessage
 
-func (a *app) messageJSON(m *idem.Message) messageJSON {
-	out := messageJSON{
-		Seq:           m.Seq,
-		Topic:         m.Topic,
-		Key:           m.Key,
-		Index:         m.Index,
-		DownstreamKey: m.DownstreamKey,
-		OrderingKey:   m.OrderingKey,
-		Attempt:       m.Failures,
-		EnqueuedAt:    m.EnqueuedAt.UTC(),
-		NextAttemptAt: timePtr(m.NextAttemptAt),
-		Dead:          m.Dead,
-		DeadAt:        timePtr(m.DeadAt),
-	}
-	if m.LastError != "" {
-		s := m.LastError
-		out.LastError = &s
-	}
-	if m.Payload != nil {
-		n := len(m.Payload)
-		out.PayloadSize = &n
-	}
+// messageJSON renders m, with its payload if show (and the server does not
+// hide it, with --url), and a dead letter's expiry under
+// --dead-letter-retention.
+func (a *app) messageJSON(m *idem.Message, show bool) messageJSON {
+	out := idemhttp.NewAdminMessage(m, a.deadLetterRetention, show)
 	if n, ok := a.hiddenPayload(m.Seq); ok {
-		out.PayloadSize = &n
-	}
-	if m.Dead {
-		out.NextAttemptAt = nil
-		out.ExpiresAt = timePtr(m.DeadAt.Add(max(cmp.Or(m.DeadLetterRetention, idem.DefaultOutboxDeadLetterRetention), a.deadLetterRetention)))
+		out.PayloadSize, out.Payload, out.PayloadEncoding, out.PayloadHidden = &n, nil, "", true
 	}
 	return out
 }
@@ -194,14 +157,20 @@ func (a *app) checkDeadLetterRetention() error {
 	return nil
 }
 
-func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
-	if limit < 0 {
-		return &usageError{errors.New("--limit must not be negative")}
-	}
+// openOutbox is openOperator for the outbox commands, after their
+// --dead-letter-retention is checked.
+func (a *app) openOutbox() (operator, error) {
 	if err := a.checkDeadLetterRetention(); err != nil {
+		return nil, err
+	}
+	return a.openOperator()
+}
+
+func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
+	if err := checkLimit(limit); err != nil {
 		return err
 	}
-	e, err := a.openOperator()
+	e, err := a.openOutbox()
 	if err != nil {
 		return err
 	}
@@ -219,17 +188,14 @@ func (a *app) outboxLs(dead bool, topic string, limit int) (err error) {
 		case merr != nil:
 			return merr
 		case topic == "" || m.Topic == topic:
-			out.Messages = append(out.Messages, a.messageJSON(m))
+			out.Messages = append(out.Messages, a.messageJSON(m, false))
 		}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	out.Matched = len(out.Messages)
-	if limit > 0 && len(out.Messages) > limit {
-		out.Messages = out.Messages[:limit]
-	}
+	out.Messages, out.Matched = firstOf(out.Messages, limit)
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -313,22 +279,14 @@ func fmtLastErr(s *string) string {
 	return t
 }
 
-type outboxGetJSON struct {
-	messageJSON
-	Payload         *string `json:"payload"`          // null: nil payload
-	PayloadEncoding string  `json:"payload_encoding"` // "utf-8" or "base64"
-	// PayloadHidden: with --url, the server shows only the size.
-	PayloadHidden bool `json:"payload_hidden,omitempty"`
-}
+// outboxGetJSON is a message with its payload.
+type outboxGetJSON = messageJSON
 
 // errStop ends a walk of the messages early.
 var errStop = errors.New("stop")
 
 func (a *app) outboxGet(seq uint64, raw bool) (err error) {
-	if err := a.checkDeadLetterRetention(); err != nil {
-		return err
-	}
-	e, err := a.openOperator()
+	e, err := a.openOutbox()
 	if err != nil {
 		return err
 	}
@@ -346,15 +304,9 @@ func (a *app) outboxGet(seq uint64, raw bool) (err error) {
 	}
 	_, hidden := a.hiddenPayload(seq)
 	if raw {
-		if hidden {
-			return errHiddenByServer("payload")
-		}
-		_, err := a.stdout.Write(m.Payload)
-		return err
+		return a.writeRaw(m.Payload, hidden, "payload")
 	}
-	out := outboxGetJSON{messageJSON: a.messageJSON(m)}
-	out.Payload, out.PayloadEncoding = userBytes(m.Payload)
-	out.PayloadHidden = hidden
+	out := a.messageJSON(m, true)
 	if a.json {
 		return a.printJSON(out)
 	}
@@ -460,10 +412,7 @@ func (a *app) outboxOperate(args []string, op deadOp) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := a.checkDeadLetterRetention(); err != nil {
-		return err
-	}
-	e, err := a.openOperator()
+	e, err := a.openOutbox()
 	if err != nil {
 		return err
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,15 +18,7 @@ func TestQuotedKeyReachesKeysNoArgumentCanCarry(t *testing.T) {
 	require.Error(t, exec.Command(os.Args[0], "-test.run=^$", "\x00").Run(),
 		"a NUL in an argument is refused by the OS: the key needs another spelling")
 
-	path := filepath.Join(t.TempDir(), "idem.db")
-	in, err := os.Open(filepath.Join("..", "..", "testdata", "legacy-keys.db"))
-	require.NoError(t, err)
-	out, err := os.Create(path)
-	require.NoError(t, err)
-	_, err = io.Copy(out, in)
-	require.NoError(t, err)
-	require.NoError(t, out.Close())
-	require.NoError(t, in.Close())
+	path := copyFixture(t, filepath.Join("..", "..", "testdata", "legacy-keys.db"))
 
 	ls := idemDB(t, path, "ls")
 	require.Equal(t, 0, ls.code, ls.stderr)

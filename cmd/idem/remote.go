@@ -39,6 +39,7 @@ var remoteNeutral = map[string]bool{"idem": true, "idem outbox": true, "idem hel
 // call: an *idem.Engine on the file, or a *remote.
 type operator interface {
 	idemhttp.Operator
+	idemhttp.FileScanner
 	Close() error
 }
 
@@ -187,6 +188,12 @@ func (r *remote) Close() error { return nil }
 
 func (r *remote) Retention() time.Duration { return r.retention }
 
+// Records fails: the admin handler lists no records (ls reads a file only,
+// and takes no --url).
+func (r *remote) Records(func(*idem.Record, error) error) error {
+	return fmt.Errorf("idem: %s: the admin handler lists no records: run idem ls on the file", r.base)
+}
+
 func keyPath(route, key string) string { return route + "?key=" + url.QueryEscape(key) }
 
 func (r *remote) Get(key string) (*idem.Record, error) {
@@ -204,8 +211,7 @@ func (r *remote) Forget(key string) error {
 func (r *remote) Resolve(key string, response []byte, outcome *idem.Error) error {
 	body := map[string]any{}
 	if response != nil {
-		text, enc := userBytes(response)
-		body["response"], body["response_encoding"] = *text, enc
+		body["response"], body["response_encoding"] = base64.StdEncoding.EncodeToString(response), "base64"
 	}
 	if outcome != nil {
 		body["error"] = idemhttp.AdminErrorJSON{Code: outcome.Code, Message: outcome.Message}
@@ -471,4 +477,14 @@ const hiddenNote = "hidden by the server (idemhttp.AdminOptions.ShowResponses is
 
 func errHiddenByServer(what string) error {
 	return fmt.Errorf("idem: the server hides the %s: its idemhttp.AdminOptions.ShowResponses is off", what)
+}
+
+// writeRaw writes stored bytes b (a response, a payload: what) to stdout as
+// they are, for --raw; refused when the server hides them.
+func (a *app) writeRaw(b []byte, hidden bool, what string) error {
+	if hidden {
+		return errHiddenByServer(what)
+	}
+	_, err := a.stdout.Write(b)
+	return err
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
-	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
@@ -96,15 +94,7 @@ func TestRemoteSameAsFile(t *testing.T) {
 			"fine": func(context.Context) ([]byte, error) { return []byte("ok"), nil },
 		})
 		corrupt(t, path, "bad")
-		db, err := bbolt.Open(path, 0o600, nil)
-		require.NoError(t, err)
-		require.NoError(t, db.Update(func(tx *bbolt.Tx) error {
-			root := tx.Bucket(rootBucket)
-			return errors.Join(
-				root.Bucket(outboxBucket).Put(seqKey(8), []byte("not a message")),
-				root.Bucket(deadBucket).Put(seqKey(9), []byte("not a message either")))
-		}))
-		require.NoError(t, db.Close())
+		corruptMessages(t, path)
 		return path
 	}
 	for _, args := range [][]string{

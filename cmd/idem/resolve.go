@@ -38,17 +38,12 @@ the middleware replays a --response as 200 application/octet-stream and an
 --error as 500 ProblemStoredError.`,
 		Args: cobra.ExactArgs(1),
 	}
-	key := keyArg(c)
-	c.RunE = func(cmd *cobra.Command, args []string) error {
+	keyArg(c, func(cmd *cobra.Command, key string) error {
 		o.responseSet = cmd.Flags().Changed("response")
 		o.fileSet = cmd.Flags().Changed("response-file")
 		o.httpSet = cmd.Flags().Changed("http-status")
-		k, err := key(args)
-		if err != nil {
-			return err
-		}
-		return a.resolve(k, o)
-	}
+		return a.resolve(key, o)
+	})
 	f := c.Flags()
 	f.StringVar(&o.response, "response", "", "the response to store, as a string")
 	f.StringVar(&o.file, "response-file", "", `read the response to store from this file ("-": stdin)`)

@@ -30,30 +30,30 @@ import (
 // taubench.ChildCommand and a spec as its arguments. Only that argument makes
 // a crash child, never the environment.
 func newTaubenchChildCmd(*app) *cobra.Command {
-	return &cobra.Command{
-		Use:    taubench.ChildCommand + " SPEC",
-		Short:  "A crash child of idem taubench (internal)",
-		Hidden: true,
-		Args:   cobra.ExactArgs(1),
-		RunE: func(_ *cobra.Command, args []string) error {
-			if err := taubench.RunChild(args[0]); err != nil {
-				return err
-			}
-			return errors.New("taubench child: the crash point was not reached")
-		},
-	}
+	return hiddenChildCmd(taubench.ChildCommand+" SPEC", "A crash child of idem taubench (internal)", func(spec string) error {
+		if err := taubench.RunChild(spec); err != nil {
+			return err
+		}
+		return errors.New("taubench child: the crash point was not reached")
+	})
 }
 
 // newTaubenchMCPServerChildCmd is the hidden subcommand the MCP tool server
 // child of `idem taubench --via mcp` runs: the runner re-executes this program
 // with taubench.MCPServerChildCommand and a configuration as its arguments.
 func newTaubenchMCPServerChildCmd(*app) *cobra.Command {
+	return hiddenChildCmd(taubench.MCPServerChildCommand+" CONFIG",
+		"The MCP tool server child of idem taubench --via mcp (internal)", taubench.RunMCPServerChild)
+}
+
+// hiddenChildCmd is a hidden subcommand of one argument, which run gets.
+func hiddenChildCmd(use, short string, run func(arg string) error) *cobra.Command {
 	return &cobra.Command{
-		Use:    taubench.MCPServerChildCommand + " CONFIG",
-		Short:  "The MCP tool server child of idem taubench --via mcp (internal)",
+		Use:    use,
+		Short:  short,
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
-		RunE:   func(_ *cobra.Command, args []string) error { return taubench.RunMCPServerChild(args[0]) },
+		RunE:   func(_ *cobra.Command, args []string) error { return run(args[0]) },
 	}
 }
 

@@ -214,6 +214,25 @@ func TestTaubenchViaUnknown(t *testing.T) {
 	require.Contains(t, r.stderr, `--via must be direct, mcp or mcp-proxy, not "carrier-pigeon"`)
 }
 
+// serveTaubench runs the idem command args (a taubench serve) in-process,
+// with its stdin and stdout a session of client: it returns the session,
+// and the command's result once it ends.
+func serveTaubench(t *testing.T, client *mcp.Client, args ...string) (*mcp.ClientSession, <-chan result) {
+	t.Helper()
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan result, 1)
+	go func() {
+		var stderr bytes.Buffer
+		code := run(t.Context(), args, func(string) string { return "" }, inR, outW, &stderr)
+		outW.Close()
+		done <- result{code: code, stderr: stderr.String()}
+	}()
+	cs, err := client.Connect(t.Context(), &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
+	require.NoError(t, err)
+	return cs, done
+}
+
 // TestTaubenchServe drives `idem taubench serve` with a go-sdk client over
 // its stdin and stdout, with and without idem.
 func TestTaubenchServe(t *testing.T) {
@@ -221,20 +240,9 @@ func TestTaubenchServe(t *testing.T) {
 	for _, withIdem := range []bool{true, false} {
 		t.Run(fmt.Sprintf("idem=%v", withIdem), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "shop.db")
-			inR, inW := io.Pipe()
-			outR, outW := io.Pipe()
-			done := make(chan result, 1)
-			go func() {
-				var stderr bytes.Buffer
-				code := run(t.Context(), []string{"--db", path, "taubench", "serve", "--data", data, fmt.Sprintf("--idem=%v", withIdem)},
-					func(string) string { return "" }, inR, outW, &stderr)
-				outW.Close()
-				done <- result{code: code, stderr: stderr.String()}
-			}()
 			client := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil)
 			client.AddSendingMiddleware(idemmcp.ClientMiddleware(nil))
-			cs, err := client.Connect(t.Context(), &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
-			require.NoError(t, err)
+			cs, done := serveTaubench(t, client, "--db", path, "taubench", "serve", "--data", data, fmt.Sprintf("--idem=%v", withIdem))
 			var tools []string
 			for tool, err := range cs.Tools(t.Context(), nil) {
 				require.NoError(t, err)
@@ -394,18 +402,7 @@ func TestTaubenchServeSample(t *testing.T) {
 	require.Equal(t, "get_order_details", want.Name)
 
 	path := filepath.Join(t.TempDir(), "shop.db")
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	done := make(chan result, 1)
-	go func() {
-		var stderr bytes.Buffer
-		code := run(t.Context(), []string{"--db", path, "taubench", "serve"}, func(string) string { return "" }, inR, outW, &stderr)
-		outW.Close()
-		done <- result{code: code, stderr: stderr.String()}
-	}()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).
-		Connect(t.Context(), &mcp.IOTransport{Reader: outR, Writer: inW}, nil)
-	require.NoError(t, err)
+	cs, done := serveTaubench(t, mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil), "--db", path, "taubench", "serve")
 	res, err := cs.CallTool(t.Context(), &mcp.CallToolParams{Name: want.Name, Arguments: want.Kwargs})
 	require.NoError(t, err)
 	require.Equal(t, want.Output, res.Content[0].(*mcp.TextContent).Text)

@@ -232,13 +232,7 @@ func ordersMain() int {
 			return nil, &jsonrpc.Error{Code: -32001, Message: "card declined"}
 		})
 	mcp.AddTool(s, &mcp.Tool{Name: "flaky"}, func(ctx context.Context, req *mcp.CallToolRequest, in orderIn) (*mcp.CallToolResult, any, error) {
-		n := 0
-		for _, c := range readJSONL[execution](calls) {
-			if c.Tool == "flaky" {
-				n++
-			}
-		}
-		appendJSON(calls, execution{Tool: "flaky", PID: os.Getpid()})
+		n := earlier(calls, "flaky")
 		if n == 0 {
 			r := text("try again")
 			r.Meta = mcp.Meta{MetaRetryable: true}
@@ -247,13 +241,7 @@ func ordersMain() int {
 		return text(fmt.Sprintf("flaky ok after %d", n)), nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "gated_flaky"}, func(ctx context.Context, req *mcp.CallToolRequest, in orderIn) (*mcp.CallToolResult, any, error) {
-		n := 0
-		for _, c := range readJSONL[execution](calls) {
-			if c.Tool == "gated_flaky" {
-				n++
-			}
-		}
-		appendJSON(calls, execution{Tool: "gated_flaky", PID: os.Getpid()})
+		n := earlier(calls, "gated_flaky")
 		if n > 0 {
 			return text(fmt.Sprintf("gated_flaky ok after %d", n)), nil, nil
 		}
@@ -276,4 +264,17 @@ func ordersMain() int {
 		return 1
 	}
 	return 0
+}
+
+// earlier counts the executions of tool in the calls file, then records
+// one more.
+func earlier(calls, tool string) int {
+	n := 0
+	for _, c := range readJSONL[execution](calls) {
+		if c.Tool == tool {
+			n++
+		}
+	}
+	appendJSON(calls, execution{Tool: tool, PID: os.Getpid()})
+	return n
 }

@@ -126,6 +126,23 @@ func (f *fixture) executionsOf(tool string) []execution {
 	return out
 }
 
+// answer is a tools/call's result or error.
+type answer struct {
+	r   *mcp.CallToolResult
+	err error
+}
+
+// callAsync is callTool in a goroutine of its own: its answer comes on the
+// channel.
+func callAsync(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any, key string) <-chan answer {
+	done := make(chan answer, 1)
+	go func() {
+		r, err := callTool(ctx, cs, tool, args, key)
+		done <- answer{r, err}
+	}()
+	return done
+}
+
 func callTool(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any, key string) (*mcp.CallToolResult, error) {
 	p := &mcp.CallToolParams{Name: tool, Arguments: args}
 	if key != "" {
@@ -319,15 +336,7 @@ func TestServerKilledMidCallIsRecovered(t *testing.T) {
 			f := newFixture(t)
 			cs := f.connect(t, ordersConfig, ordersServer(t))
 			args := map[string]any{"sku": "C3", "qty": 5}
-			type answer struct {
-				r   *mcp.CallToolResult
-				err error
-			}
-			done := make(chan answer, 1)
-			go func() {
-				r, err := callTool(t.Context(), cs, tc.tool, args, "slow-k1")
-				done <- answer{r, err}
-			}()
+			done := callAsync(t.Context(), cs, tc.tool, args, "slow-k1")
 			pid, err := strconv.Atoi(string(waitFile(t, filepath.Join(f.dir, "blocked"))))
 			require.NoError(t, err)
 			require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
@@ -365,25 +374,12 @@ func TestCancelledProtectedCallIsNotForwarded(t *testing.T) {
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "D4", "qty": 1}
 	ctx, cancel := context.WithCancel(t.Context())
-	first := make(chan error, 1)
-	go func() {
-		_, err := callTool(ctx, cs, "gated_order", args, "gated-k1")
-		first <- err
-	}()
-	waitFile(t, filepath.Join(f.dir, "blocked"))
+	first := f.startGated(t, ctx, cs, args)
 	cancel()
 	require.ErrorIs(t, <-first, context.Canceled)
 
-	type answer struct {
-		r   *mcp.CallToolResult
-		err error
-	}
-	retry := make(chan answer, 1)
-	go func() {
-		r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-		retry <- answer{r, err}
-	}()
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), []byte("open"), 0o600))
+	retry := callAsync(t.Context(), cs, "gated_order", args, "gated-k1")
+	f.openGate(t)
 	a := <-retry
 	require.NoError(t, a.err)
 	require.Equal(t, "order 1: 1 x D4", textOf(t, a.r))
@@ -422,6 +418,16 @@ type rawSession struct {
 	cmd   *exec.Cmd
 	in    io.WriteCloser
 	lines chan json.RawMessage
+}
+
+// startSession is startRaw and the session's handshake: initialize, its
+// answer, and notifications/initialized.
+func (f *fixture) startSession(t *testing.T, config string, server []string) *rawSession {
+	s := f.startRaw(t, config, server)
+	s.send(rawInit)
+	s.await("1")
+	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return s
 }
 
 func (f *fixture) startRaw(t *testing.T, config string, server []string) *rawSession {
@@ -472,10 +478,7 @@ const rawInit = `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protoc
 // its retry are answered under their own ids, whatever their type.
 func TestReplayAnswersUnderTheNewID(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	call := `{"jsonrpc":"2.0","id":%s,"method":"tools/call","params":{"name":"create_order","arguments":%s,"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`
 	s.send(fmt.Sprintf(call, "7", `{"sku":"A","qty":1}`))
 	first := s.await("7")
@@ -494,10 +497,7 @@ func TestReplayAnswersUnderTheNewID(t *testing.T) {
 // call with the recovered flag.
 func TestProxyKilledTakesItsServer(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	s.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"slow_order","arguments":{"sku":"E5","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`)
 	pid, err := strconv.Atoi(string(waitFile(t, filepath.Join(f.dir, "blocked"))))
 	require.NoError(t, err)
@@ -538,6 +538,41 @@ func processAlive(pid int) bool {
 }
 
 // killBlocked waits for the orders server to block mid-call and SIGKILLs it.
+// startGated starts a call of gated_order with args and the key gated-k1
+// (ctx its context) and waits until the server blocks in it: the call's
+// error comes on the channel once it ends (openGate).
+func (f *fixture) startGated(t *testing.T, ctx context.Context, cs *mcp.ClientSession, args map[string]any) <-chan error {
+	t.Helper()
+	first := make(chan error, 1)
+	go func() {
+		_, err := callTool(ctx, cs, "gated_order", args, "gated-k1")
+		first <- err
+	}()
+	waitFile(t, filepath.Join(f.dir, "blocked"))
+	return first
+}
+
+// gatedDuplicate runs the proxy with env, starts a gated call of sku and
+// sends a duplicate while the server blocks in it, which is refused as in
+// progress: it returns the fixture, the session, the call's arguments, the
+// first call's end (startGated) and the duplicate's error.
+func gatedDuplicate(t *testing.T, env, sku string) (*fixture, *mcp.ClientSession, map[string]any, <-chan error, error) {
+	f := newFixture(t)
+	f.env = []string{env}
+	cs := f.connect(t, ordersConfig, ordersServer(t))
+	args := map[string]any{"sku": sku, "qty": 1}
+	first := f.startGated(t, t.Context(), cs, args)
+	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
+	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
+	return f, cs, args, first, err
+}
+
+// openGate lets the server's gated calls end.
+func (f *fixture) openGate(t *testing.T) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+}
+
 func (f *fixture) killBlocked(t *testing.T) int {
 	t.Helper()
 	path := filepath.Join(f.dir, "blocked")
@@ -555,15 +590,11 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 	f := newFixture(t)
 	f.terminate = 200 * time.Millisecond
 	cs := f.connect(t, ordersConfig, ordersServer(t))
-	done := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
-		done <- err
-	}()
+	done := callAsync(t.Context(), cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
 	for range MaxRounds {
 		f.killBlocked(t)
 	}
-	err := <-done
+	err := (<-done).err
 	requireRPCError(t, err, CodeServerDied, TypeServerDied)
 	require.ErrorContains(t, err, "died during the call 3 times")
 	ex := f.executionsOf("stuck_order")
@@ -574,10 +605,7 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 	}
 
 	ctx, cancel := context.WithCancel(t.Context())
-	go func() {
-		_, err := callTool(ctx, cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
-		done <- err
-	}()
+	done = callAsync(ctx, cs, "stuck_order", map[string]any{"sku": "F6", "qty": 1}, "stuck-k1")
 	waitFile(t, filepath.Join(f.dir, "blocked"))
 	ex = f.executionsOf("stuck_order")
 	require.Len(t, ex, MaxRounds+1)
@@ -586,28 +614,17 @@ func TestServerDyingOnEveryAttempt(t *testing.T) {
 	// end for the protected calls it runs: give up the call, and let
 	// the client's SIGTERM end the proxy.
 	cancel()
-	require.ErrorIs(t, <-done, context.Canceled)
+	require.ErrorIs(t, (<-done).err, context.Canceled)
 }
 
 // TestInFlightFailRefusesADuplicate: under InFlightFail a duplicate of a
 // running call gets idemmcp.CodeInProgress with retryAfter.
 func TestInFlightFailRefusesADuplicate(t *testing.T) {
-	f := newFixture(t)
-	f.env = []string{"IDEM_TEST_INFLIGHT=fail"}
-	cs := f.connect(t, ordersConfig, ordersServer(t))
-	args := map[string]any{"sku": "G7", "qty": 1}
-	first := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-		first <- err
-	}()
-	waitFile(t, filepath.Join(f.dir, "blocked"))
-	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
+	f, _, _, first, err := gatedDuplicate(t, "IDEM_TEST_INFLIGHT=fail", "G7")
 	var we *jsonrpc.Error
 	require.ErrorAs(t, err, &we)
 	require.JSONEq(t, `{"type":"idempotency_key_in_progress","retryAfter":1}`, string(we.Data))
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	f.openGate(t)
 	require.NoError(t, <-first)
 	require.Len(t, f.effects(), 1)
 }
@@ -620,13 +637,9 @@ func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
 	f.env = []string{"IDEM_TEST_RECOVERY=refuse"}
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "H8", "qty": 1}
-	done := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
-		done <- err
-	}()
+	done := callAsync(t.Context(), cs, "slow_order", args, "slow-k1")
 	f.killBlocked(t)
-	requireRPCError(t, <-done, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
+	requireRPCError(t, (<-done).err, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
 	_, err := callTool(t.Context(), cs, "slow_order", args, "slow-k1")
 	requireRPCError(t, err, idemmcp.CodeIncomplete, "idempotency_key_incomplete")
 	require.Len(t, f.executionsOf("slow_order"), 1)
@@ -636,19 +649,8 @@ func TestRecoverRefuseAnswersIncomplete(t *testing.T) {
 // than MaxWait is refused as in progress; the first call is recorded when it
 // ends, and the next retry replays it.
 func TestDuplicateWaitsAtMostMaxWait(t *testing.T) {
-	f := newFixture(t)
-	f.env = []string{"IDEM_TEST_MAXWAIT=50ms"}
-	cs := f.connect(t, ordersConfig, ordersServer(t))
-	args := map[string]any{"sku": "J9", "qty": 1}
-	first := make(chan error, 1)
-	go func() {
-		_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-		first <- err
-	}()
-	waitFile(t, filepath.Join(f.dir, "blocked"))
-	_, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
-	requireRPCError(t, err, idemmcp.CodeInProgress, "idempotency_key_in_progress")
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	f, cs, args, first, err := gatedDuplicate(t, "IDEM_TEST_MAXWAIT=50ms", "J9")
+	f.openGate(t)
 	require.NoError(t, <-first, "the first call outlives MaxWait")
 	r, err := callTool(t.Context(), cs, "gated_order", args, "gated-k1")
 	require.NoError(t, err)
@@ -661,10 +663,7 @@ func TestDuplicateWaitsAtMostMaxWait(t *testing.T) {
 // so it neither conflicts with nor replays the first round.
 func TestContinuationHasItsOwnKey(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":"k"}}}`
 	texts := map[int]string{}
 	for i, state := range []string{``, `"requestState":"round-2",`, `"requestState":"round-2",`, ``} {
@@ -704,7 +703,7 @@ func TestClientGoneMidCall(t *testing.T) {
 	waitFile(t, filepath.Join(f.dir, "blocked"))
 	require.NoError(t, out.Close())
 	require.NoError(t, in.Close())
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate"), nil, 0o600))
+	f.openGate(t)
 	err = cmd.Wait()
 	var ee *exec.ExitError
 	require.ErrorAs(t, err, &ee, "the proxy reports the failed write")
@@ -724,10 +723,7 @@ func TestClientGoneMidCall(t *testing.T) {
 // for the first round and for a continuation alike, and nothing runs.
 func TestKeyRulesHoldForContinuations(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"K","qty":1},%s"_meta":{"io.github.idemkit/idempotency-key":%q}}}`
 	id := 10
 	for _, key := range []string{" k", "k\u00a0", "\ufeffk"} {
@@ -788,10 +784,7 @@ func TestBatchOfProtectedCallsIsRefused(t *testing.T) {
 // unprotected.
 func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
 	f := newFixture(t)
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	params := `"method":"tools/call","params":{"name":"create_order","arguments":{"sku":"N","qty":1},"_meta":{"io.github.idemkit/idempotency-key":"null-k"}}`
 	s.send(`{"jsonrpc":"2.0",` + params + `}`)
 	s.send(`{"jsonrpc":"2.0","id":null,` + params + `}`)
@@ -821,10 +814,7 @@ func TestProtectedCallWithoutIDDoesNotReachTheServer(t *testing.T) {
 func TestAnswerOverTheEngineLimit(t *testing.T) {
 	f := newFixture(t)
 	f.env = []string{"IDEM_TEST_MAXRESPONSE=1024"}
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	sku := strings.Repeat("s", 4<<10)
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"big-k"}}}`
 	s.send(fmt.Sprintf(call, 10, sku))
@@ -846,10 +836,7 @@ func TestAnswerOverTheEngineLimit(t *testing.T) {
 func TestStoreFailureAfterTheServerRanAnswersItsResult(t *testing.T) {
 	f := newFixture(t)
 	f.env = []string{"IDEM_TEST_MAXRESPONSE=8388608", "IDEM_TEST_MAXSIZE=1048576"}
-	s := f.startRaw(t, ordersConfig, ordersServer(t))
-	s.send(rawInit)
-	s.await("1")
-	s.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	s := f.startSession(t, ordersConfig, ordersServer(t))
 	sku := strings.Repeat("s", 2<<20)
 	call := `{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"create_order","arguments":{"sku":%q,"qty":1},"_meta":{"io.github.idemkit/idempotency-key":"full-k"}}}`
 	s.send(fmt.Sprintf(call, 10, sku))
@@ -869,20 +856,9 @@ func TestWaiterOfAnUnrecordedAnswerRunsItsOwn(t *testing.T) {
 	f := newFixture(t)
 	cs := f.connect(t, ordersConfig, ordersServer(t))
 	args := map[string]any{"sku": "F1", "qty": 1}
-	type answer struct {
-		r   *mcp.CallToolResult
-		err error
-	}
-	first, waiter := make(chan answer, 1), make(chan answer, 1)
-	go func() {
-		r, err := callTool(t.Context(), cs, "gated_flaky", args, "flaky-w1")
-		first <- answer{r, err}
-	}()
+	first := callAsync(t.Context(), cs, "gated_flaky", args, "flaky-w1")
 	waitFile(t, filepath.Join(f.dir, "blocked-flaky"))
-	go func() {
-		r, err := callTool(t.Context(), cs, "gated_flaky", args, "flaky-w1")
-		waiter <- answer{r, err}
-	}()
+	waiter := callAsync(t.Context(), cs, "gated_flaky", args, "flaky-w1")
 	time.Sleep(200 * time.Millisecond) // not a timing claim: see above
 	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "gate-flaky"), []byte("open"), 0o600))
 	a := <-first
