@@ -4,9 +4,11 @@
 // idemcore.Observer hooks. It imports idemcore and OpenTelemetry's API only
 // (never bbolt, never pgx).
 //
-//	tel, err := idemotel.New(&idemotel.Options{Backlog: eng.OutboxBacklog})
+//	tel, err := idemotel.New(nil) // the global providers
 //	opts := &idem.Options{}
-//	tel.Install(opts) // before Open: opts.Tracer and opts.Observer
+//	tel.Install(opts) // opts.Tracer and opts.Observer
+//	eng, err := idem.Open(path, opts)
+//	err = tel.ObserveBacklog(eng.OutboxBacklog) // the outbox gauges
 //
 // # Spans
 //
@@ -48,7 +50,7 @@
 //     messaging.destination.name and idem.outcome.
 //   - idem.outbox.dead_lettered {message}, idem.pruned {record}.
 //   - idem.outbox.backlog, idem.outbox.dead_letters {message}: gauges read
-//     from the store at each collection through Options.Backlog (the
+//     from the store at each collection through ObserveBacklog (the
 //     engine's OutboxBacklog: on Postgres one statement counting two tables
 //     per collection).
 package idemotel

@@ -48,13 +48,20 @@ var backends = []backend{
 	{"postgres", openPG},
 }
 
-func openBolt(t *testing.T, o *idemcore.Options) *engine {
+// openBoltAt opens a bbolt engine in dir, closed when t ends.
+func openBoltAt(t *testing.T, dir string, o *idemcore.Options) *idem.Engine {
 	t.Helper()
-	eng, err := idem.Open(filepath.Join(t.TempDir(), "idem.db"), o)
+	eng, err := idem.Open(filepath.Join(dir, "idem.db"), o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = eng.Close() })
+	return eng
+}
+
+func openBolt(t *testing.T, o *idemcore.Options) *engine {
+	t.Helper()
+	eng := openBoltAt(t, t.TempDir(), o)
 	return &engine{
 		do: eng.Do,
 		dotx: func(ctx context.Context, key string, fp []byte, topic string, payload []byte) (idemcore.Result, error) {

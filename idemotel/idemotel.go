@@ -82,14 +82,6 @@ type Options struct {
 	// (keys may carry user data). Empty (the default): no attribute names
 	// the key in any form.
 	KeyHashSecret []byte
-	// Backlog, if set, is read at each collection of the metrics
-	// (idem.outbox.backlog and idem.outbox.dead_letters gauges): pass the
-	// engine's OutboxBacklog method (idem.Engine's, idempg.Engine's). What a
-	// reading costs is the backend's: bbolt walks the outbox's pages in a
-	// read transaction; Postgres counts idem_outbox and idem_dead_letters in
-	// one statement, a scan that grows with the backlog, once per collection
-	// interval (a PeriodicReader's, 60 s by default). Nil: no gauge reports.
-	Backlog func(context.Context) (idemcore.OutboxBacklog, error)
 }
 
 // Telemetry is an idemcore.Tracer and an idemcore.Observer that report to
@@ -99,9 +91,12 @@ type Options struct {
 // message), and the metrics listed in the package documentation. Install
 // sets it in an engine's Options. Safe for concurrent use.
 type Telemetry struct {
-	tracer     trace.Tracer
-	secret     []byte
-	prop       propagation.TraceContext
+	tracer trace.Tracer
+	meter  metric.Meter
+	secret []byte
+	prop   propagation.TraceContext
+
+	mu         sync.Mutex
 	backlogReg metric.Registration
 
 	calls       metric.Int64Counter
@@ -137,8 +132,8 @@ func New(opts *Options) (*Telemetry, error) {
 	if o.MeterProvider == nil {
 		o.MeterProvider = otel.GetMeterProvider()
 	}
-	t := &Telemetry{tracer: o.TracerProvider.Tracer(ScopeName), secret: append([]byte(nil), o.KeyHashSecret...)}
 	m := o.MeterProvider.Meter(ScopeName)
+	t := &Telemetry{tracer: o.TracerProvider.Tracer(ScopeName), meter: m, secret: append([]byte(nil), o.KeyHashSecret...)}
 	secs := []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 	var errs []error
 	must := func(err error) {
@@ -177,27 +172,6 @@ func New(opts *Options) (*Telemetry, error) {
 	t.pruned, err = m.Int64Counter("idem.pruned", metric.WithUnit("{record}"),
 		metric.WithDescription("Expired records deleted by the pruner."))
 	must(err)
-	if o.Backlog != nil {
-		backlog, err := m.Int64ObservableGauge("idem.outbox.backlog", metric.WithUnit("{message}"),
-			metric.WithDescription("Outbox messages pending delivery, read from the store at each collection."))
-		must(err)
-		dead, err := m.Int64ObservableGauge("idem.outbox.dead_letters", metric.WithUnit("{message}"),
-			metric.WithDescription("Dead letters stored, read from the store at each collection."))
-		must(err)
-		if err == nil {
-			read := o.Backlog
-			t.backlogReg, err = m.RegisterCallback(func(ctx context.Context, ob metric.Observer) error {
-				n, err := read(ctx)
-				if err != nil {
-					return err
-				}
-				ob.ObserveInt64(backlog, n.Pending)
-				ob.ObserveInt64(dead, n.Dead)
-				return nil
-			}, backlog, dead)
-			must(err)
-		}
-	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
@@ -215,12 +189,58 @@ func (t *Telemetry) Install(o *idemcore.Options) {
 	}
 }
 
-// Close unregisters the backlog gauge's callback, so that the meter stops
-// reading an engine that is closing. The spans and other instruments keep
-// working.
+// ObserveBacklog reports the gauges idem.outbox.backlog and
+// idem.outbox.dead_letters {message}, read by calling read at each
+// collection of the metrics: pass the engine's OutboxBacklog method
+// (idem.Engine's, idempg.Engine's), once it is open. What a reading costs is
+// the backend's: bbolt walks the outbox's pages in a read transaction;
+// Postgres counts idem_outbox and idem_dead_letters in one statement, a scan
+// that grows with the backlog, once per collection interval (a
+// PeriodicReader's, 60 s by default), never per call. A later call replaces
+// the reader; Close ends the reading. The error is the meter's.
+func (t *Telemetry) ObserveBacklog(read func(context.Context) (idemcore.OutboxBacklog, error)) error {
+	backlog, err := t.meter.Int64ObservableGauge("idem.outbox.backlog", metric.WithUnit("{message}"),
+		metric.WithDescription("Outbox messages pending delivery, read from the store at each collection."))
+	if err != nil {
+		return err
+	}
+	dead, err := t.meter.Int64ObservableGauge("idem.outbox.dead_letters", metric.WithUnit("{message}"),
+		metric.WithDescription("Dead letters stored, read from the store at each collection."))
+	if err != nil {
+		return err
+	}
+	reg, err := t.meter.RegisterCallback(func(ctx context.Context, ob metric.Observer) error {
+		n, err := read(ctx)
+		if err != nil {
+			return err
+		}
+		ob.ObserveInt64(backlog, n.Pending)
+		ob.ObserveInt64(dead, n.Dead)
+		return nil
+	}, backlog, dead)
+	if err != nil {
+		return err
+	}
+	t.mu.Lock()
+	old := t.backlogReg
+	t.backlogReg = reg
+	t.mu.Unlock()
+	if old != nil {
+		return old.Unregister()
+	}
+	return nil
+}
+
+// Close ends the backlog's reading (ObserveBacklog), so that the meter stops
+// reading an engine that is closing: call it before the engine's Close. The
+// spans and the other instruments keep working.
 func (t *Telemetry) Close() error {
-	if t.backlogReg != nil {
-		return t.backlogReg.Unregister()
+	t.mu.Lock()
+	reg := t.backlogReg
+	t.backlogReg = nil
+	t.mu.Unlock()
+	if reg != nil {
+		return reg.Unregister()
 	}
 	return nil
 }
