@@ -27,6 +27,8 @@ import (
 
 // engine is what the tests need of either backend's engine.
 type engine struct {
+	// doer is the engine itself, for the adapters.
+	doer idemcore.Doer
 	do   func(ctx context.Context, key string, fp []byte, fn func(context.Context) ([]byte, error)) (idemcore.Result, error)
 	dotx func(ctx context.Context, key string, fp []byte, topic string, payload []byte) (idemcore.Result, error)
 	// backlog is the engine's OutboxBacklog.
@@ -63,7 +65,8 @@ func openBolt(t *testing.T, o *idemcore.Options) *engine {
 	t.Helper()
 	eng := openBoltAt(t, t.TempDir(), o)
 	return &engine{
-		do: eng.Do,
+		doer: eng,
+		do:   eng.Do,
 		dotx: func(ctx context.Context, key string, fp []byte, topic string, payload []byte) (idemcore.Result, error) {
 			return eng.DoTx(ctx, key, fp, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
 				return []byte("ok"), tx.Enqueue(topic, payload)
@@ -116,7 +119,8 @@ func openPG(t *testing.T, o *idemcore.Options) *engine {
 	}
 	t.Cleanup(func() { _ = eng.Close() })
 	return &engine{
-		do: eng.Do,
+		doer: eng,
+		do:   eng.Do,
 		dotx: func(ctx context.Context, key string, fp []byte, topic string, payload []byte) (idemcore.Result, error) {
 			return eng.DoTx(ctx, key, fp, func(_ context.Context, tx pgx.Tx) ([]byte, error) {
 				return []byte("ok"), idempg.Enqueue(tx, topic, payload)
