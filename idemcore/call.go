@@ -28,8 +28,9 @@ type leading struct {
 	// current is the record the backend reported when it answered
 	// errRedecide, nil if it was not live (judged at the backend's reading).
 	current *Record
-	// trace learns the call's outcome for the Tracer; nil without one.
-	trace *callTrace
+	// trace learns the call's outcome for the Tracer (its t nil without
+	// one); lead hands it to the call's own.
+	trace callTrace
 	// runs counts fn's runs, for the Tracer.
 	runs int
 }
@@ -269,9 +270,15 @@ func (e *Engine[T]) call(ctx context.Context, ct *callTrace, op, key string, fin
 // leaves the flight registered.
 func (e *Engine[T]) lead(ctx context.Context, ct *callTrace, op, key string, fp uint64, f *flight, rec *Record, stale bool,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
-	c := &leading{op: op, key: key, fp: fp, attempt: 1, flight: f, trace: ct}
+	c := &leading{op: op, key: key, fp: fp, attempt: 1, flight: f}
+	if ct != nil {
+		c.trace.t = ct.t
+	}
 	returned := false
 	defer func() {
+		if ct != nil {
+			ct.outcome, ct.attempt, ct.wait = c.trace.outcome, c.trace.attempt, ct.wait+c.trace.wait
+		}
 		if !returned && c.end == endAnswer {
 			c.end = endIncomplete // a panic or runtime.Goexit
 		}
@@ -321,7 +328,7 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 			return Result{}, e.conflict(c.op, c.key, nil)
 		}
 		if rec.State == StateDone {
-			return e.replay(c.trace, c.op, rec, c.fp, false)
+			return e.replay(&c.trace, c.op, rec, c.fp, false)
 		}
 		own, err := e.b.Owner(ctx, rec)
 		if err != nil {

@@ -110,8 +110,17 @@ type Telemetry struct {
 	deadLetters metric.Int64Counter
 	pruned      metric.Int64Counter
 
-	// sets caches the measurement options of the common attribute sets.
-	sets sync.Map // setKey → metric.MeasurementOption
+	// callSets are the attribute sets of a call's metrics without an
+	// error.type, by operation (0: do, 1: dotx) and outcome; opSets by
+	// operation alone. Made once, so that a call's measurements allocate
+	// nothing for their attributes.
+	callSets [2][outcomes]*attrOpts
+	opSets   [2]*attrOpts
+	// sets holds the others (with an error.type, a delivery's topic), made
+	// at their first use.
+	sets sync.Map // setKey → *attrOpts
+
+	callStart, fnStart []trace.SpanStartOption
 }
 
 var (
@@ -175,6 +184,14 @@ func New(opts *Options) (*Telemetry, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
+	for i, op := range []string{"do", "dotx"} {
+		t.opSets[i] = newAttrOpts(AttrOperation.String(op))
+		for o := idemcore.OutcomeExecuted; o <= idemcore.OutcomeFailed; o++ {
+			t.callSets[i][o] = newAttrOpts(AttrOperation.String(op), AttrOutcome.String(o.String()))
+		}
+	}
+	t.callStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindInternal)}
+	t.fnStart = t.callStart
 	return t, nil
 }
 
@@ -255,21 +272,42 @@ func (o observers) Observe(ev idemcore.Event) {
 
 // setKey names a cached attribute set.
 type setKey struct {
-	kind    uint8 // 1: call, 2: delivery, 3: op only
+	kind    uint8 // 1: call, 2: delivery
 	op      string
 	outcome uint8
 	errType string
 }
 
-// measure returns the measurement option of the attribute set k names,
-// made once.
-func (t *Telemetry) measure(k setKey, build func() []attribute.KeyValue) metric.MeasurementOption {
-	if v, ok := t.sets.Load(k); ok {
-		return v.(metric.MeasurementOption)
+// outcomes bounds idemcore.CallOutcome's and DeliveryOutcome's values.
+const outcomes = 8
+
+// attrOpts are one attribute set's options, as Add and Record take them
+// (passed as slices made once, so that a measurement allocates nothing).
+type attrOpts struct {
+	add []metric.AddOption
+	rec []metric.RecordOption
+}
+
+func newAttrOpts(kv ...attribute.KeyValue) *attrOpts {
+	o := metric.WithAttributeSet(attribute.NewSet(kv...))
+	return &attrOpts{add: []metric.AddOption{o}, rec: []metric.RecordOption{o}}
+}
+
+// opIndex is op's index in callSets and opSets.
+func opIndex(op string) int {
+	if op == "dotx" {
+		return 1
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(build()...))
-	v, _ := t.sets.LoadOrStore(k, opt)
-	return v.(metric.MeasurementOption)
+	return 0
+}
+
+// measure returns the attribute set k names, made once.
+func (t *Telemetry) measure(k setKey, build func() []attribute.KeyValue) *attrOpts {
+	if v, ok := t.sets.Load(k); ok {
+		return v.(*attrOpts)
+	}
+	v, _ := t.sets.LoadOrStore(k, newAttrOpts(build()...))
+	return v.(*attrOpts)
 }
 
 // spanName is the call span's name for op.
@@ -283,16 +321,14 @@ func spanName(op string) string {
 // StartCall implements idemcore.Tracer: a span idem.do or idem.dotx, a
 // child of ctx's span.
 func (t *Telemetry) StartCall(ctx context.Context, s idemcore.CallStart) context.Context {
-	ctx, span := t.tracer.Start(ctx, spanName(s.Op), trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.tracer.Start(ctx, spanName(s.Op), t.callStart...)
 	if span.IsRecording() {
 		span.SetAttributes(AttrOperation.String(s.Op), AttrBackend.String(s.Backend))
 		if len(t.secret) > 0 {
 			span.SetAttributes(AttrKeyHash.String(t.keyHash(s.Key)))
 		}
 	}
-	t.active.Add(ctx, 1, t.measure(setKey{kind: 3, op: s.Op}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{AttrOperation.String(s.Op)}
-	}))
+	t.active.Add(ctx, 1, t.opSets[opIndex(s.Op)].add...)
 	return ctx
 }
 
@@ -335,19 +371,21 @@ func (t *Telemetry) EndCall(ctx context.Context, e idemcore.CallEnd) {
 	if et != "" && errTypeOfStored(e) {
 		et = "" // a recorded answer: not an error class of the call
 	}
-	opt := t.measure(setKey{kind: 1, op: e.Op, outcome: uint8(e.Outcome), errType: et}, func() []attribute.KeyValue {
-		kv := []attribute.KeyValue{AttrOperation.String(e.Op), AttrOutcome.String(e.Outcome.String())}
-		if et != "" {
-			kv = append(kv, attrErrorType.String(et))
-		}
-		return kv
-	})
-	t.calls.Add(ctx, 1, opt)
-	t.callDur.Record(ctx, e.Duration.Seconds(), opt)
-	if e.Wait > 0 {
-		t.waitDur.Record(ctx, e.Wait.Seconds(), t.opOnly(e.Op))
+	op := opIndex(e.Op)
+	var set *attrOpts
+	if et == "" && e.Outcome < outcomes {
+		set = t.callSets[op][e.Outcome]
+	} else {
+		set = t.measure(setKey{kind: 1, op: e.Op, outcome: uint8(e.Outcome), errType: et}, func() []attribute.KeyValue {
+			return []attribute.KeyValue{AttrOperation.String(e.Op), AttrOutcome.String(e.Outcome.String()), attrErrorType.String(et)}
+		})
 	}
-	t.active.Add(ctx, -1, t.opOnly(e.Op))
+	t.calls.Add(ctx, 1, set.add...)
+	t.callDur.Record(ctx, e.Duration.Seconds(), set.rec...)
+	if e.Wait > 0 {
+		t.waitDur.Record(ctx, e.Wait.Seconds(), t.opSets[op].rec...)
+	}
+	t.active.Add(ctx, -1, t.opSets[op].add...)
 }
 
 // errTypeOfStored reports whether e's error is a recorded answer of fn's.
@@ -356,17 +394,10 @@ func errTypeOfStored(e idemcore.CallEnd) bool {
 	return !e.EngineFailed && errors.As(e.Err, &stored)
 }
 
-// opOnly is the measurement option of op's attribute set.
-func (t *Telemetry) opOnly(op string) metric.MeasurementOption {
-	return t.measure(setKey{kind: 3, op: op}, func() []attribute.KeyValue {
-		return []attribute.KeyValue{AttrOperation.String(op)}
-	})
-}
-
 // StartFn implements idemcore.Tracer: a span idem.fn, a child of the
 // call's; fn's own spans are its children.
 func (t *Telemetry) StartFn(ctx context.Context, s idemcore.FnStart) context.Context {
-	ctx, span := t.tracer.Start(ctx, "idem.fn", trace.WithSpanKind(trace.SpanKindInternal))
+	ctx, span := t.tracer.Start(ctx, "idem.fn", t.fnStart...)
 	if span.IsRecording() {
 		attrs := []attribute.KeyValue{AttrOperation.String(s.Op), AttrAttempt.Int(s.Attempt)}
 		if s.Recovered {
@@ -433,11 +464,11 @@ func (t *Telemetry) EndDelivery(ctx context.Context, e idemcore.DeliveryEnd) {
 	}
 	span.End()
 	topic, _ := ctx.Value(topicKey{}).(string)
-	opt := t.measure(setKey{kind: 2, op: topic, outcome: uint8(e.Outcome)}, func() []attribute.KeyValue {
+	set := t.measure(setKey{kind: 2, op: topic, outcome: uint8(e.Outcome)}, func() []attribute.KeyValue {
 		return []attribute.KeyValue{attrMessagingDest.String(topic), AttrOutcome.String(e.Outcome.String())}
 	})
-	t.deliveries.Add(ctx, 1, opt)
-	t.deliveryDur.Record(ctx, e.Duration.Seconds(), opt)
+	t.deliveries.Add(ctx, 1, set.add...)
+	t.deliveryDur.Record(ctx, e.Duration.Seconds(), set.rec...)
 }
 
 // MessageTrace implements idemcore.Tracer: the W3C traceparent of ctx's
