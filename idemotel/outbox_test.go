@@ -58,6 +58,15 @@ func TestDeliverySpansLinkToTheCall(t *testing.T) {
 		for _, c := range calls {
 			wantAttr(t, c, idemotel.AttrOutcome, "executed")
 		}
+		for _, fn := range tel.ended("idem.fn") { // bbolt may run a DoTx fn more than once
+			if p := fn.Parent().SpanID(); p != calls[0].SpanContext().SpanID() && p != calls[1].SpanContext().SpanID() {
+				t.Errorf("idem.fn's parent %v is no idem.dotx span", p)
+			}
+			wantAttr(t, fn, idemotel.AttrOperation, "dotx")
+		}
+		if n := len(tel.ended("idem.fn")); n < 2 {
+			t.Errorf("%d idem.fn spans, want one per run of each DoTx fn (2 at least)", n)
+		}
 		byTopic := map[string]trace.SpanContext{"mail": calls[0].SpanContext(), "fail": calls[1].SpanContext()}
 		deliveries := tel.ended("idem.deliver")
 		if len(deliveries) != 2 {
