@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemcore"
@@ -41,6 +42,14 @@ type engine struct {
 type backend struct {
 	name string
 	open func(t *testing.T, o *idemcore.Options) *engine
+}
+
+// start installs a telemetry (default options) in o and opens b's engine
+// with o.
+func (b backend) start(t *testing.T, o *idemcore.Options) (*telemetry, *engine) {
+	t.Helper()
+	tel := newTelemetry(t, o, nil)
+	return tel, b.open(t, o)
 }
 
 // backends are the two: the bbolt file and Postgres (IDEM_TEST_PG; skipped
@@ -217,6 +226,65 @@ func findMetric(rm metricdata.ResourceMetrics, name string) (metricdata.Metrics,
 		}
 	}
 	return metricdata.Metrics{}, false
+}
+
+// sumBy sums the points of the int64 sum name by the value of key.
+func sumBy(t *testing.T, rm metricdata.ResourceMetrics, name string, key attribute.Key) map[string]int64 {
+	t.Helper()
+	m, ok := findMetric(rm, name)
+	if !ok {
+		t.Fatalf("no %s", name)
+	}
+	out := map[string]int64{}
+	for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		v, _ := p.Attributes.Value(key)
+		out[v.AsString()] += p.Value
+	}
+	return out
+}
+
+// spansOfKind returns the ended spans of kind k.
+func (tel *telemetry) spansOfKind(k trace.SpanKind) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range tel.spans.Ended() {
+		if s.SpanKind() == k {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// assertNesting checks two calls' traces, each the client's span → the
+// server's → idem.do, the first executed with idem.fn under it and fn's own
+// span named work under that, the second replayed.
+func assertNesting(t *testing.T, tel *telemetry, work string) {
+	t.Helper()
+	servers, clients := tel.spansOfKind(trace.SpanKindServer), tel.spansOfKind(trace.SpanKindClient)
+	if len(servers) != 2 || len(clients) != 2 {
+		t.Fatalf("%d server and %d client spans, want 2 each (all: %v)", len(servers), len(clients), names(tel.spans.Ended()))
+	}
+	calls := tel.ended("idem.do")
+	if len(calls) != 2 {
+		t.Fatalf("%d idem.do spans, want 2", len(calls))
+	}
+	for i := range 2 {
+		wantChild(t, clients[i], servers[i])
+		wantChild(t, servers[i], calls[i])
+	}
+	wantAttr(t, calls[0], idemotel.AttrOutcome, "executed")
+	wantAttr(t, calls[1], idemotel.AttrOutcome, "replayed")
+	fn := tel.one(t, "idem.fn")
+	wantChild(t, calls[0], fn)
+	wantChild(t, fn, tel.one(t, work))
+}
+
+// wantChild fails unless child's parent is parent, in parent's trace.
+func wantChild(t *testing.T, parent, child sdktrace.ReadOnlySpan) {
+	t.Helper()
+	if child.Parent().SpanID() != parent.SpanContext().SpanID() || child.SpanContext().TraceID() != parent.SpanContext().TraceID() {
+		t.Errorf("%s's parent is %v in trace %v, want %s %v in trace %v", child.Name(), child.Parent().SpanID(), child.SpanContext().TraceID(),
+			parent.Name(), parent.SpanContext().SpanID(), parent.SpanContext().TraceID())
+	}
 }
 
 // assertNoSecret fails if any span (attribute, status, event, link) or

@@ -70,8 +70,7 @@ func noAttr(t *testing.T, s sdktrace.ReadOnlySpan, k attribute.Key) {
 func TestExecutedAndReplayed(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		ctx, end := tel.parentCtx(context.Background())
 		fn := func(ctx context.Context) ([]byte, error) {
 			// fn's own work: a child of idem.fn.
@@ -145,8 +144,7 @@ func TestExecutedAndReplayed(t *testing.T) {
 func TestStoredErrorIsNotAFailure(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		fn := func(context.Context) ([]byte, error) {
 			return nil, idemcore.WithCode(errors.New(secretErr), "card_declined")
 		}
@@ -183,8 +181,7 @@ func TestStoredErrorIsNotAFailure(t *testing.T) {
 func TestRefused(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		ok := func(context.Context) ([]byte, error) { return []byte(secretResp), nil }
 		if _, err := eng.do(context.Background(), secretKey, []byte(secretFP), ok); err != nil {
 			t.Fatal(err)
@@ -221,8 +218,7 @@ func TestWaitedAndInProgress(t *testing.T) {
 		for _, policy := range []idemcore.InFlightPolicy{idemcore.InFlightWait, idemcore.InFlightFail} {
 			w := &waitSignal{waiting: make(chan struct{})}
 			o := &idemcore.Options{InFlight: policy, Observer: w}
-			tel := newTelemetry(t, o, nil)
-			eng := b.open(t, o)
+			tel, eng := b.start(t, o)
 			started, release := make(chan struct{}), make(chan struct{})
 			led := make(chan error, 1)
 			go func() {
@@ -297,8 +293,7 @@ func TestWaitedAndInProgress(t *testing.T) {
 func TestRecovered(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		ctx, cancel := context.WithCancel(context.Background())
 		_, err := eng.do(ctx, secretKey, []byte(secretFP), func(ctx context.Context) ([]byte, error) {
 			cancel()
@@ -342,8 +337,7 @@ func TestRecovered(t *testing.T) {
 func TestPanic(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		func() {
 			defer func() {
 				if v := recover(); v != secretErr {
@@ -411,16 +405,7 @@ func TestInstallKeepsObserver(t *testing.T) {
 // outcomes sums idem.calls by idem.outcome.
 func outcomes(t *testing.T, rm metricdata.ResourceMetrics) map[string]int64 {
 	t.Helper()
-	m, ok := findMetric(rm, "idem.calls")
-	if !ok {
-		t.Fatal("no idem.calls")
-	}
-	out := map[string]int64{}
-	for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		v, _ := p.Attributes.Value(idemotel.AttrOutcome)
-		out[v.AsString()] += p.Value
-	}
-	return out
+	return sumBy(t, rm, "idem.calls", idemotel.AttrOutcome)
 }
 
 // histCount sums the counts of histogram name's points (0 if absent).

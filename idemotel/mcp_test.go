@@ -7,12 +7,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemmcp"
-	"github.com/idemkit/idem/idemotel"
 )
 
 // metaCarrier reads and writes the W3C trace context in an MCP request's
@@ -69,8 +67,7 @@ func serverTracing(tp trace.TracerProvider) mcp.Middleware {
 func TestMCPToolCallSpanNesting(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		orders := 0
 		server := mcp.NewServer(&mcp.Implementation{Name: "shop", Version: "v1"}, nil)
 		m := idemmcp.New(eng.doer, nil)
@@ -112,30 +109,6 @@ func TestMCPToolCallSpanNesting(t *testing.T) {
 		if orders != 1 {
 			t.Fatalf("the tool ran %d times, want 1", orders)
 		}
-		var servers, clients []sdktrace.ReadOnlySpan
-		for _, s := range tel.spans.Ended() {
-			switch s.SpanKind() {
-			case trace.SpanKindServer:
-				servers = append(servers, s)
-			case trace.SpanKindClient:
-				clients = append(clients, s)
-			}
-		}
-		if len(servers) != 2 || len(clients) != 2 {
-			t.Fatalf("%d server and %d client spans, want 2 each (all: %v)", len(servers), len(clients), names(tel.spans.Ended()))
-		}
-		calls := tel.ended("idem.do")
-		if len(calls) != 2 {
-			t.Fatalf("%d idem.do spans, want 2", len(calls))
-		}
-		for i := range 2 {
-			wantChild(t, clients[i], servers[i])
-			wantChild(t, servers[i], calls[i])
-		}
-		wantAttr(t, calls[0], idemotel.AttrOutcome, "executed")
-		wantAttr(t, calls[1], idemotel.AttrOutcome, "replayed")
-		fn := tel.one(t, "idem.fn")
-		wantChild(t, calls[0], fn)
-		wantChild(t, fn, tel.one(t, "insert order"))
+		assertNesting(t, tel, "insert order")
 	})
 }

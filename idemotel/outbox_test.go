@@ -36,8 +36,7 @@ func TestDeliverySpansLinkToTheCall(t *testing.T) {
 			"mail": func(context.Context, idemcore.Message) error { return nil },
 			"fail": func(context.Context, idemcore.Message) error { return errors.New(secretErr) },
 		}}}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		ctx, end := tel.parentCtx(context.Background())
 		if _, err := eng.dotx(ctx, secretKey, []byte(secretFP), "mail", []byte(secretPayload)); err != nil {
 			t.Fatal(err)
@@ -108,15 +107,7 @@ func TestDeliverySpansLinkToTheCall(t *testing.T) {
 			}
 		}
 		rm := tel.collect(t)
-		m, ok := findMetric(rm, "idem.outbox.deliveries")
-		if !ok {
-			t.Fatal("no idem.outbox.deliveries")
-		}
-		got := map[string]int64{}
-		for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-			v, _ := p.Attributes.Value(idemotel.AttrOutcome)
-			got[v.AsString()] += p.Value
-		}
+		got := sumBy(t, rm, "idem.outbox.deliveries", idemotel.AttrOutcome)
 		if got["delivered"] != 1 || got["dead_letter"] != 1 {
 			t.Errorf("idem.outbox.deliveries by outcome %v, want delivered 1, dead_letter 1", got)
 		}
@@ -131,8 +122,7 @@ func TestDeliverySpansLinkToTheCall(t *testing.T) {
 func TestBacklogGauges(t *testing.T) {
 	each(t, func(t *testing.T, b backend) {
 		o := &idemcore.Options{}
-		tel := newTelemetry(t, o, nil)
-		eng := b.open(t, o)
+		tel, eng := b.start(t, o)
 		if err := tel.ObserveBacklog(eng.backlog); err != nil {
 			t.Fatal(err)
 		}
