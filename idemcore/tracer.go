@@ -98,11 +98,14 @@ var outcomeNames = [...]string{
 
 // String is the outcome's name ("executed", "recovered", "replayed",
 // "waited", "refused", "failed"), or "CallOutcome(N)".
-func (o CallOutcome) String() string {
-	if int(o) < len(outcomeNames) && outcomeNames[o] != "" {
-		return outcomeNames[o]
+func (o CallOutcome) String() string { return enumName(outcomeNames[:], int(o), "CallOutcome") }
+
+// enumName is names[v], or typ + "(v)" for a value without a name.
+func enumName(names []string, v int, typ string) string {
+	if v >= 0 && v < len(names) && names[v] != "" {
+		return names[v]
 	}
-	return "CallOutcome(" + strconv.Itoa(int(o)) + ")"
+	return typ + "(" + strconv.Itoa(v) + ")"
 }
 
 // CallEnd describes a call that returns (Tracer.EndCall).
@@ -197,10 +200,7 @@ var deliveryNames = [...]string{
 // String is the outcome's name ("delivered", "retry", "dead_letter",
 // "abandoned"), or "DeliveryOutcome(N)".
 func (o DeliveryOutcome) String() string {
-	if int(o) < len(deliveryNames) && deliveryNames[o] != "" {
-		return deliveryNames[o]
-	}
-	return "DeliveryOutcome(" + strconv.Itoa(int(o)) + ")"
+	return enumName(deliveryNames[:], int(o), "DeliveryOutcome")
 }
 
 // DeliveryEnd describes a delivery attempt that ended (Tracer.EndDelivery).
