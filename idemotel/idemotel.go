@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -437,7 +438,7 @@ func (t *Telemetry) StartDelivery(ctx context.Context, s idemcore.DeliveryStart)
 	if span.IsRecording() {
 		span.SetAttributes(attrMessagingSystem.String("idem"), attrMessagingOpType.String("process"),
 			attrMessagingOpName.String("deliver"), attrMessagingDest.String(s.Topic),
-			attrMessagingMsgID.Int64(int64(s.Seq)), attrMessagingAttempt.Int(s.Attempt),
+			attrMessagingMsgID.String(strconv.FormatUint(s.Seq, 10)), attrMessagingAttempt.Int(s.Attempt),
 			AttrAttempt.Int(s.Attempt), AttrBackend.String(s.Backend))
 	}
 	return context.WithValue(ctx, topicKey{}, s.Topic)

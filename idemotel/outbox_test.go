@@ -89,6 +89,9 @@ func TestDeliverySpansLinkToTheCall(t *testing.T) {
 			wantAttr(t, d, idemotel.AttrAttempt, int64(1))
 			wantAttr(t, d, "messaging.message.delivery_attempt", int64(1))
 			wantAttr(t, d, "messaging.system", "idem")
+			if id := attrs(d)["messaging.message.id"].AsString(); id == "" || id == "0" {
+				t.Errorf("%s: messaging.message.id %q, want the message's Seq", topic, id)
+			}
 			wantAttr(t, d, idemotel.AttrBackend, b.name)
 			switch topic {
 			case "mail":
