@@ -67,7 +67,7 @@ func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Rec
 // file has one writer.
 func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
 	return b.write(func(btx *bbolt.Tx) error {
-		tx := &Tx{tx: btx, b: b, key: c.Key}
+		tx := &Tx{tx: btx, b: b, key: c.Key, trace: c.Trace}
 		done, err := fn(tx)
 		tx.tx = nil
 		if err != nil {

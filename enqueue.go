@@ -50,7 +50,7 @@ func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
 		orderingKey = t.key
 	}
 	m := &Message{Topic: topic, Key: t.key, Index: t.msgs, OrderingKey: orderingKey,
-		Payload: payload, EnqueuedAt: t.b.now()}
+		Payload: payload, EnqueuedAt: t.b.now(), Trace: t.trace}
 	if err := t.b.Enqueue(t, m); err != nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: err}
 	}

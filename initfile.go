@@ -60,7 +60,9 @@ func initFile(db *bbolt.DB, readOnly bool) error {
 // (version-1 record values decode, with their slot's width as their window
 // and started ones kept until resolved), and only the version changes, so
 // that a build of version 1, which would misjudge records of version 2,
-// refuses the file.
+// refuses the file. From version 2: likewise, only the version changes (its
+// version-1 messages decode), so that a build of version 2, which would
+// quarantine messages of encoding version 2 as corrupt, refuses the file.
 func migrate(root *bbolt.Bucket) error {
 	meta := root.Bucket(metaName)
 	if binary.BigEndian.Uint32(meta.Get(versionKey)) == formatVersion {

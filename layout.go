@@ -34,9 +34,12 @@ import (
 // Version 2 records with every record the retention window in force when it
 // was written, and marks started records written under RecoverRefuse (record
 // encoding version 2, see record.go). Version 1 recorded the window only as
-// the width of the slot a record sits in, and not the policy.
+// the width of the slot a record sits in, and not the policy. Version 3
+// writes outbox messages in message encoding version 2, which carries the
+// trace context of the call that enqueued them (Message.Trace; see
+// message.go); versions 1 and 2 hold version-1 messages, which still decode.
 const (
-	formatVersion       = 2
+	formatVersion       = 3
 	oldestFormatVersion = 1
 )
 

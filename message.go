@@ -6,14 +6,17 @@ import (
 	"hash/crc32"
 	"math"
 	"time"
+
+	"github.com/idemkit/idem/idemcore"
 )
 
-// Message encoding, version 1 (little endian), stored under the message's
+// Message encoding, version 2 (little endian), stored under the message's
 // sequence number (u64 big endian) in idem/outbox or idem/dead:
 //
-//	version   u8 = 1
+//	version   u8 = 2
 //	flags     u8   (1: ordering key differs from key, 2: payload non-nil,
-//	                4: last error stored, 8: dead-letter retention stored)
+//	                4: last error stored, 8: dead-letter retention stored,
+//	                16: trace context stored)
 //	index     uvarint
 //	attempts  uvarint  failed attempts so far
 //	enqueued  i64  unix nanoseconds
@@ -26,15 +29,24 @@ import (
 //	lasterr   uvarint length, bytes   (if flag 4)
 //	deadret   uvarint nanoseconds     (if flag 8: the dead-letter retention
 //	                                   in force when it died; format version 2)
+//	trace     uvarint length, bytes   (if flag 16: Message.Trace, 1 to
+//	                                   idemcore.MaxMessageTrace bytes)
 //	crc       u32  CRC-32C of every byte before it
+//
+// Version 1 (format versions 1 and 2) is the same without flag 16: it still
+// decodes, with no trace context. Version 2 is written from format version 3
+// on, so a build that reads only version 1 refuses the file rather than
+// quarantining its new messages as corrupt.
 const (
-	messageVersion = 1
-	messageFixed   = 2 + 8*3
+	messageVersion   = 2
+	messageVersionV1 = 1
+	messageFixed     = 2 + 8*3
 
 	msgFlagOrdering = 1 << 0
 	msgFlagPayload  = 1 << 1
 	msgFlagLastErr  = 1 << 2
 	msgFlagDeadRet  = 1 << 3
+	msgFlagTrace    = 1 << 4
 )
 
 // encodeMessage appends m's encoding to dst. Seq and DownstreamKey are not
@@ -53,6 +65,9 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	}
 	if m.Dead && m.DeadLetterRetention > 0 {
 		flags |= msgFlagDeadRet
+	}
+	if n := len(m.Trace); n > 0 && n <= idemcore.MaxMessageTrace {
+		flags |= msgFlagTrace
 	}
 	dst = append(dst, messageVersion, flags)
 	dst = binary.AppendUvarint(dst, uint64(m.Index))
@@ -81,6 +96,9 @@ func encodeMessage(dst []byte, m *Message) []byte {
 	if flags&msgFlagDeadRet != 0 {
 		dst = binary.AppendUvarint(dst, uint64(m.DeadLetterRetention))
 	}
+	if flags&msgFlagTrace != 0 {
+		dst = appendBytes(dst, m.Trace)
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], crcTable))
 }
 
@@ -90,12 +108,20 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 	corrupt := func(why string) error {
 		return &OpError{Op: "decode message", Err: fmt.Errorf("%w: message %d: %s", ErrCorrupt, seq, why)}
 	}
-	body, why := unframe(b, "message", messageVersion, messageFixed+2+1+1)
+	version := byte(messageVersion)
+	if len(b) > 0 && b[0] == messageVersionV1 {
+		version = messageVersionV1
+	}
+	body, why := unframe(b, "message", version, messageFixed+2+1+1)
 	if why != "" {
 		return nil, corrupt(why)
 	}
 	flags := body[1]
-	if flags&^(msgFlagOrdering|msgFlagPayload|msgFlagLastErr|msgFlagDeadRet) != 0 {
+	known := byte(msgFlagOrdering | msgFlagPayload | msgFlagLastErr | msgFlagDeadRet | msgFlagTrace)
+	if version == messageVersionV1 {
+		known &^= msgFlagTrace
+	}
+	if flags&^known != 0 {
 		return nil, corrupt(fmt.Sprintf("unknown flags %#x", flags))
 	}
 	rest := body[2:]
@@ -154,6 +180,14 @@ func decodeMessage(seq uint64, b []byte) (*Message, error) {
 			return nil, corrupt("bad dead-letter retention")
 		}
 		m.DeadLetterRetention, rest = time.Duration(v), rest[n:]
+	}
+	if flags&msgFlagTrace != 0 {
+		if m.Trace, rest, err = readBytes(rest); err != nil {
+			return nil, corrupt("trace: " + err.Error())
+		}
+		if len(m.Trace) == 0 || len(m.Trace) > idemcore.MaxMessageTrace {
+			return nil, corrupt(fmt.Sprintf("trace context of %d bytes", len(m.Trace)))
+		}
 	}
 	if len(rest) != 0 {
 		return nil, corrupt(fmt.Sprintf("%d trailing bytes", len(rest)))

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemkit/idem/idemcore"
 )
 
 func TestMessageEncodingRoundTrip(t *testing.T) {
@@ -23,6 +25,8 @@ func TestMessageEncodingRoundTrip(t *testing.T) {
 		{"dead", Message{Topic: "t", Key: "k", OrderingKey: "k", Failures: 9, Dead: true, DeadAt: at, LastError: "boom"}},
 		{"dead with its retention", Message{Topic: "t", Key: "k", OrderingKey: "k", Failures: 1, Dead: true, DeadAt: at, DeadLetterRetention: 30 * 24 * time.Hour}},
 		{"large", Message{Topic: strings.Repeat("t", 255), Key: strings.Repeat("k", 255), OrderingKey: "o", Index: 1 << 20, Payload: bytes.Repeat([]byte{0xff}, 1<<16)}},
+		{"trace context", Message{Topic: "t", Key: "k", OrderingKey: "k", Trace: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}},
+		{"largest trace context, dead", Message{Topic: "t", Key: "k", OrderingKey: "k", Dead: true, DeadAt: at, DeadLetterRetention: time.Hour, Trace: bytes.Repeat([]byte{'t'}, idemcore.MaxMessageTrace)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := encodeMessage(nil, &tc.m)
@@ -37,7 +41,8 @@ func TestMessageEncodingRoundTrip(t *testing.T) {
 				!bytes.Equal(got.Payload, want.Payload) || (got.Payload == nil) != (want.Payload == nil) ||
 				got.Failures != want.Failures || !got.EnqueuedAt.Equal(want.EnqueuedAt) ||
 				!got.NextAttemptAt.Equal(want.NextAttemptAt) || got.LastError != want.LastError ||
-				got.Dead != want.Dead || !got.DeadAt.Equal(want.DeadAt) || got.DeadLetterRetention != want.DeadLetterRetention {
+				got.Dead != want.Dead || !got.DeadAt.Equal(want.DeadAt) || got.DeadLetterRetention != want.DeadLetterRetention ||
+				!bytes.Equal(got.Trace, want.Trace) {
 				t.Fatalf("round trip:\n got %+v\nwant %+v", got, want)
 			}
 		})
@@ -49,7 +54,7 @@ func TestMessageDecodeCorrupt(t *testing.T) {
 	flip := bytes.Clone(good)
 	flip[len(flip)/2] ^= 1
 	version := bytes.Clone(good)
-	version[0] = 2
+	version[0] = messageVersion + 1
 	for name, b := range map[string][]byte{
 		"empty":     nil,
 		"short":     good[:10],
@@ -74,6 +79,7 @@ func FuzzDecodeMessage(f *testing.F) {
 		Payload: []byte(`{"cents":1200}`), Failures: 3, LastError: "timeout", EnqueuedAt: time.Unix(1, 0)}))
 	f.Add(encodeMessage(nil, &Message{Topic: "t", Key: "k", OrderingKey: "k", Dead: true, DeadAt: time.Unix(5, 0)}))
 	f.Add(encodeMessage(nil, &Message{Topic: "t", Key: "k", OrderingKey: "k", Dead: true, DeadAt: time.Unix(5, 0), DeadLetterRetention: time.Hour}))
+	f.Add(encodeMessage(nil, &Message{Topic: "t", Key: "k", OrderingKey: "k", Trace: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}))
 	f.Add([]byte{1, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := decodeMessage(7, b)

@@ -266,7 +266,7 @@ func TestOpenFormatVersion1File(t *testing.T) {
 		require.NoError(t, err)
 		replays(t, e)
 		require.NoError(t, e.Close())
-		require.Equal(t, uint32(2), formatVersion(t, path), "Open migrated the file to format version 2")
+		require.Equal(t, uint32(3), formatVersion(t, path), "Open migrated the file to the current format version (3)")
 
 		e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
 		require.NoError(t, err)

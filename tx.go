@@ -17,6 +17,9 @@ type Tx struct {
 	b    *boltBackend
 	key  string
 	msgs int // outbox messages enqueued by this call, for their index
+	// trace is the call's trace context, stored with each message
+	// (idemcore.Claim.Trace).
+	trace []byte
 }
 
 // Bucket returns the user's top-level bucket name, creating it if needed. The

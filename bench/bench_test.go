@@ -181,7 +181,7 @@ func BenchmarkReplay(b *testing.B) {
 	for _, stored := range s.ReplayStored {
 		recent := min(s.Recent, stored)
 		b.Run("keys="+benchkit.Count(stored), func(b *testing.B) {
-			for _, c := range bench.Contenders() {
+			for _, c := range bench.AllContenders() { // with idemotel's (OtelContenders)
 				b.Run("contender="+c.Name, func(b *testing.B) {
 					f := openFixture(b, c, benchkit.FixtureSpec{Stored: stored, Recent: recent})
 					for _, mode := range []benchkit.ReplayMode{benchkit.Recent, benchkit.Cold} {

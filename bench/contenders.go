@@ -10,9 +10,16 @@ import (
 // Contenders lists every contender: benchkit's driver-free ones (idem first,
 // the reference of the ratios; bare; naive-bbolt), then those that need a
 // database driver: SQLite with synchronous FULL and NORMAL, PostgreSQL's
-// naive pattern, and idem's Postgres backend (idempg) beside it.
+// naive pattern, and idem's Postgres backend (idempg) beside it. The
+// contenders of OtelContenders, which run only the replay rows, are not
+// among them: compare adds them (AllContenders).
 func Contenders() []benchkit.Contender {
 	return append(benchkit.Contenders(), DriverContenders()...)
+}
+
+// AllContenders is Contenders and then OtelContenders: compare's rows.
+func AllContenders() []benchkit.Contender {
+	return append(Contenders(), OtelContenders()...)
 }
 
 // DriverContenders lists the contenders this module adds to benchkit's.

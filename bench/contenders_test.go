@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/idemkit/idem/bench"
@@ -16,7 +17,7 @@ import (
 // check the driver-free ones. PostgreSQL's are skipped without IDEM_TEST_PG
 // when run by hand, and fail without it (or without its server) under CI.
 func TestContenders(t *testing.T) {
-	for _, c := range bench.DriverContenders() {
+	for _, c := range append(bench.DriverContenders(), bench.OtelContenders()...) {
 		t.Run(c.Name, func(t *testing.T) {
 			if c.Name == "postgres" || c.Name == "idempg" {
 				requirePostgresInCI(t)
@@ -94,5 +95,31 @@ func requirePostgresInCI(t *testing.T) {
 	}
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestOtelContendersRunOnlyReplay: idemotel's contenders run the replay rows
+// and no other; every other contender keeps the rows benchkit gives it.
+func TestOtelContendersRunOnlyReplay(t *testing.T) {
+	orig := map[string]benchkit.Workload{}
+	for _, w := range benchkit.Workloads(benchkit.QuickSizes()) {
+		orig[w.Name] = w
+	}
+	for _, w := range bench.Workloads(benchkit.QuickSizes()) {
+		replay := strings.HasPrefix(w.Name, "replay/")
+		for _, c := range bench.OtelContenders() {
+			if w.RunsOn(c.Name) != replay {
+				t.Errorf("%s runs on %s: %v, want %v", w.Name, c.Name, w.RunsOn(c.Name), replay)
+			}
+		}
+		o, ok := orig[w.Name]
+		if !ok {
+			continue
+		}
+		for _, c := range bench.Contenders() {
+			if w.RunsOn(c.Name) != o.RunsOn(c.Name) {
+				t.Errorf("%s runs on %s: %v, benchkit says %v", w.Name, c.Name, w.RunsOn(c.Name), o.RunsOn(c.Name))
+			}
+		}
 	}
 }

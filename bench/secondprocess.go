@@ -115,7 +115,7 @@ func SecondProcessReplayWorkload(stored, callers int, load benchkit.Load) benchk
 // of Do and DoTx at one caller after the ceilings (SyncsWorkload: as many
 // calls as four times the first rows' warm-up, at least 200), then the cold replays
 // from a second process (the largest replay store, each replay caller
-// count).
+// count). Only the replay rows ("replay/...") run the OtelContenders.
 func Workloads(s benchkit.Sizes) []benchkit.Workload {
 	syncs := []benchkit.Workload{
 		SyncsWorkload("first", s.FirstStored, max(s.First.Warmup*4, 200), max(s.First.Warmup/10, 5)),
@@ -135,6 +135,16 @@ func Workloads(s benchkit.Sizes) []benchkit.Workload {
 	}
 	for _, c := range s.ReplayCallers {
 		ws = append(ws, SecondProcessReplayWorkload(stored, c, s.Replay))
+	}
+	// The OtelContenders measure the hooks' cost on the replay rows only.
+	var others []string
+	for _, c := range Contenders() {
+		others = append(others, c.Name)
+	}
+	for i := range ws {
+		if ws[i].Contenders == nil && !strings.HasPrefix(ws[i].Name, "replay/") {
+			ws[i].Contenders = others
+		}
 	}
 	return ws
 }

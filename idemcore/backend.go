@@ -452,6 +452,11 @@ type Claim struct {
 	// measured it, so never later than the lapse by the backend's clock.
 	// fn's context ends then. Zero if it never lapses (bbolt).
 	LeaseUntil time.Time
+	// Trace is the trace context a DoTx call's Tracer gives its messages
+	// (Tracer.MessageTrace, at most MaxMessageTrace bytes), nil if none:
+	// the backend stores it as Message.Trace of each message the call's fn
+	// enqueues.
+	Trace []byte
 }
 
 // ClaimRequest is a Backend.Claim request.

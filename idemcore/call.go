@@ -28,6 +28,19 @@ type leading struct {
 	// current is the record the backend reported when it answered
 	// errRedecide, nil if it was not live (judged at the backend's reading).
 	current *Record
+	// trace learns the call's outcome for the Tracer (its t nil without
+	// one); lead hands it to the call's own.
+	trace callTrace
+	// runs counts fn's runs, for the Tracer.
+	runs int
+}
+
+// executed is the outcome of a call whose fn runs.
+func (c *leading) executed() CallOutcome {
+	if c.recovered {
+		return OutcomeRecovered
+	}
+	return OutcomeExecuted
 }
 
 // Do runs fn once per idempotency key and records its outcome, so that every
@@ -88,9 +101,11 @@ func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn f
 	if fn == nil {
 		return Result{}, &OpError{Op: "do", Key: key, Err: errNilFn}
 	}
-	res, err := e.call(ctx, "do", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
-		return e.execute(ctx, c, fn)
-	})
+	exec := func(ctx context.Context, c *leading) (Result, error) { return e.execute(ctx, c, fn) }
+	if e.opts.Tracer != nil {
+		return e.traced(ctx, "do", key, fingerprint, exec)
+	}
+	res, err := e.call(ctx, nil, "do", key, fingerprint, exec)
 	return res, OpErr("do", key, err)
 }
 
@@ -123,15 +138,35 @@ func (e *Engine[T]) DoTx(ctx context.Context, key string, fingerprint []byte, fn
 	if fn == nil {
 		return Result{}, &OpError{Op: "dotx", Key: key, Err: errNilFn}
 	}
-	res, err := e.call(ctx, "dotx", key, fingerprint, func(ctx context.Context, c *leading) (Result, error) {
-		return e.executeTx(ctx, c, fn)
-	})
+	exec := func(ctx context.Context, c *leading) (Result, error) { return e.executeTx(ctx, c, fn) }
+	if e.opts.Tracer != nil {
+		return e.traced(ctx, "dotx", key, fingerprint, exec)
+	}
+	res, err := e.call(ctx, nil, "dotx", key, fingerprint, exec)
 	return res, OpErr("dotx", key, err)
+}
+
+// traced is call under Options.Tracer: StartCall before, EndCall after, also
+// when fn's panic goes through.
+func (e *Engine[T]) traced(ctx context.Context, op, key string, fingerprint []byte,
+	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
+	var ct callTrace
+	ctx = e.startCall(ctx, &ct, op, key)
+	returned := false
+	defer func() {
+		ct.panicked = !returned
+		ct.endCall(ctx, op, err)
+	}()
+	res, err = e.call(ctx, &ct, op, key, fingerprint, exec)
+	err = OpErr(op, key, err)
+	returned = true
+	return res, err
 }
 
 // call is the part of Do and DoTx before execution: validation, the replay
 // fast path, the singleflight, and the state machine on the stored record.
-func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte,
+// ct, if not nil, learns the call's outcome for the Tracer.
+func (e *Engine[T]) call(ctx context.Context, ct *callTrace, op, key string, fingerprint []byte,
 	exec func(context.Context, *leading) (Result, error)) (Result, error) {
 	if err := ValidateKey(key); err != nil {
 		return Result{}, &OpError{Op: op, Key: key, Err: err}
@@ -154,7 +189,7 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 	// the fingerprint check, from memory if it completed recently.
 	now := e.now()
 	if rec, ok := e.cached(key, now); ok {
-		return e.replay(op, rec, fp, true)
+		return e.replay(ct, op, rec, fp, true)
 	}
 	gen := e.locks.generation()
 	rec, err := e.lookup(ctx, key, fp, true, now)
@@ -165,7 +200,7 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 		return Result{}, err
 	}
 	if rec != nil && rec.State == StateDone {
-		return e.replay(op, rec, fp, false)
+		return e.replay(ct, op, rec, fp, false)
 	}
 
 	for {
@@ -181,7 +216,10 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 				// The leader has not claimed the key with its fingerprint (it
 				// may be answering from a record of ours, or be an operator):
 				// its outcome is not ours. Wait for it, then look again.
-				if err := f.wait(ctx); err != nil {
+				since := ct.now()
+				err := f.wait(ctx)
+				ct.waited(since)
+				if err != nil {
 					return Result{}, err
 				}
 				continue
@@ -194,7 +232,10 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 				return Result{}, &OpError{Op: op, Key: key, Err: err} // as if the wait failed
 			}
 			e.observe(Event{Kind: EventWait, Op: op})
-			if err := f.wait(ctx); err != nil {
+			since := ct.now()
+			err := f.wait(ctx)
+			ct.waited(since)
+			if err != nil {
 				return Result{}, err
 			}
 			switch f.end {
@@ -206,6 +247,7 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 			// fn did not run in this call: the answer is a replay of the
 			// leader's, in copies of its own.
 			res, err := f.res, f.err
+			ct.set(OutcomeWaited, res.Attempt)
 			res.Response, res.Replayed = cloneBytes(res.Response), true
 			if ie, ok := err.(*Error); ok {
 				cp := *ie
@@ -217,7 +259,7 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 		// The record read above is still current if no call has released
 		// a key since (every write of a record happens under its key);
 		// otherwise the leader reads it again.
-		return e.lead(ctx, op, key, fp, f, rec, e.locks.generation() != gen, exec)
+		return e.lead(ctx, ct, op, key, fp, f, rec, e.locks.generation() != gen, exec)
 	}
 }
 
@@ -226,11 +268,17 @@ func (e *Engine[T]) call(ctx context.Context, op, key string, fingerprint []byte
 // key's record as read before the key was taken; stale asks to read it again.
 // Everything after acquire runs here, under the deferred release, so no path
 // leaves the flight registered.
-func (e *Engine[T]) lead(ctx context.Context, op, key string, fp uint64, f *flight, rec *Record, stale bool,
+func (e *Engine[T]) lead(ctx context.Context, ct *callTrace, op, key string, fp uint64, f *flight, rec *Record, stale bool,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
 	c := &leading{op: op, key: key, fp: fp, attempt: 1, flight: f}
+	if ct != nil {
+		c.trace.t = ct.t
+	}
 	returned := false
 	defer func() {
+		if ct != nil {
+			ct.outcome, ct.attempt, ct.wait = c.trace.outcome, c.trace.attempt, ct.wait+c.trace.wait
+		}
 		if !returned && c.end == endAnswer {
 			c.end = endIncomplete // a panic or runtime.Goexit
 		}
@@ -264,6 +312,7 @@ func (e *Engine[T]) decide(ctx context.Context, c *leading, rec *Record, err err
 			return res, err
 		}
 		c.attempt, c.recovered, c.prev, c.claim, c.end = 1, false, nil, nil, endAnswer
+		c.trace.set(0, 0)
 		rec = c.current // live, or nil: judged where it was read
 	}
 }
@@ -279,7 +328,7 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 			return Result{}, e.conflict(c.op, c.key, nil)
 		}
 		if rec.State == StateDone {
-			return e.replay(c.op, rec, c.fp, false)
+			return e.replay(&c.trace, c.op, rec, c.fp, false)
 		}
 		own, err := e.b.Owner(ctx, rec)
 		if err != nil {
@@ -325,7 +374,10 @@ func (e *Engine[T]) ownedElsewhere(ctx context.Context, c *leading, rec *Record)
 		return Result{}, &OpError{Op: c.op, Key: c.key, Err: err}
 	}
 	e.observe(Event{Kind: EventWait, Op: c.op})
-	if err := e.b.WaitChange(ctx, c.key); err != nil {
+	since := c.trace.now()
+	err := e.b.WaitChange(ctx, c.key)
+	c.trace.waited(since)
+	if err != nil {
 		c.end = endAgain
 		return Result{}, err
 	}
@@ -415,6 +467,7 @@ func (e *Engine[T]) execute(ctx context.Context, c *leading, fn func(context.Con
 	}
 
 	e.observe(Event{Kind: EventExecution, Op: "do", N: c.attempt})
+	c.trace.set(c.executed(), c.attempt)
 	e.n.Executions.Add(1)
 	c.flight.runner.Store(goid.ID()) // fn runs here: see selfWait
 	returned := false
@@ -505,7 +558,20 @@ func (e *Engine[T]) lapse(ctx context.Context, cl *Claim) {
 func (e *Engine[T]) runFn(ctx context.Context, c *leading, fn func(context.Context) ([]byte, error)) (resp []byte, ferr error, ended bool) {
 	fnCtx, stop := e.fnContext(ctx, c, false)
 	defer stop()
-	resp, ferr = fn(fnCtx)
+	if e.opts.Tracer == nil {
+		resp, ferr = fn(fnCtx)
+		return resp, ferr, fnCtx.Err() != nil
+	}
+	tctx, start := e.startFn(fnCtx, c, "do")
+	returned := false
+	defer func() {
+		if !returned { // fn panicked or called runtime.Goexit
+			e.endFn(tctx, start, nil, true)
+		}
+	}()
+	resp, ferr = fn(tctx)
+	returned = true
+	e.endFn(tctx, start, ferr, false)
 	return resp, ferr, fnCtx.Err() != nil
 }
 
@@ -560,12 +626,16 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		done    *Record
 	)
 	e.observe(Event{Kind: EventExecution, Op: "dotx", N: c.attempt})
+	c.trace.set(c.executed(), c.attempt)
+	cl.Trace = e.messageTrace(ctx)
 	e.n.Executions.Add(1)
 	lost() // until the backend answers: fn may call runtime.Goexit
 	wctx := context.WithoutCancel(ctx)
 	err := e.b.RunTx(wctx, cl, func(tx T) (*Record, error) {
 		done = nil // fn may run again: only the last run's outcome counts
-		resp, ferr, fnPanic = callTx(fnCtx, tx, fn)
+		tctx, start := e.startFn(fnCtx, c, "dotx")
+		resp, ferr, fnPanic = callTx(tctx, tx, fn)
+		e.endFn(tctx, start, ferr, fnPanic != nil)
 		ended = fnCtx.Err() != nil // before stop, which cancels fnCtx
 		if t := e.info.Transient; ferr != nil && t != nil && !errors.Is(ferr, ErrRetryable) && t(ferr) {
 			ferr = Retryable(ferr) // the database's "try again": not an outcome
@@ -709,10 +779,11 @@ func (e *Engine[T]) firstAnswer(done *Record, resp []byte, ferr error) (Result, 
 // replay answers from a done record. A record shared with the cache is
 // copied: each caller gets its own response bytes and its own *Error. A
 // record just decoded by the backend is the caller's already.
-func (e *Engine[T]) replay(op string, rec *Record, fp uint64, shared bool) (Result, error) {
+func (e *Engine[T]) replay(ct *callTrace, op string, rec *Record, fp uint64, shared bool) (Result, error) {
 	if rec.Fingerprint != fp {
 		return Result{}, e.conflict(op, rec.Key, nil)
 	}
+	ct.set(OutcomeReplayed, rec.Attempt)
 	e.n.Replays.Add(1)
 	e.observe(Event{Kind: EventReplay, Op: op})
 	res := Result{Response: rec.Response, Replayed: true, Attempt: rec.Attempt, StartedAt: rec.StartedAt, CompletedAt: rec.CompletedAt}

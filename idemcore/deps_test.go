@@ -29,6 +29,7 @@ func TestNoStorageDriverAboveTheSeam(t *testing.T) {
 		"./idemhttp": {bbolt, pgx},
 		"./idemmcp":  {bbolt, pgx},
 		"./idemprom": {bbolt, pgx},
+		"./idemotel": {bbolt, pgx},
 	} {
 		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "list", "-deps", pkg)
 		cmd.Dir = root

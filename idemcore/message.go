@@ -56,6 +56,13 @@ type Message struct {
 	// Dead is true for a dead letter, DeadAt when it died.
 	Dead   bool
 	DeadAt time.Time
+	// Trace is the trace context of the DoTx call that enqueued the message,
+	// as its Tracer gave it (Tracer.MessageTrace: for idemotel, a W3C
+	// traceparent and tracestate), at most MaxMessageTrace bytes; nil if
+	// none, or if its store did not record it (a bbolt message of encoding
+	// version 1, a Postgres schema before version 6). The engine hands it to
+	// the Tracer with each delivery attempt (DeliveryStart.Trace).
+	Trace []byte
 	// DeadLetterRetention is the OutboxOptions.DeadLetterRetention in force
 	// when the message died, recorded with it: a dead letter lives at least
 	// this long after DeadAt (or a later open's longer retention), whatever

@@ -1,9 +1,6 @@
 package idemcore
 
-import (
-	"strconv"
-	"time"
-)
+import "time"
 
 // Observer receives the engine's events, for metrics: Options.Observer.
 // github.com/idemkit/idem/idemprom implements it for Prometheus.
@@ -67,12 +64,7 @@ var eventNames = [...]string{
 
 // String is the kind's name in snake case ("execution", "in_progress",
 // "dead_letter"), or "EventKind(N)" for an unknown kind.
-func (k EventKind) String() string {
-	if int(k) < len(eventNames) && eventNames[k] != "" {
-		return eventNames[k]
-	}
-	return "EventKind(" + strconv.Itoa(int(k)) + ")"
-}
+func (k EventKind) String() string { return enumName(eventNames[:], int(k), "EventKind") }
 
 // Event is one thing the engine did. Fields a kind does not use are zero.
 type Event struct {

@@ -114,6 +114,11 @@ type Options struct {
 	// outbox deliveries, ...) for metrics: see Observer. Nil means none, at
 	// the cost of a nil check per event.
 	Observer Observer
+
+	// Tracer follows each call, each run of fn and each outbox delivery
+	// attempt with a context (a span's): see Tracer. Nil means none, at the
+	// cost of a nil check per call.
+	Tracer Tracer
 }
 
 // Validate refuses settings that have no meaning, instead of reading them as

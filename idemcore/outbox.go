@@ -312,11 +312,18 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message, unt
 	// attempt (the handler not called, or its success lost).
 	herr := fault.Err("outbox-before-handler")
 	lost := false // the claim was lost while the handler ran
+	outcome := DeliveryAbandoned
+	base := ctx
+	if t := ob.e.opts.Tracer; t != nil {
+		base = t.StartDelivery(ctx, DeliveryStart{Topic: m.Topic, Seq: m.Seq, Attempt: hm.Attempt, Trace: m.Trace, Backend: ob.e.info.Name})
+		start := time.Now()
+		defer func() { t.EndDelivery(base, DeliveryEnd{Outcome: outcome, Err: herr, Duration: time.Since(start)}) }()
+	}
 	if herr == nil {
-		hctx := ctx
+		hctx := base
 		var lc *leaseCtx
 		if !until.IsZero() {
-			lc = newLeaseCtx(ctx, until, func() {
+			lc = newLeaseCtx(base, until, func() {
 				ob.e.log.Warn("idem: outbox: a handler's claim lapsed before a renewal succeeded: its context is cancelled", "topic", m.Topic, "seq", m.Seq)
 			})
 			hctx = lc
@@ -340,6 +347,7 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message, unt
 		}
 		switch {
 		case err == nil:
+			outcome = DeliveryDelivered
 			ob.delivered.Add(1)
 			ob.e.observe(Event{Kind: EventDelivery, Topic: m.Topic})
 		case errors.Is(err, ErrMessageNotFound):
@@ -383,8 +391,12 @@ func (ob *dispatcher[T]) deliver(ctx context.Context, h Handler, m *Message, unt
 			err = fault.Err("outbox-after-mark") // as a mark whose answer was lost
 		}
 		ob.e.observe(Event{Kind: EventDeliveryFailed, Topic: m.Topic, N: hm.Attempt})
-		if m.Dead && err == nil {
+		switch {
+		case m.Dead && err == nil:
+			outcome = DeliveryDeadLetter
 			ob.e.observe(Event{Kind: EventDeadLetter, Topic: m.Topic})
+		case err == nil:
+			outcome = DeliveryRetry
 		}
 		if err != nil && !errors.Is(err, ErrMessageNotFound) {
 			ob.e.log.Warn("idem: outbox: recording a failed attempt failed", "topic", m.Topic, "seq", m.Seq, "err", err)

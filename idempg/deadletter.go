@@ -27,13 +27,13 @@ func (b *backend) RetryDead(ctx context.Context, seq uint64, revive func(m *idem
 		if _, err := tx.Exec(ctx, b.sql(`DELETE FROM {schema}.idem_dead_letters WHERE seq = $1::bigint`), b.s.args(int64(seq))...); err != nil {
 			return err
 		}
-		q := `INSERT INTO {schema}.idem_outbox (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns)
-			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::bytea, $7::integer, $8::bytea, $9::bigint, $10::bigint)`
+		q := `INSERT INTO {schema}.idem_outbox (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns, trace)
+			VALUES ($1::bigint, $2::text, $3::integer, $4::text, $5::text, $6::bytea, $7::integer, $8::bytea, $9::bigint, $10::bigint, $11::bytea)`
 		if !b.s.PollOnly {
 			q = `WITH m AS (` + q + ` RETURNING seq) SELECT pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 		}
 		_, err = tx.Exec(ctx, b.sql(q), b.s.args(int64(seq), m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, m.Failures, errBytes(m.LastError),
-			toNs(m.EnqueuedAt), toNs(m.NextAttemptAt))...)
+			toNs(m.EnqueuedAt), toNs(m.NextAttemptAt), traceBytes(m.Trace))...)
 		return err
 	})
 }

@@ -39,8 +39,8 @@ func (b *backend) Failed(ctx context.Context, m *idemcore.Message) error {
 	var err error
 	if m.Dead {
 		err = b.writeRow(ctx, `WITH d AS (DELETE FROM {schema}.idem_outbox WHERE seq = $1::bigint AND (claim_token = $6::bigint OR NOT $7::boolean) RETURNING *),
-			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns)
-				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::bytea, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint FROM d RETURNING 1)
+			i AS (INSERT INTO {schema}.idem_dead_letters (seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, expires_ns, trace)
+				SELECT seq, key, idx, ordering_key, topic, payload, $2::integer, $3::bytea, enqueued_ns, $4::bigint, $5::bigint, $4::bigint + $5::bigint, trace FROM d RETURNING 1)
 			SELECT count(*) FROM i`,
 			[]any{int64(m.Seq), m.Failures, errBytes(m.LastError), toNs(m.DeadAt), int64(m.DeadLetterRetention), token, known}, &n)
 	} else {

@@ -15,6 +15,9 @@ type txState struct {
 	b    *backend
 	key  string
 	next int
+	// trace is the call's trace context, stored with each message
+	// (idemcore.Claim.Trace).
+	trace []byte
 }
 
 // txs maps each DoTx transaction running fn to its call.
@@ -47,7 +50,7 @@ func EnqueueOrdered(tx pgx.Tx, topic, orderingKey string, payload []byte) error 
 	if orderingKey == "" {
 		orderingKey = st.key
 	}
-	m := &idemcore.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey, Payload: payload}
+	m := &idemcore.Message{Topic: topic, Key: st.key, Index: st.next, OrderingKey: orderingKey, Payload: payload, Trace: st.trace}
 	if err := st.b.Enqueue(tx, m); err != nil {
 		return err
 	}

@@ -30,3 +30,12 @@ func SetClock(o *Options, now func() time.Time) { o.clock = now }
 func OpenWrapped(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.Options, wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (*Engine, error) {
 	return open(ctx, pool, opts, eo, wrap)
 }
+
+// MigrationVersions is the versions of the build's migrations, ascending.
+func MigrationVersions() []int {
+	var vs []int
+	for _, m := range migrations {
+		vs = append(vs, m.version)
+	}
+	return vs
+}

@@ -9,10 +9,10 @@ import (
 )
 
 // Outbox columns, in the order scanMessage reads them.
-const outboxColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns`
+const outboxColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, next_attempt_ns, trace`
 
 // Dead letter columns, in the order scanDead reads them.
-const deadColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns`
+const deadColumns = `seq, key, idx, ordering_key, topic, payload, attempt, last_error, enqueued_ns, dead_ns, retention_ns, trace`
 
 func scanMessage(row pgx.Row) (*idemcore.Message, error) { return scanMessageAnd(row) }
 
@@ -24,7 +24,7 @@ func scanMessageAnd(row pgx.Row, extra ...any) (*idemcore.Message, error) {
 		seq, enq, nxt int64
 		lastErr       []byte // bytea: any bytes (migration 3)
 	)
-	if err := row.Scan(append([]any{&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &nxt}, extra...)...); err != nil {
+	if err := row.Scan(append([]any{&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &nxt, &m.Trace}, extra...)...); err != nil {
 		return nil, err
 	}
 	m.LastError = string(lastErr)
@@ -38,12 +38,22 @@ func scanDead(row pgx.Row) (*idemcore.Message, error) {
 		seq, enq, dead, ret int64
 		lastErr             []byte // bytea: any bytes (migration 3)
 	)
-	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &dead, &ret); err != nil {
+	if err := row.Scan(&seq, &m.Key, &m.Index, &m.OrderingKey, &m.Topic, &m.Payload, &m.Failures, &lastErr, &enq, &dead, &ret, &m.Trace); err != nil {
 		return nil, err
 	}
 	m.LastError = string(lastErr)
 	m.Seq, m.EnqueuedAt, m.DeadAt, m.DeadLetterRetention, m.Dead = uint64(seq), fromNs(enq), fromNs(dead), time.Duration(ret), true
 	return &m, nil
+}
+
+// traceBytes is a trace context for its bytea column: NULL if none, and if
+// over idemcore.MaxMessageTrace bytes (the column's CHECK refuses it; the
+// engine never gives one).
+func traceBytes(b []byte) []byte {
+	if len(b) == 0 || len(b) > idemcore.MaxMessageTrace {
+		return nil
+	}
+	return b
 }
 
 // errBytes is a last error for its bytea column: never NULL, any bytes.

@@ -42,28 +42,40 @@ var SchemaVersion = migrations[len(migrations)-1].version
 var ErrSchemaVersion = errors.New("schema version")
 
 func mustLoadMigrations() []migration {
-	names, err := fs.Glob(migrationFiles, "migrations/*.sql")
+	ms, err := loadMigrations(migrationFiles)
 	if err != nil {
 		panic(err)
+	}
+	return ms
+}
+
+// loadMigrations reads fsys's migrations/NNNN_name.sql in version order.
+// Versions increase; a gap is allowed (a version numbered on a branch that
+// merges later): Migrate applies every version not applied yet, whatever
+// the versions above it.
+func loadMigrations(fsys fs.FS) ([]migration, error) {
+	names, err := fs.Glob(fsys, "migrations/*.sql")
+	if err != nil {
+		return nil, err
 	}
 	var ms []migration
 	for _, n := range names {
 		base := strings.TrimSuffix(strings.TrimPrefix(n, "migrations/"), ".sql")
 		num, name, ok := strings.Cut(base, "_")
 		v, err := strconv.Atoi(num)
-		if !ok || err != nil || v != len(ms)+1 {
-			panic(fmt.Sprintf("idempg: migration file %s: want %04d_name.sql", n, len(ms)+1))
+		if !ok || err != nil || len(num) != 4 || name == "" || v < 1 || (len(ms) > 0 && v <= ms[len(ms)-1].version) {
+			return nil, fmt.Errorf("idempg: migration file %s: want NNNN_name.sql, its version above the one before", n)
 		}
-		b, err := migrationFiles.ReadFile(n)
+		b, err := fs.ReadFile(fsys, n)
 		if err != nil {
-			panic(err)
+			return nil, err
 		}
 		ms = append(ms, migration{version: v, name: name, sql: string(b)})
 	}
 	if len(ms) == 0 {
-		panic("idempg: no migrations")
+		return nil, errors.New("idempg: no migrations")
 	}
-	return ms
+	return ms, nil
 }
 
 // migrationsTable holds the applied versions, one row each.

@@ -13,8 +13,8 @@ import (
 // the dispatchers of other processes.
 func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 	ctx := context.Background()
-	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns)
-		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, {now_ns}, $6::bigint) RETURNING seq, enqueued_ns`
+	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns, trace)
+		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, {now_ns}, $6::bigint, $7::bytea) RETURNING seq, enqueued_ns`
 	if !b.s.PollOnly {
 		q = `WITH m AS (` + q + `) SELECT seq, enqueued_ns, pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 	} else {
@@ -24,7 +24,7 @@ func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 		seq, enqueued int64
 		ignored       any
 	)
-	args := b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.NextAttemptAt))
+	args := b.s.args(m.Key, m.Index, m.OrderingKey, m.Topic, m.Payload, toNs(m.NextAttemptAt), traceBytes(m.Trace))
 	if err := tx.QueryRow(ctx, b.sql(q), args...).Scan(&seq, &enqueued, &ignored); err != nil {
 		return err
 	}

@@ -41,7 +41,7 @@ func (b *backend) ClaimDue(ctx context.Context, _ time.Time, limit int) (idemcor
 		UPDATE {schema}.idem_outbox AS o SET claimed_by = $2::text, claim_until = `+b.leaseSQL()+`,
 			claim_token = nextval('{schema}.idem_fence')
 		FROM heads WHERE o.seq = heads.seq
-		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns,
+		RETURNING o.seq, o.key, o.idx, o.ordering_key, o.topic, o.payload, o.attempt, o.last_error, o.enqueued_ns, o.next_attempt_ns, o.trace,
 			`+leftSQL("o.claim_until")+`, o.claim_token`),
 		b.s.args(limit, b.owner)...)
 	if err != nil {

@@ -218,7 +218,7 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 		return fail(err)
 	}
 	ft := &fnTx{Tx: tx}
-	txs.Store(ft, &txState{b: b, key: r.c.Key})
+	txs.Store(ft, &txState{b: b, key: r.c.Key, trace: r.c.Trace})
 	done, err := b.runFn(ft, r.fn)
 	txs.Delete(ft)
 	ft.end()

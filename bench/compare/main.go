@@ -78,7 +78,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) error {
 	if cfg.quick {
 		sizes = benchkit.QuickSizes()
 	}
-	plan, err := benchkit.NewPlan(bench.Workloads(sizes), bench.Contenders(), cfg.only)
+	plan, err := benchkit.NewPlan(bench.Workloads(sizes), bench.AllContenders(), cfg.only)
 	if err != nil {
 		return err
 	}

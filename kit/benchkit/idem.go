@@ -17,6 +17,10 @@ import (
 type Idem struct {
 	e    *idem.Engine
 	path string
+	// name is the contender's name ("idem" unless OpenIdemWith names it).
+	name string
+	// set, if not nil, changes the engine's Options at each open.
+	set func(*idem.Options)
 	// pinned, when not zero, is the engine clock's reading (Unix nanoseconds):
 	// Preload completes records at the time its RecordSet says.
 	pinned atomic.Int64
@@ -31,15 +35,32 @@ const idemPreloadCallers = 256
 
 // OpenIdem opens an idem engine on dir/idem.db.
 func OpenIdem(_ context.Context, dir string) (Deduper, error) {
-	i := &Idem{path: filepath.Join(dir, "idem.db")}
+	i := &Idem{path: filepath.Join(dir, "idem.db"), name: "idem"}
 	if err := i.open(false); err != nil {
 		return nil, err
 	}
 	return i, nil
 }
 
+// OpenIdemWith returns a Contender's Open: OpenIdem named name, with set
+// applied to the engine's Options at each open (a Tracer, an Observer), for
+// the rows that measure what an option costs.
+func OpenIdemWith(name string, set func(*idem.Options)) func(context.Context, string) (Deduper, error) {
+	return func(_ context.Context, dir string) (Deduper, error) {
+		i := &Idem{path: filepath.Join(dir, "idem.db"), name: name, set: set}
+		if err := i.open(false); err != nil {
+			return nil, err
+		}
+		return i, nil
+	}
+}
+
 func (i *Idem) open(noSync bool) error {
-	e, err := idem.OpenFile(i.path, &idem.BoltOptions{NoSync: noSync}, &idem.Options{PruneInterval: -1, Now: i.now})
+	o := &idem.Options{PruneInterval: -1, Now: i.now}
+	if i.set != nil {
+		i.set(o)
+	}
+	e, err := idem.OpenFile(i.path, &idem.BoltOptions{NoSync: noSync}, o)
 	if err != nil {
 		return fmt.Errorf("idem: %w", err)
 	}
@@ -55,7 +76,7 @@ func (i *Idem) now() time.Time {
 }
 
 // Name implements Deduper.
-func (i *Idem) Name() string { return "idem" }
+func (i *Idem) Name() string { return i.name }
 
 // Close closes the engine.
 func (i *Idem) Close() error { return i.e.Close() }
