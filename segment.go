@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 )
 
@@ -52,22 +51,22 @@ func journalDir(path string) string { return path + ".journal" }
 
 func segmentName(id uint64) string { return fmt.Sprintf("%08d", id) }
 
-// createSegment makes segment id in dir: size bytes of zeros under a
-// temporary name, synced, renamed into place, the directory synced.
+// createSegment makes segment id in dir: size bytes of zeros, synced, then
+// the directory synced. A creation cut short leaves zeros (no frame) in a
+// file that may be short, which the next open removes (newSegments).
 func createSegment(dir string, id uint64, size int64) (_ *segment, err error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
 	name := filepath.Join(dir, segmentName(id))
-	tmp := name + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			_ = f.Close()
-			_ = os.Remove(tmp)
+			_ = os.Remove(name)
 		}
 	}()
 	for off := int64(0); off < size; {
@@ -78,9 +77,6 @@ func createSegment(dir string, id uint64, size int64) (_ *segment, err error) {
 		off += n
 	}
 	if err := f.Sync(); err != nil {
-		return nil, err
-	}
-	if err := os.Rename(tmp, name); err != nil {
 		return nil, err
 	}
 	if err := syncDir(dir); err != nil {
@@ -103,8 +99,6 @@ func syncDir(dir string) error {
 }
 
 // openSegments opens the segments in dir, by id: none if dir does not exist.
-// A temporary file of an interrupted createSegment is removed, unless
-// readOnly.
 func openSegments(dir string, readOnly bool) ([]*segment, error) {
 	ents, err := os.ReadDir(dir)
 	if os.IsNotExist(err) {
@@ -116,12 +110,6 @@ func openSegments(dir string, readOnly bool) ([]*segment, error) {
 	var segs []*segment
 	for _, e := range ents {
 		name := e.Name()
-		if strings.HasSuffix(name, ".tmp") {
-			if !readOnly {
-				_ = os.Remove(filepath.Join(dir, name))
-			}
-			continue
-		}
 		id, err := strconv.ParseUint(name, 10, 64)
 		if err != nil || !e.Type().IsRegular() {
 			continue // not ours
