@@ -116,7 +116,7 @@ func (b *boltBackend) stopJournal() {
 		b.j.wmu.Unlock()
 		close(b.j.quit)
 		<-b.j.done
-		b.j.segs.close()
+		_ = b.j.segs.close(false)
 	}
 	b.pipe.Stop()
 }

@@ -3,8 +3,10 @@ package idem
 import (
 	"crypto/rand"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime/debug"
+	"syscall"
 	"time"
 
 	"go.etcd.io/bbolt"
@@ -27,7 +29,13 @@ import (
 // writers wait: back-pressure), before a direct write, Backup and Close.
 // A checkpoint that fails fails the engine closed, as a failed commit does;
 // the frames it did not cover stay in the journal, and the next Open
-// replays them.
+// replays them. Only a full disk (ENOSPC) while no writer waits for room in
+// the journal is tried again instead: the writes are durable in the
+// journal, and the file is as its last checkpoint left it.
+
+// errCheckpointLater is the error of a checkpoint that a full disk refused
+// while no writer waited for it: nothing failed closed.
+var errCheckpointLater = errors.New("journal: checkpoint refused by a full disk; it is tried again")
 
 // kick asks for a checkpoint: urgent when writers wait for it.
 func (j *journal) kick(urgent bool) {
@@ -62,7 +70,9 @@ func (j *journal) loop() {
 			case <-t.C:
 			}
 		}
-		if err := j.catchUp(); err != nil {
+		if err := j.catchUp(); errors.Is(err, errCheckpointLater) {
+			j.log.Warn("idem: journal: checkpoint failed; its frames stay in the journal and the next one tries again", "err", err)
+		} else if err != nil {
 			j.log.Error("idem: journal: checkpoint failed; the engine refuses writes until it is reopened, which replays the journal", "err", err)
 			return
 		}
@@ -89,7 +99,9 @@ func (j *journal) catchUp() error {
 		return nil
 	}
 	if err := fault.Err("checkpoint-before-commit"); err != nil {
-		return j.pipe.fail(err) // as a commit that failed
+		err = j.pipe.fail(err) // as a commit that failed
+		j.segs.wake()
+		return err
 	}
 	err := update(j.db, func(tx *bbolt.Tx) error {
 		for _, b := range snap {
@@ -105,7 +117,15 @@ func (j *journal) catchUp() error {
 		err = fault.Err("checkpoint-after-commit") // as an fsync error reported once the pages reached the file
 	}
 	if err != nil {
-		return j.pipe.fail(err)
+		if errors.Is(err, syscall.ENOSPC) && j.waiting.Load() == 0 {
+			// A full disk refused bbolt's growth: nothing is lost (the
+			// frames stay in the journal, the overlay serves them) and the
+			// next checkpoint tries again, unless writers wait for this one.
+			return fmt.Errorf("%w: %w", errCheckpointLater, err)
+		}
+		err = j.pipe.fail(err)
+		j.segs.wake() // writers waiting for room get the failure
+		return err
 	}
 	j.ckpt.Store(upTo)
 	j.checkpoints.Add(1)

@@ -115,6 +115,11 @@ func open(path string, file *BoltOptions, opts *Options, wrap func(idemcore.Back
 		b.stopJournal()
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
+	for name := range b.ov.buckets { // replayed into the overlay, not into bbolt
+		if sl, ok := parseSlot([]byte(name)); ok {
+			b.st.addSlot(sl)
+		}
+	}
 	if b.j != nil && b.pipe.Observe != nil {
 		b.j.Observe = b.pipe.Observe
 	}

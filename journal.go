@@ -96,6 +96,7 @@ type journal struct {
 	groups      atomic.Uint64
 	writes      atomic.Uint64
 	checkpoints atomic.Uint64
+	waiting     atomic.Int32 // writers waiting for room in the journal
 
 	// Observe, if set before the first write, is called after every frame
 	// with the callers it carried and the time its write and sync took.
@@ -269,8 +270,13 @@ func (j *journal) append(muts []mutation) error {
 		if s != nil {
 			break
 		}
+		j.waiting.Add(1)
 		j.kick(true) // full: the callers wait for the checkpoint
 		j.segs.wait(freed)
+		j.waiting.Add(-1)
+		if err := j.pipe.Failed(); err != nil {
+			return err // the checkpoint failed: no room will come
+		}
 	}
 	if err := fault.Err("journal-before-write"); err != nil {
 		return err // as a write that failed
@@ -352,7 +358,9 @@ func (j *journal) close() error {
 	if j.pipe.Failed() == nil {
 		err = j.drain()
 	}
-	j.segs.close()
+	if cerr := j.segs.close(err == nil && j.pipe.Failed() == nil); err == nil {
+		err = cerr
+	}
 	j.mode.Unlock()
 	return err
 }

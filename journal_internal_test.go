@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
+	bbolterrors "go.etcd.io/bbolt/errors"
 )
 
 func TestFrameRoundTrip(t *testing.T) {
@@ -173,8 +175,8 @@ func TestScanJournal(t *testing.T) {
 
 func TestSegmentsRecycle(t *testing.T) {
 	dir := t.TempDir()
-	ss := newSegments(dir, 4096, 2*4096, nil)
-	defer ss.close()
+	ss := newSegments(dir, 4096, 2*4096, nil, nil)
+	defer func() { _ = ss.close(false) }()
 	frame := 1024
 	var used []*segment
 	for seq := uint64(1); seq <= 8; seq++ {
@@ -361,4 +363,23 @@ func TestJournalOffWritesBbolt(t *testing.T) {
 			}))
 		})
 	}
+}
+
+// A journal whose writes made a time slot bbolt does not have yet: a
+// read-only open finds them there (the overlay's slots are known).
+func TestJournalReadOnlyOpenKnowsTheOverlaysSlots(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, nil)
+	_, err := e.Do(context.Background(), "k", nil, func(context.Context) ([]byte, error) { return []byte("r"), nil })
+	require.NoError(t, err)
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	ro, err := OpenFile(cp, &BoltOptions{ReadOnly: true}, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer ro.Close()
+	r, err := ro.Get("k")
+	require.NoError(t, err)
+	require.Equal(t, "r", string(r.Response))
+	_, err = ro.Backup(io.Discard)
+	require.ErrorIs(t, err, bbolterrors.ErrDatabaseReadOnly, "a copy of the file alone would lose the journal's writes")
 }

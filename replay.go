@@ -2,6 +2,7 @@ package idem
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -40,11 +41,13 @@ type jframe struct {
 type journalScan struct {
 	frames []jframe
 	writes int
+	held   map[*segment]uint64 // the segments holding them: their last
 }
 
 // scanJournal reads the frames after ckpt from segs.
 func scanJournal(segs []*segment, salt uint32, ckpt uint64) (*journalScan, error) {
 	found := make(map[uint64][]byte)
+	in := make(map[uint64]*segment)
 	var total int64
 	for _, s := range segs {
 		total += s.size
@@ -67,6 +70,7 @@ func scanJournal(segs []*segment, salt uint32, ckpt uint64) (*journalScan, error
 				if err := note(found, s, seq, payload); err != nil {
 					return nil, err
 				}
+				in[seq] = s
 			}
 			prev = seq
 			off += size
@@ -84,7 +88,7 @@ func scanJournal(segs []*segment, salt uint32, ckpt uint64) (*journalScan, error
 			}
 		}
 	}
-	sc := &journalScan{}
+	sc := &journalScan{held: make(map[*segment]uint64)}
 	next := ckpt + 1
 	for ; ; next++ {
 		p, ok := found[next]
@@ -98,6 +102,7 @@ func scanJournal(segs []*segment, salt uint32, ckpt uint64) (*journalScan, error
 		}
 		sc.frames = append(sc.frames, jframe{seq: next, muts: muts})
 		sc.writes += len(muts)
+		sc.held[in[next]] = next
 	}
 	if len(found) > 0 {
 		later := slices.Sorted(maps.Keys(found))
@@ -163,6 +168,7 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 		closeSegments(segs)
 		return nil, sc.writes, nil
 	}
+	held := map[*segment]uint64(nil)
 	if len(sc.frames) > 0 {
 		err := update(db, func(tx *bbolt.Tx) error {
 			for _, fr := range sc.frames {
@@ -174,9 +180,21 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 			}
 			return putJournalMeta(tx, id, last)
 		})
-		if err != nil {
+		switch {
+		case err == nil:
+		case errors.Is(err, ErrCorrupt) || errors.As(err, new(*commitPanic)) || !f.journalOn():
 			closeSegments(segs)
 			return nil, 0, fmt.Errorf("journal: replay: %w", err)
+		default:
+			// bbolt cannot take them now (a full disk): the engine opens
+			// with them in the overlay and their segments held, and the
+			// checkpoint tries again; a checkpoint that fails then fails
+			// the engine closed, and they stay in the journal.
+			log.Warn("idem: journal: replay into the file failed; its writes stay in the journal", "err", err)
+			for _, fr := range sc.frames {
+				ov.apply(fr.seq, fr.muts)
+			}
+			held = sc.held
 		}
 	}
 	if !f.journalOn() {
@@ -189,13 +207,17 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 	}
 	j := &journal{
 		db: db, pipe: pipe, ov: ov, id: id, salt: salt, log: log,
-		segs:  newSegments(dir, segmentSize, max(limit, 2*segmentSize), segs),
+		segs:  newSegments(dir, segmentSize, max(limit, 2*segmentSize), segs, held),
 		next:  last + 1,
 		kickc: make(chan struct{}, 1), urgentc: make(chan struct{}, 1),
 		quit: make(chan struct{}), done: make(chan struct{}),
 	}
 	j.delay.Store(int64(catchUpDelay))
 	j.ckpt.Store(last)
+	if held != nil {
+		j.ckpt.Store(ckpt)
+		j.kick(false)
+	}
 	j.ov.last = last
 	go j.loop()
 	return j, sc.writes, nil

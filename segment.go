@@ -29,9 +29,10 @@ import (
 const DefaultJournalSize = 256 << 20
 
 // segmentSize is a segment's size: small enough to preallocate at once, when
-// the journal needs another, large enough that a frame seldom falls back to a
-// direct commit (journal.go).
-const segmentSize = 4 << 20
+// the journal needs another (on a small disk too), large enough that a frame
+// seldom falls back to a direct commit (journal.go) and that the checkpoint
+// frees one long before the next fills.
+const segmentSize = 1 << 20
 
 // zeroChunk is the zeros a segment is written with, a chunk at a time.
 var zeroChunk = make([]byte, 64<<10)
@@ -170,11 +171,18 @@ type segments struct {
 	closed bool
 }
 
-func newSegments(dir string, size, limit int64, existing []*segment) *segments {
+// newSegments takes over the existing segments: free, but for those that
+// hold frames the checkpoint does not cover yet (held: their last frame).
+func newSegments(dir string, size, limit int64, existing []*segment, held map[*segment]uint64) *segments {
 	ss := &segments{dir: dir, size: size, limit: limit, nextID: 1}
 	ss.cond = sync.NewCond(&ss.mu)
 	for _, s := range existing {
 		ss.nextID = max(ss.nextID, s.id+1)
+		if last, ok := held[s]; ok {
+			s.pos, s.last = s.size, last // full: never written until released
+			ss.all = append(ss.all, s)
+			continue
+		}
 		if s.size != size {
 			// Another build's size, or cut short: not reused.
 			_ = s.f.Close()
@@ -262,6 +270,14 @@ func (ss *segments) release(ckpt uint64) {
 	}
 }
 
+// wake wakes the writers waiting for room, to look again (at a failure).
+func (ss *segments) wake() {
+	ss.mu.Lock()
+	ss.freed++
+	ss.cond.Broadcast()
+	ss.mu.Unlock()
+}
+
 // bytes is the size of the segment files.
 func (ss *segments) bytes() int64 {
 	ss.mu.Lock()
@@ -269,11 +285,18 @@ func (ss *segments) bytes() int64 {
 	return int64(len(ss.all)) * ss.size
 }
 
-// close closes the files and wakes a waiting writer.
-func (ss *segments) close() {
+// close closes the files and wakes a waiting writer; with remove, after a
+// checkpoint that covers every frame, it removes the journal's directory,
+// so a file closed cleanly needs no journal (its loss in a power cut only
+// leaves frames the checkpoint covers).
+func (ss *segments) close(remove bool) error {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	ss.closed = true
 	closeSegments(ss.all)
 	ss.cond.Broadcast()
+	if remove {
+		return os.RemoveAll(ss.dir)
+	}
+	return nil
 }
