@@ -3,9 +3,13 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -382,4 +386,62 @@ func TestJournalReadOnlyOpenKnowsTheOverlaysSlots(t *testing.T) {
 	require.Equal(t, "r", string(r.Response))
 	_, err = ro.Backup(io.Discard)
 	require.ErrorIs(t, err, bbolterrors.ErrDatabaseReadOnly, "a copy of the file alone would lose the journal's writes")
+}
+
+// One caller's failing function is dropped alone: its writes never reach
+// the journal, and the callers grouped with it are not run again.
+func TestJournalDropsAFailingCallerAlone(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, nil)
+	defer e.Close()
+	bucket := timeSlot{Start: 0, End: 1}.Name()
+	var wg sync.WaitGroup
+	runs := make([]atomic.Int32, 40)
+	errs := make([]error, 40)
+	for i := range 40 {
+		wg.Go(func() {
+			errs[i] = e.b.j.do(func(w *jtx) error {
+				runs[i].Add(1)
+				if err := w.put(bucket, []byte{byte(i)}, []byte("v")); err != nil {
+					return err
+				}
+				if i%2 == 1 {
+					return errors.New("fn failed")
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	e.b.ov.mu.RLock()
+	defer e.b.ov.mu.RUnlock()
+	for i := range 40 {
+		require.EqualValues(t, 1, runs[i].Load(), "caller %d ran once", i)
+		got := e.b.ov.get(bucket, []byte{byte(i)})
+		if i%2 == 1 {
+			require.EqualError(t, errs[i], "fn failed")
+			require.Nil(t, got, "caller %d's writes dropped", i)
+		} else {
+			require.NoError(t, errs[i])
+			require.NotNil(t, got, "caller %d's writes kept", i)
+		}
+	}
+}
+
+// A journal at its bound makes its writers wait for a checkpoint, which
+// then runs at once (not catchUpDelay later) and frees its segments.
+func TestJournalBackPressure(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, &BoltOptions{JournalSize: 2 * segmentSize})
+	defer e.Close()
+	resp := bytes.Repeat([]byte("x"), 16<<10)
+	for i := range 200 { // 400 frames of 16 KiB: 6 MiB through a 2 MiB journal
+		_, err := e.Do(context.Background(), "k"+strconv.Itoa(i), nil, func(context.Context) ([]byte, error) { return resp, nil })
+		require.NoError(t, err)
+	}
+	require.Positive(t, e.b.j.checkpoints.Load(), "the writer waited for checkpoints")
+	require.LessOrEqual(t, e.b.j.segs.bytes(), int64(2*segmentSize), "the journal stayed in its bound")
+	r, err := e.Get("k0")
+	require.NoError(t, err)
+	require.Equal(t, resp, r.Response)
 }
