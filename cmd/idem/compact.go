@@ -109,6 +109,9 @@ func fileSize(path string) (int64, error) {
 // not yet: bbolt's Compact copies the file alone, and DST would lack them.
 // A read-only open of the engine reads the journal back and counts them.
 func noPendingJournal(src string) error {
+	if err := mustExist(src); err != nil {
+		return err
+	}
 	e, err := idem.OpenFile(src, &idem.BoltOptions{ReadOnly: true, LockTimeout: lockTimeout}, &idem.Options{PruneInterval: -1})
 	if err != nil {
 		return openError(src, err)
