@@ -98,15 +98,6 @@ func parseFrame(b []byte, salt uint32) (seq uint64, payload []byte, size int, ok
 	return seq, payload, size, true
 }
 
-// batchSize is the encoded size of ms, an upper bound.
-func batchSize(ms []mutation) int {
-	n := binary.MaxVarintLen64
-	for _, m := range ms {
-		n += 1 + 3*binary.MaxVarintLen64 + len(m.bucket) + len(m.key) + len(m.value)
-	}
-	return n
-}
-
 // appendBatch appends the encoding of ms to dst.
 func appendBatch(dst []byte, ms []mutation) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(ms)))

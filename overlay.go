@@ -33,7 +33,6 @@ type overlay struct {
 	mu      sync.RWMutex
 	buckets map[string]map[string]*oentry
 	last    uint64 // the sequence number of the last frame applied
-	size    int64  // bytes of keys and values held
 
 	n atomic.Int64 // entries: a reader skips an empty overlay without mu
 }
@@ -67,13 +66,10 @@ func (o *overlay) apply(seq uint64, ms []mutation) {
 			b = make(map[string]*oentry)
 			o.buckets[string(m.bucket)] = b
 		}
-		if old := b[string(m.key)]; old != nil {
-			o.size -= int64(len(m.key) + len(old.value))
-		} else {
+		if b[string(m.key)] == nil {
 			o.n.Add(1)
 		}
 		b[string(m.key)] = &oentry{value: m.value, del: m.del, seq: seq}
-		o.size += int64(len(m.key) + len(m.value))
 	}
 	o.last = max(o.last, seq)
 }
@@ -85,7 +81,6 @@ func (o *overlay) drop(upTo uint64) {
 		for k, e := range b {
 			if e.seq <= upTo {
 				delete(b, k)
-				o.size -= int64(len(k) + len(e.value))
 				o.n.Add(-1)
 			}
 		}
