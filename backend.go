@@ -26,6 +26,9 @@ type boltBackend struct {
 	db       *bbolt.DB
 	st       *store
 	pipe     *pipeline
+	j        *journal // the write-ahead journal (journal.go); nil when off
+	replayed int      // the writes Open replayed from the journal
+	ov       *overlay // its acknowledged writes bbolt lacks (overlay.go); empty when off
 	readOnly bool
 	maxSize  int              // BoltOptions.MaxSize, for ErrFileFull's text
 	now      func() time.Time // the engine clock, for Tx.Enqueue
@@ -40,9 +43,10 @@ var _ idemcore.Backend[*Tx] = (*boltBackend)(nil)
 // newBoltBackend returns the backend over db, opened with f, for an engine
 // with options o (defaults filled in): its clock, its logger, its observer
 // (which gets an EventCommit for every commit of the pipeline).
-func newBoltBackend(db *bbolt.DB, st *store, f *BoltOptions, o *Options) *boltBackend {
+func newBoltBackend(db *bbolt.DB, f *BoltOptions, o *Options) *boltBackend {
 	clock := o.Now
-	b := &boltBackend{db: db, st: st, readOnly: f.ReadOnly, maxSize: f.MaxSize,
+	st := &store{width: o.Retention, refuse: o.Recovery == RecoverRefuse}
+	b := &boltBackend{db: db, st: st, ov: newOverlay(), readOnly: f.ReadOnly, maxSize: f.MaxSize,
 		now: func() time.Time { return clock().Round(0) }, log: o.Logger, ix: newOutboxIndex(),
 		commits: make(chan struct{}, 1)}
 	b.pipe = newPipeline(db, b.committed)
@@ -55,9 +59,20 @@ func newBoltBackend(db *bbolt.DB, st *store, f *BoltOptions, o *Options) *boltBa
 }
 
 // Info: no heartbeat, no poll: a bbolt claim never lapses and is never
-// owned elsewhere. The commits are the pipeline's.
+// owned elsewhere. The commits are the pipeline's and the journal's frames.
 func (b *boltBackend) Info() idemcore.Info {
-	return idemcore.Info{Name: "bbolt", ReadOnly: b.readOnly, Commits: b.pipe.Stats}
+	return idemcore.Info{Name: "bbolt", ReadOnly: b.readOnly, Commits: b.commitStats, Replayed: uint64(b.replayed)}
+}
+
+// commitStats counts the pipeline's commits and the journal's frames, and
+// the writes they carried.
+func (b *boltBackend) commitStats() (commits, writes uint64) {
+	commits, writes = b.pipe.Stats()
+	if b.j != nil {
+		g, w := b.j.stats()
+		commits, writes = commits+g, writes+w
+	}
+	return commits, writes
 }
 
 // Guard refuses a call from inside a Records, View or Messages callback
@@ -77,15 +92,51 @@ func (b *boltBackend) Guard() error {
 // Holding reports whether the caller runs inside a commit of the pipeline.
 func (b *boltBackend) Holding() bool { return b.pipe.Holding() }
 
-// Close stops the commit pipeline and closes the file.
+// Close stops the journal (its last frames checkpointed into bbolt) and the
+// commit pipeline, and closes the file.
 func (b *boltBackend) Close() error {
+	var jerr error
+	if b.j != nil {
+		jerr = b.j.close()
+	}
 	b.pipe.Stop()
-	return b.db.Close()
+	err := b.db.Close()
+	if jerr != nil && !errors.Is(jerr, errCommitFailed) {
+		err = errors.Join(jerr, err) // a failed engine reported its failure already
+	}
+	return err
 }
 
-// write runs fn in the commit pipeline; its errors are mapped by storageErr.
+// stopJournal stops the journal and the pipeline of a backend Open gives up
+// on (it closes db).
+func (b *boltBackend) stopJournal() {
+	if b.j != nil {
+		b.j.wmu.Lock()
+		b.j.stopped = true
+		b.j.wmu.Unlock()
+		close(b.j.quit)
+		<-b.j.done
+		_ = b.j.segs.close(false)
+	}
+	b.pipe.Stop()
+}
+
+// write runs fn in the commit pipeline, a direct bbolt write (journal.go);
+// its errors are mapped by storageErr.
 func (b *boltBackend) write(fn commitFunc) error {
-	return storageErr(b.pipe.Do(fn), b.maxSize)
+	if b.j == nil {
+		return storageErr(b.pipe.Do(fn), b.maxSize)
+	}
+	return storageErr(b.j.directWrite(func() error { return b.pipe.Do(fn) }), b.maxSize)
+}
+
+// record makes a record write: through the journal, or, when it is off, in
+// the commit pipeline.
+func (b *boltBackend) record(fn func(tx recTx) error) error {
+	if b.j == nil {
+		return b.write(func(tx *bbolt.Tx) error { return fn(boltRec{tx}) })
+	}
+	return storageErr(b.j.do(func(w *jtx) error { return fn(w) }), b.maxSize)
 }
 
 // storageErr maps the commit pipeline's errors onto the engine's sentinels,

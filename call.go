@@ -18,7 +18,7 @@ import (
 // done record of another fingerprint is refused from its header alone. The
 // engine's clock judges (no Info.Clock): at is zero.
 func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record, at time.Time, err error) {
-	err = view(b.db, func(tx *bbolt.Tx) error {
+	err = b.viewRecords(func(tx recTx) error {
 		// bbolt only compares the key: a view of the string's bytes saves
 		// the copy on every lookup.
 		v := b.st.rawLookup(tx, unsafe.Slice(unsafe.StringData(q.Key), len(q.Key)), time.Time{})
@@ -39,11 +39,11 @@ func (b *boltBackend) Lookup(_ context.Context, q idemcore.Lookup) (rec *Record,
 	return rec, time.Time{}, nil
 }
 
-// Complete commits done in place of the claim's started record.
+// Complete makes done durable (journal.go) in place of the claim's started record.
 func (b *boltBackend) Complete(_ context.Context, c *idemcore.Claim, done *Record) error {
-	return b.write(func(tx *bbolt.Tx) error {
+	return b.record(func(tx recTx) error {
 		if err := fault.Err("do-done-commit"); err != nil {
-			return err // as a failed write: the transaction rolls back
+			return err // as a failed write: its writes are dropped
 		}
 		return b.st.put(tx, done, c.Started)
 	})
@@ -52,7 +52,7 @@ func (b *boltBackend) Complete(_ context.Context, c *idemcore.Claim, done *Recor
 // Release puts back the interrupted execution the claim recovered, or
 // deletes the claim's started record.
 func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Record) error {
-	return b.write(func(tx *bbolt.Tx) error {
+	return b.record(func(tx recTx) error {
 		if restore != nil {
 			return b.st.put(tx, restore, c.Started)
 		}
@@ -73,7 +73,7 @@ func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx
 		if err != nil {
 			return err
 		}
-		return b.st.put(btx, done, c.Started)
+		return b.st.put(boltRec{btx}, done, c.Started)
 	})
 }
 

@@ -41,6 +41,11 @@
 //     by Result.Replayed.
 //   - Durability: when Do returns, its record is on disk (fsync), unless
 //     BoltOptions.NoSync is set. Concurrent calls share commits (group commit).
+//     A Do's records reach the disk through the write-ahead journal beside
+//     the file (<path>.journal/: one fdatasync each, shared), and bbolt is
+//     brought up to date behind it; every read sees them at once, and Open
+//     replays what a crash or a power cut left in the journal. The journal
+//     belongs to the file until Close removes it.
 //   - A crash at any point leaves either no record (fn did not run), a done record
 //     (replayed), or a started record: an interrupted execution, whose effect is
 //     unknown. The RecoveryPolicy decides: re-execute (the default, at-least-once;

@@ -103,11 +103,26 @@ func open(path string, file *BoltOptions, opts *Options, wrap func(idemcore.Back
 	if err := firstRead(db, func() error { return initFile(db, f.ReadOnly) }); err != nil {
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
-	st := &store{width: o.Retention, refuse: o.Recovery == RecoverRefuse}
-	if err := firstRead(db, func() error { return db.View(st.loadSlots) }); err != nil {
+	b := newBoltBackend(db, &f, &o)
+	if err := firstRead(db, func() (err error) {
+		b.j, b.replayed, err = openJournal(path, db, b.pipe, b.ov, &f, o.Logger)
+		return err
+	}); err != nil {
+		b.pipe.Stop()
 		return nil, &OpError{Op: "open", Path: path, Err: err}
 	}
-	b := newBoltBackend(db, st, &f, &o)
+	if err := firstRead(db, func() error { return db.View(b.st.loadSlots) }); err != nil {
+		b.stopJournal()
+		return nil, &OpError{Op: "open", Path: path, Err: err}
+	}
+	for name := range b.ov.buckets { // replayed into the overlay, not into bbolt
+		if sl, ok := parseSlot([]byte(name)); ok {
+			b.st.addSlot(sl)
+		}
+	}
+	if b.j != nil && b.pipe.Observe != nil {
+		b.j.Observe = b.pipe.Observe
+	}
 	var cb idemcore.Backend[*Tx] = b
 	if wrap != nil {
 		cb = wrap(b)

@@ -18,7 +18,7 @@ import (
 // putCorrupt stores bytes that are no record under key.
 func putCorrupt(t *testing.T, e *Engine, key string) {
 	t.Helper()
-	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error {
 		slot := slotAt(e.c.Now(), e.b.st.width)
 		e.b.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())

@@ -42,6 +42,9 @@ func initFile(db *bbolt.DB, readOnly bool) error {
 			if err := meta.Put(versionKey, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
 				return err
 			}
+			if err := putJournalMeta(tx, newJournalID(), 0); err != nil {
+				return err
+			}
 		}
 		if err := checkMeta(root); err != nil {
 			return err
@@ -51,7 +54,7 @@ func initFile(db *bbolt.DB, readOnly bool) error {
 				return err
 			}
 		}
-		return migrate(root)
+		return migrate(tx, root)
 	})
 }
 
@@ -60,13 +63,19 @@ func initFile(db *bbolt.DB, readOnly bool) error {
 // (version-1 record values decode, with their slot's width as their window
 // and started ones kept until resolved), and only the version changes, so
 // that a build of version 1, which would misjudge records of version 2,
-// refuses the file. From version 2: likewise, only the version changes (its
-// version-1 messages decode), so that a build of version 2, which would
-// quarantine messages of encoding version 2 as corrupt, refuses the file.
-func migrate(root *bbolt.Bucket) error {
+// refuses the file. To version 3: the journal meta (a new journal id, the
+// checkpoint at 0); its version-1 messages decode. So a build of version 2,
+// which would not replay the journal and would quarantine messages of
+// encoding version 2 as corrupt, refuses the file.
+func migrate(tx *bbolt.Tx, root *bbolt.Bucket) error {
 	meta := root.Bucket(metaName)
 	if binary.BigEndian.Uint32(meta.Get(versionKey)) == formatVersion {
 		return nil
+	}
+	if meta.Get(journalKey) == nil {
+		if err := putJournalMeta(tx, newJournalID(), 0); err != nil {
+			return err
+		}
 	}
 	return meta.Put(versionKey, binary.BigEndian.AppendUint32(nil, formatVersion))
 }

@@ -12,6 +12,9 @@ import (
 //
 //	idem/
 //	  meta/     version → u32 big endian
+//	            journal → the journal id (u64 big endian, random, made with the
+//	            file) and the checkpoint: the sequence number of the last
+//	            journal frame the file holds (u64 big endian); see journal.go
 //	  slot:SE/  one bucket per time slot [S, E), unix nanoseconds (8 bytes
 //	            big endian each, sign bit flipped, so slots sort by start):
 //	            key → record. A slot is as wide as the retention window of
@@ -31,13 +34,19 @@ import (
 // formatVersion is the format version this code writes; it reads oldestFormatVersion
 // to formatVersion, and Open migrates an older file to formatVersion.
 //
+// Version 3 has a write-ahead journal beside the file (<path>.journal/,
+// journal.go), whose frames after the checkpoint hold acknowledged writes the
+// file does not, and writes outbox messages in message encoding version 2,
+// which carries the trace context of the call that enqueued them
+// (Message.Trace; see message.go): a build before it, which would ignore the
+// journal and quarantine those messages as corrupt, refuses the file. Its
+// records and buckets are version 2's; versions 1 and 2 hold version-1
+// messages, which still decode.
+//
 // Version 2 records with every record the retention window in force when it
 // was written, and marks started records written under RecoverRefuse (record
 // encoding version 2, see record.go). Version 1 recorded the window only as
-// the width of the slot a record sits in, and not the policy. Version 3
-// writes outbox messages in message encoding version 2, which carries the
-// trace context of the call that enqueued them (Message.Trace; see
-// message.go); versions 1 and 2 hold version-1 messages, which still decode.
+// the width of the slot a record sits in, and not the policy.
 const (
 	formatVersion       = 3
 	oldestFormatVersion = 1
@@ -52,6 +61,7 @@ var (
 	outboxName = []byte("outbox")
 	deadName   = []byte("dead")
 	versionKey = []byte("version")
+	journalKey = []byte("journal")
 )
 
 // timeSlot is a time slot: the records slotted at times in [Start, End), unix

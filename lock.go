@@ -3,8 +3,6 @@ package idem
 import (
 	"context"
 
-	"go.etcd.io/bbolt"
-
 	"github.com/idemkit/idem/idemcore"
 )
 
@@ -22,10 +20,10 @@ func (b *boltBackend) Owner(context.Context, *Record) (idemcore.Ownership, error
 	return idemcore.Ownership{}, nil
 }
 
-// Claim commits the started record, replacing the interrupted execution it
+// Claim makes the started record durable (journal.go), replacing the interrupted execution it
 // recovers, if any. The fencing token is the attempt.
 func (b *boltBackend) Claim(_ context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
-	if err := b.write(func(tx *bbolt.Tx) error { return b.st.put(tx, req.Started, req.Prev) }); err != nil {
+	if err := b.record(func(tx recTx) error { return b.st.put(tx, req.Started, req.Prev) }); err != nil {
 		return idemcore.ClaimResult{}, err
 	}
 	return idemcore.ClaimResult{Status: idemcore.Claimed, Claim: &idemcore.Claim{

@@ -33,13 +33,13 @@ func (f *fixedTrace) StartDelivery(ctx context.Context, s idemcore.DeliveryStart
 func (f *fixedTrace) EndDelivery(context.Context, idemcore.DeliveryEnd) {}
 func (f *fixedTrace) MessageTrace(context.Context) []byte               { return f.trace }
 
-// testdata/file-v2.db was written by the last build of format version 2
+// testdata/file-v2-messages.db was written by the last build of format version 2
 // (testdata/README.md): its messages are in message encoding version 1,
 // without a trace context. This build opens it, lists and delivers them,
 // moves the file to format version 3, and stores the trace context of the
 // messages it enqueues.
 func TestOpenFormatVersion2FileWithMessages(t *testing.T) {
-	src, err := os.ReadFile("testdata/file-v2.db")
+	src, err := os.ReadFile("testdata/file-v2-messages.db")
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), "v2.db")
 	require.NoError(t, os.WriteFile(path, src, 0o600))

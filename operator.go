@@ -5,11 +5,13 @@ package idem
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"time"
 
 	"go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/idemcore"
 )
@@ -58,12 +60,12 @@ func (e *Engine) ScanFile() (FileStats, error) {
 	defer e.c.Exit()
 	var s FileStats
 	now := e.c.Now()
-	err := view(e.b.db, func(tx *bbolt.Tx) error {
+	err := e.b.viewSnapshot(nil, func(tx *bbolt.Tx, snap []bucketSnap) error {
 		s.FileSize = tx.Size()
 		if err := e.outboxStats(tx, &s.Outbox); err != nil {
 			return err
 		}
-		return e.b.st.forEach(tx, func(r *Record, err error) error {
+		return e.b.st.forEach(tx, snap, func(r *Record, err error) error {
 			switch {
 			case err != nil:
 				s.Corrupt++
@@ -103,11 +105,27 @@ func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 
 // Backup writes a consistent copy of the live file to w (bbolt's Tx.WriteTo,
 // in a read transaction: calls go on meanwhile) and returns the bytes written.
+// The copy holds every write answered before Backup began and needs no
+// journal: the journal's frames are checkpointed into bbolt first. A
+// read-only engine over a journal the file lacks refuses, with an error
+// matching bbolt's errors.ErrDatabaseReadOnly.
 func (e *Engine) Backup(w io.Writer) (int64, error) {
 	if err := e.c.Enter(); err != nil {
 		return 0, &OpError{Op: "backup", Err: err}
 	}
 	defer e.c.Exit()
+	switch {
+	case e.b.j != nil:
+		// Every write answered before the backup into bbolt: the copy needs
+		// no journal.
+		if err := e.b.j.drain(); err != nil {
+			return 0, opError("backup", "", storageErr(err, e.b.maxSize))
+		}
+	case !e.b.ov.empty():
+		// Read-only, over a journal the file lacks: a copy of the file alone
+		// would lose its writes.
+		return 0, opError("backup", "", fmt.Errorf("the journal holds %d writes the file does not yet; open it for writing once, which replays them, then back it up: %w", e.b.replayed, bolterrors.ErrDatabaseReadOnly))
+	}
 	var n int64
 	err := view(e.b.db, func(tx *bbolt.Tx) error {
 		var err error
@@ -156,7 +174,7 @@ func (b *boltBackend) Forget(_ context.Context, key string) (found bool, err err
 // place, in one write transaction.
 func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record) (*Record, error)) error {
 	return b.write(func(tx *bbolt.Tx) error {
-		cur, err := b.st.lookup(tx, key, time.Time{})
+		cur, err := b.st.lookup(boltRec{tx}, key, time.Time{})
 		if err != nil {
 			return err
 		}
@@ -164,7 +182,7 @@ func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record
 		if err != nil {
 			return err
 		}
-		return b.st.put(tx, next, cur)
+		return b.st.put(boltRec{tx}, next, cur)
 	})
 }
 
@@ -173,8 +191,8 @@ func (b *boltBackend) Resolve(_ context.Context, key string, fn func(cur *Record
 func (b *boltBackend) Scan(_ context.Context, fn func(r *Record, err error) error) error {
 	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
-	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {
-		return b.st.forEach(tx, func(r *Record, err error) error {
+	return b.viewSnapshot(&inUser, func(tx *bbolt.Tx, snap []bucketSnap) error {
+		return b.st.forEach(tx, snap, func(r *Record, err error) error {
 			inUser = true
 			err = fn(r, err)
 			inUser = false

@@ -95,6 +95,24 @@ type BoltOptions struct {
 	// (it costs address space, not memory) lets commits go on beside any
 	// reader. Zero means bbolt's default (the file's size, rounded up).
 	InitialMmapSize int
+
+	// JournalSize bounds the write-ahead journal beside the file
+	// (<path>.journal/, journal.go), in bytes of segment files: a Do's
+	// records are made durable there, one fdatasync each, and bbolt is
+	// brought up to date behind it; when bbolt falls this far behind, calls
+	// wait for it (back-pressure). Zero means DefaultJournalSize; a negative
+	// size turns the journal off (every write a bbolt commit, two fsyncs).
+	// The journal is off under NoSync and MaxSize too: only a bbolt commit
+	// made before the answer knows that the file has room. Whatever it is,
+	// Open replays a journal left by an earlier open. The journal is part of
+	// the file: copy both, or use Backup or `idem compact`, which write a
+	// file that needs none.
+	JournalSize int
+}
+
+// journalOn reports whether these settings write through the journal.
+func (f *BoltOptions) journalOn() bool {
+	return f.JournalSize >= 0 && !f.NoSync && f.MaxSize <= 0 && !f.ReadOnly
 }
 
 // validate refuses the file's settings that have no meaning: a negative

@@ -56,6 +56,12 @@ type deadKey struct {
 // engine's options.
 func (b *boltBackend) prune(ctx context.Context, req idemcore.PruneRequest) (idemcore.PruneResult, error) {
 	var res idemcore.PruneResult
+	if b.j != nil {
+		// The slots are judged in bbolt: the journal's frames first.
+		if err := b.j.drain(); err != nil {
+			return res, storageErr(err, b.maxSize)
+		}
+	}
 	limit := req.Limit
 	if limit <= 0 {
 		limit = pruneBatch

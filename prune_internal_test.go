@@ -42,11 +42,11 @@ func TestBoltPruneHonoursTheRequest(t *testing.T) {
 	require.NoError(t, b.write(func(tx *bbolt.Tx) error {
 		for i := range 3 {
 			r := &Record{Key: fmt.Sprintf("done-%d", i), State: StateDone, Attempt: 1, StartedAt: t0, CompletedAt: t0}
-			if err := b.st.put(tx, r, nil); err != nil {
+			if err := b.st.put(boltRec{tx}, r, nil); err != nil {
 				return err
 			}
 		}
-		return b.st.put(tx, &Record{Key: "started", State: StateStarted, Attempt: 1, StartedAt: t0}, nil)
+		return b.st.put(boltRec{tx}, &Record{Key: "started", State: StateStarted, Attempt: 1, StartedAt: t0}, nil)
 	}))
 	prune := func(req idemcore.PruneRequest) idemcore.PruneResult {
 		t.Helper()

@@ -99,7 +99,7 @@ func TestCorruptStoredRecordIsReportedNotPanicked(t *testing.T) {
 	e, err := Open(path, nil)
 	require.NoError(t, err)
 	defer e.Close()
-	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error {
 		slot := slotAt(e.c.Now(), e.b.st.width)
 		e.b.st.addSlot(slot)
 		b, err := rootBucket(tx).CreateBucketIfNotExists(slot.Name())
@@ -168,7 +168,7 @@ func TestDamagedFingerprintIsCorruptNotAConflict(t *testing.T) {
 	ctx := t.Context()
 	_, err = e.Do(ctx, "k", []byte("args"), func(context.Context) ([]byte, error) { return []byte("v"), nil })
 	require.NoError(t, err)
-	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error {
 		for _, slot := range e.b.st.knownSlots() {
 			if b := rootBucket(tx).Bucket(slot.Name()); b != nil && b.Get([]byte("k")) != nil {
 				v := bytes.Clone(b.Get([]byte("k")))
@@ -201,7 +201,7 @@ func TestStrayValueUnderASlotNameIsSkipped(t *testing.T) {
 	_, err = e.Do(t.Context(), "k", nil, func(context.Context) ([]byte, error) { return []byte("v"), nil })
 	require.NoError(t, err)
 	stray := timeSlot{Start: 1, End: 2}.Name() // 1970: expired long ago
-	require.NoError(t, e.b.pipe.Do(func(tx *bbolt.Tx) error {
+	require.NoError(t, e.b.write(func(tx *bbolt.Tx) error {
 		return rootBucket(tx).Put(stray, []byte("not a bucket"))
 	}))
 

@@ -346,3 +346,62 @@ func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Outbox.Dead, "expired at the end of its own window")
 }
+
+// testdata/file-v2.db was written by the last build of format version 2
+// (testdata/README.md says what it holds), before the journal. Every later
+// build must open it and replay it; a writable open migrates it to version
+// 3, which builds of version 2 refuse (they would not replay the journal).
+func TestOpenFormatVersion2File(t *testing.T) {
+	src, err := os.ReadFile("testdata/file-v2.db")
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), "v2.db")
+	require.NoError(t, os.WriteFile(path, src, 0o600))
+	clock := testkit.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC).Add(3 * day))
+	replays := func(t *testing.T, e *idem.Engine) {
+		t.Helper()
+		for key, want := range map[string]string{"order-1": `{"order":"o-1"}`, "empty": "", "tx-1": "tx-ok"} {
+			fp := map[string]string{"order-1": "args-1", "empty": "args-e", "tx-1": "args-t"}[key]
+			res, err := e.Do(bg, key, []byte(fp), mustNotRun(t))
+			require.NoError(t, err, key)
+			require.True(t, res.Replayed)
+			require.Equal(t, want, string(res.Response), key)
+		}
+		_, err = e.Do(bg, "order-2", []byte("args-2"), mustNotRun(t))
+		require.Error(t, err, "its stored error replayed")
+		r, err := e.Get("order-3")
+		require.NoError(t, err)
+		require.Equal(t, idem.StateStarted, r.State)
+		require.Equal(t, 7*day, r.Retention)
+		st, err := e.ScanFile()
+		require.NoError(t, err)
+		require.Equal(t, 1, st.Started)
+		require.GreaterOrEqual(t, st.Done, 5, "and the migrated open's own")
+		require.Equal(t, 1, st.Outbox.Pending)
+	}
+	t.Run("read-only", func(t *testing.T) {
+		e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: clock.Now})
+		require.NoError(t, err)
+		defer e.Close()
+		replays(t, e)
+	})
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, src, after, "a read-only Open changes nothing")
+	t.Run("migrated", func(t *testing.T) {
+		e, err := idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
+		require.NoError(t, err)
+		replays(t, e)
+		res, err := e.Do(bg, "new", nil, func(context.Context) ([]byte, error) { return []byte("journaled"), nil })
+		require.NoError(t, err)
+		require.False(t, res.Replayed)
+		require.NoError(t, e.Close())
+		require.Equal(t, uint32(3), formatVersion(t, path), "Open migrated the file to format version 3")
+		e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
+		require.NoError(t, err)
+		defer e.Close()
+		replays(t, e)
+		r, err := e.Get("new")
+		require.NoError(t, err)
+		require.Equal(t, "journaled", string(r.Response))
+	})
+}

@@ -18,10 +18,23 @@ import (
 // ErrStorageFailed with the cause, and from then on every call, replays
 // included, fails closed with ErrStorageFailed: the engine no longer knows
 // what the file holds. Close works, and a reopened engine answers from what
-// reached the disk.
+// reached the disk. It runs on bbolt's file (the journal off) and on the
+// journal's segment.
 func TestFailedCommitFailsClosed(t *testing.T) {
+	for _, journal := range []bool{false, true} {
+		t.Run(map[bool]string{false: "bbolt", true: "journal"}[journal], func(t *testing.T) {
+			testFailedCommitFailsClosed(t, journal)
+		})
+	}
+}
+
+func testFailedCommitFailsClosed(t *testing.T, journal bool) {
 	path := filepath.Join(t.TempDir(), "idem.db")
-	e, err := Open(path, &Options{PruneInterval: -1})
+	f := &BoltOptions{JournalSize: -1}
+	if journal {
+		f = nil
+	}
+	e, err := OpenFile(path, f, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	ctx := context.Background()
 	var ran atomic.Int64
@@ -29,7 +42,11 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 	_, err = e.Do(ctx, "acked", nil, fn)
 	require.NoError(t, err)
 
-	fd := fdOf(t, path)
+	target := path
+	if journal {
+		target = filepath.Join(journalDir(path), segmentName(1))
+	}
+	fd := fdOf(t, target)
 	saved, err := syscall.Dup(fd)
 	require.NoError(t, err)
 	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
@@ -65,7 +82,7 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 	_, err = e.Prune(ctx)
 	require.ErrorIs(t, err, ErrClosed)
 
-	e, err = Open(path, &Options{PruneInterval: -1})
+	e, err = OpenFile(path, f, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	defer e.Close()
 	res, err := e.Do(ctx, "acked", nil, fn)

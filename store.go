@@ -10,8 +10,10 @@ import (
 
 // store is the storage seam: every read and write of records goes through it,
 // so the state machine in engine.go does not know the bucket layout. Reads
-// take a *bbolt.Tx (read or write); writes run inside commit pipeline
-// functions.
+// and writes of one record take a recTx: bbolt's write transaction
+// (boltRec, in the commit pipeline), a journal group's view (jtx,
+// journal.go), or a reader's view of the overlay over a read transaction
+// (ovRead, overlay.go); walks take a *bbolt.Tx and the overlay's snapshot.
 //
 // Records live in time-slot buckets as wide as the retention window: done
 // records by completion time, started ones by start time, so a slot's records
@@ -36,6 +38,24 @@ type store struct {
 
 func rootBucket(tx *bbolt.Tx) *bbolt.Bucket { return tx.Bucket(rootName) }
 
+// recTx reads and writes values of the buckets directly under the engine's
+// root bucket. get's value is read-only and valid while the transaction
+// is; put takes its slices as they are (the caller gives them up).
+type recTx interface {
+	get(bucket, key []byte) []byte
+	put(bucket, key, value []byte) error
+	del(bucket, key []byte) error
+}
+
+// boltRec is a recTx over a bbolt transaction.
+type boltRec struct{ tx *bbolt.Tx }
+
+func (r boltRec) get(bucket, key []byte) []byte { return boltGet(r.tx, bucket, key) }
+func (r boltRec) put(bucket, key, value []byte) error {
+	return applyMutation(r.tx, bucket, key, value, false)
+}
+func (r boltRec) del(bucket, key []byte) error { return applyMutation(r.tx, bucket, key, nil, true) }
+
 // slotTime is the time that places r in a slot: completion for a done record,
 // start for a started one. Either way the record expires one retention window
 // after it, so a slot expires whole.
@@ -50,8 +70,7 @@ func slotTime(r *Record) time.Time {
 // newest first and skipping those that ended before horizon (a zero horizon
 // skips none). The value points into the mmap, or, for a version-1 record, is
 // its version-2 encoding with the slot's width as its window.
-func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, timeSlot, bool) {
-	root := rootBucket(tx)
+func (s *store) find(tx recTx, key []byte, horizon time.Time) ([]byte, timeSlot, bool) {
 	slots := s.knownSlots()
 	h := horizon.UnixNano()
 	for j := len(slots) - 1; j >= 0; j-- {
@@ -59,24 +78,22 @@ func (s *store) find(tx *bbolt.Tx, key []byte, horizon time.Time) ([]byte, timeS
 		if !horizon.IsZero() && sl.End <= h {
 			continue
 		}
-		if b := root.Bucket(sl.name); b != nil {
-			if v := b.Get(key); v != nil {
-				return upgradeRecord(key, v, sl.Width()), sl.timeSlot, true
-			}
+		if v := tx.get(sl.name, key); v != nil {
+			return upgradeRecord(key, v, sl.Width()), sl.timeSlot, true
 		}
 	}
 	return nil, timeSlot{}, false
 }
 
 // rawLookup is find without the slot.
-func (s *store) rawLookup(tx *bbolt.Tx, key []byte, horizon time.Time) []byte {
+func (s *store) rawLookup(tx recTx, key []byte, horizon time.Time) []byte {
 	v, _, _ := s.find(tx, key, horizon)
 	return v
 }
 
 // lookup decodes the newest record of key, or returns nil. Whether it is
 // expired is the caller's decision.
-func (s *store) lookup(tx *bbolt.Tx, key string, horizon time.Time) (*Record, error) {
+func (s *store) lookup(tx recTx, key string, horizon time.Time) (*Record, error) {
 	v := s.rawLookup(tx, []byte(key), horizon)
 	if v == nil {
 		return nil, nil
@@ -95,7 +112,7 @@ func (s *store) lookup(tx *bbolt.Tx, key string, horizon time.Time) (*Record, er
 // recovering attempt) inherits its window and mark: the evidence of the
 // first unknown outcome lasts as long as it would have. The record sits in a
 // slot as wide as its window, so the slot expires by its end plus its width.
-func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
+func (s *store) put(tx recTx, r *Record, replaces *Record) error {
 	key := []byte(r.Key)
 	w := *r
 	w.Retention = max(r.Retention, s.width)
@@ -122,15 +139,11 @@ func (s *store) put(tx *bbolt.Tx, r *Record, replaces *Record) error {
 		}
 	}
 	s.addSlot(sl)
-	b, err := rootBucket(tx).CreateBucketIfNotExists(sl.Name())
-	if err != nil {
-		return err
-	}
-	return b.Put(key, encodeRecord(make([]byte, 0, encodedSize(&w)), &w))
+	return tx.put(sl.Name(), key, encodeRecord(make([]byte, 0, encodedSize(&w)), &w))
 }
 
 // del removes the stored version of r's key.
-func (s *store) del(tx *bbolt.Tx, r *Record) error {
+func (s *store) del(tx recTx, r *Record) error {
 	key := []byte(r.Key)
 	if _, sl, ok := s.find(tx, key, time.Time{}); ok {
 		return s.delFrom(tx, sl, key)
@@ -138,12 +151,7 @@ func (s *store) del(tx *bbolt.Tx, r *Record) error {
 	return nil
 }
 
-func (s *store) delFrom(tx *bbolt.Tx, sl timeSlot, key []byte) error {
-	if b := rootBucket(tx).Bucket(sl.Name()); b != nil {
-		return b.Delete(key)
-	}
-	return nil
-}
+func (s *store) delFrom(tx recTx, sl timeSlot, key []byte) error { return tx.del(sl.Name(), key) }
 
 // deleteAll removes every stored version of key and reports whether there was one.
 func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
@@ -159,15 +167,14 @@ func (s *store) deleteAll(tx *bbolt.Tx, key string) (bool, error) {
 	return found, err
 }
 
-// forEach calls fn for every stored record, slot by slot from the oldest. A
-// record that fails to decode is passed as a Record with only Key set,
-// beside its error. A version-1 record gets its slot's width as its window.
-func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error {
-	return s.forEachSlot(tx, func(sl timeSlot, b *bbolt.Bucket) error {
-		return b.ForEach(func(k, v []byte) error {
-			if v == nil {
-				return nil
-			}
+// forEach calls fn for every stored record, slot by slot from the oldest, by
+// key within a slot: bbolt's in tx, merged with snap, the overlay's slot
+// buckets taken before tx began (overlay.go; nil for none). A record that
+// fails to decode is passed as a Record with only Key set, beside its error.
+// A version-1 record gets its slot's width as its window.
+func (s *store) forEach(tx *bbolt.Tx, snap []bucketSnap, fn func(r *Record, err error) error) error {
+	slot := func(sl timeSlot, b *bbolt.Bucket, kvs []kv) error {
+		return mergeBucket(b, kvs, func(k, v []byte) error {
 			r, err := decodeRecord(string(k), v)
 			if err != nil {
 				r = &Record{Key: string(k)}
@@ -176,7 +183,34 @@ func (s *store) forEach(tx *bbolt.Tx, fn func(r *Record, err error) error) error
 			}
 			return fn(r, err)
 		})
+	}
+	// The snapshot's slots before name (all, if nil), which bbolt lacks.
+	before := func(name []byte) error {
+		for len(snap) > 0 && (name == nil || snap[0].name < string(name)) {
+			if sl, ok := parseSlot([]byte(snap[0].name)); ok {
+				if err := slot(sl, nil, snap[0].kvs); err != nil {
+					return err
+				}
+			}
+			snap = snap[1:]
+		}
+		return nil
+	}
+	err := s.forEachSlot(tx, func(sl timeSlot, b *bbolt.Bucket) error {
+		name := sl.Name()
+		if err := before(name); err != nil {
+			return err
+		}
+		var kvs []kv
+		if len(snap) > 0 && snap[0].name == string(name) {
+			kvs, snap = snap[0].kvs, snap[1:]
+		}
+		return slot(sl, b, kvs)
 	})
+	if err != nil {
+		return err
+	}
+	return before(nil)
 }
 
 // forEachSlot calls fn for every slot bucket in the file, by start. fn must

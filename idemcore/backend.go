@@ -391,6 +391,9 @@ type Info struct {
 	// they carried since it opened, for Engine.Stats (bbolt: its group
 	// commit's counts). nil: Stats reports zero.
 	Commits func() (commits, writes uint64)
+	// Replayed is the writes the backend replayed from its journal when it
+	// opened (bbolt's write-ahead journal), for Stats.Replayed.
+	Replayed uint64
 }
 
 // Due is the answer of a Backend.ClaimDue.

@@ -15,6 +15,10 @@ type Stats struct {
 	// Delivered counts the outbox messages delivered and removed by this
 	// engine's dispatcher.
 	Delivered uint64
+	// Replayed counts the writes replayed from the backend's journal when
+	// it opened (Info.Replayed: bbolt's write-ahead journal, after a crash
+	// or a power cut); zero otherwise.
+	Replayed uint64
 }
 
 // Stats returns the engine's counters, at the cost of a few atomic loads.
@@ -22,7 +26,7 @@ func (e *Engine[T]) Stats() Stats {
 	s := Stats{
 		Pruned: e.n.Pruned.Load(), Replays: e.n.Replays.Load(),
 		Executions: e.n.Executions.Load(), Conflicts: e.n.Conflicts.Load(),
-		Delivered: e.ob.delivered.Load(),
+		Delivered: e.ob.delivered.Load(), Replayed: e.info.Replayed,
 	}
 	if c := e.info.Commits; c != nil {
 		s.Commits, s.Writes = c()

@@ -50,6 +50,17 @@ type checkJSON struct {
 		// to decode (idem outbox ls names them).
 		CorruptMessages int `json:"corrupt_messages"`
 	} `json:"records"`
+	// Journal is the write-ahead journal beside the file (<path>.journal/):
+	// OK when its frames after the checkpoint read back in order (a torn
+	// tail is no damage), Pending the writes they hold that the file does
+	// not yet (the next writable open replays them), Error the damage
+	// found. Checked is false when the records were not read.
+	Journal struct {
+		Checked bool   `json:"checked"`
+		OK      bool   `json:"ok"`
+		Pending uint64 `json:"pending_writes"`
+		Error   string `json:"error,omitempty"`
+	} `json:"journal"`
 }
 
 type corruptJSON struct {
@@ -69,7 +80,7 @@ func (a *app) check() error {
 			return err
 		}
 	}
-	out.OK = out.Pages.OK && len(out.Records.Corrupt) == 0 && out.Records.CorruptMessages == 0
+	out.OK = out.Pages.OK && out.Journal.OK && len(out.Records.Corrupt) == 0 && out.Records.CorruptMessages == 0
 	if a.json {
 		if err := a.printJSON(out); err != nil {
 			return err
@@ -115,12 +126,20 @@ func checkPages(path string, out *checkJSON) error {
 	})
 }
 
-// checkRecords decodes every record through the engine.
+// checkRecords decodes every record through the engine, whose open reads
+// the journal back (and refuses a damaged one with ErrCorrupt).
 func (a *app) checkRecords(out *checkJSON) (err error) {
+	out.Journal.Checked = true
 	e, err := a.openEngine()
+	if errors.Is(err, idem.ErrCorrupt) && strings.Contains(err.Error(), "journal") {
+		out.Journal.Error = err.Error()
+		return nil
+	}
 	if err != nil {
 		return err
 	}
+	out.Journal.OK = true
+	out.Journal.Pending = e.Stats().Replayed
 	defer closeEngine(e, &err)
 	defer func() {
 		// Decoding never panics; bbolt may, on damage its check missed.
@@ -173,6 +192,13 @@ func (a *app) printCheck(out *checkJSON) error {
 			fmt.Fprintf(w, "\t  ... and %d more\n", out.Pages.Total-len(out.Pages.Errors))
 		}
 	}
+	switch j := &out.Journal; {
+	case !j.Checked:
+	case !j.OK:
+		fmt.Fprintf(w, "journal\tdamaged: %s\n", j.Error)
+	default:
+		fmt.Fprintf(w, "journal\tok: %s not yet in the file (the next writable open replays them)\n", plural(int(j.Pending), "write", "writes"))
+	}
 	if out.Records.Checked {
 		r := &out.Records
 		fmt.Fprintf(w, "records\t%d decoded: %d started, %d done, %d expired awaiting prune\n",
@@ -182,8 +208,10 @@ func (a *app) printCheck(out *checkJSON) error {
 			fmt.Fprintf(w, "\t  %s: %s\n", quoteKey(c.Key), c.Error)
 		}
 		fmt.Fprintf(w, "outbox\t%d corrupt messages (idem outbox ls names them)\n", r.CorruptMessages)
-	} else {
+	} else if !out.Pages.OK {
 		fmt.Fprintf(w, "records\tnot checked: the file has page-level damage; restore it from a backup\n")
+	} else {
+		fmt.Fprintf(w, "records\tnot checked: the journal is damaged; restore from a backup\n")
 	}
 	if err := w.Flush(); err != nil {
 		return err
@@ -193,6 +221,8 @@ func (a *app) printCheck(out *checkJSON) error {
 		fmt.Fprintf(a.stdout, "ok: %s\n", a.db)
 	case !out.Pages.OK:
 		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(out.Pages.Total, "page-level error", "page-level errors"))
+	case !out.Journal.OK:
+		fmt.Fprintf(a.stdout, "FAILED: %s has a damaged journal\n", a.db)
 	case len(out.Records.Corrupt) > 0:
 		fmt.Fprintf(a.stdout, "FAILED: %s has %s\n", a.db, plural(len(out.Records.Corrupt), "corrupt record", "corrupt records"))
 	default:

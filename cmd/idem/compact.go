@@ -8,6 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem"
 )
 
 // defaultTxMaxSize is the bytes copied per write transaction of compact, as in
@@ -46,6 +48,9 @@ func (a *app) compact(src, dst string, txMaxSize int64) (err error) {
 		return fmt.Errorf("idem: %s exists; compact writes a new file", dst)
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("idem: %w", err)
+	}
+	if err := noPendingJournal(src); err != nil {
+		return err
 	}
 	srcDB, err := openReadOnly(src)
 	if err != nil {
@@ -98,4 +103,25 @@ func fileSize(path string) (int64, error) {
 		return 0, fmt.Errorf("idem: %w", err)
 	}
 	return fi.Size(), nil
+}
+
+// noPendingJournal refuses a file whose journal holds writes the file does
+// not yet: bbolt's Compact copies the file alone, and DST would lack them.
+// A read-only open of the engine reads the journal back and counts them.
+func noPendingJournal(src string) error {
+	if err := mustExist(src); err != nil {
+		return err
+	}
+	e, err := idem.OpenFile(src, &idem.BoltOptions{ReadOnly: true, LockTimeout: lockTimeout}, &idem.Options{PruneInterval: -1})
+	if err != nil {
+		return openError(src, err)
+	}
+	n := e.Stats().Replayed
+	if err := e.Close(); err != nil {
+		return fmt.Errorf("idem: %w", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("idem: compact %s: its journal holds %d writes the file does not yet; open it for writing once (any command without --read-only), which replays them into the file, then compact", src, n)
+	}
+	return nil
 }
