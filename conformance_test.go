@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // effectsBucket is the user bucket the suite's effect rows go to.
@@ -46,7 +47,7 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 	},
 	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
 	Hook:    idemtest.CoreHook,
-	Check:   testkit.Check,
+	Check:   boltkit.Check,
 }
 
 func TestConformance(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // No DoTx fn runs more than 3 times per call, whatever fails around it
@@ -28,7 +28,7 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 	}
 	for name, fails := range cases {
 		t.Run(name, func(t *testing.T) {
-			e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+			e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 			errFail := errors.New("fn failed")
 			maxRuns, rolledBack := 0, false
 			for round := 0; round < 10 && !rolledBack; round++ {

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 var txDumps atomic.Uint64
@@ -47,7 +47,7 @@ func txDump(t testing.TB, e *idem.Engine, names ...string) map[string]map[string
 }
 
 func TestDoTxWritesCommitWithTheRecord(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	runs := 0
 	fn := func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		runs++
@@ -76,7 +76,7 @@ func TestDoTxWritesCommitWithTheRecord(t *testing.T) {
 }
 
 func TestDoTxRefusesTheReservedBucket(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	for _, name := range []string{"idem"} {
 		t.Run(name, func(t *testing.T) {
 			_, err := e.DoTx(context.Background(), "k-"+name, nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
@@ -98,7 +98,7 @@ func TestDoTxRefusesTheReservedBucket(t *testing.T) {
 }
 
 func TestDoTxPanicCommitsNothingAndReachesTheCaller(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	boom := errors.New("boom")
 	fn := func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		b, err := tx.Bucket([]byte("orders"))
@@ -136,7 +136,7 @@ func TestDoTxPanicCommitsNothingAndReachesTheCaller(t *testing.T) {
 }
 
 func TestDoTxPermanentErrorIsRecordedWithoutFnsWrites(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	declined := errors.New("card declined")
 	runs := 0
 	fn := func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
@@ -164,7 +164,7 @@ func TestDoTxPermanentErrorIsRecordedWithoutFnsWrites(t *testing.T) {
 }
 
 func TestDoTxRetryableFreesTheKey(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.DoTx(context.Background(), "create-1", nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		b, _ := tx.Bucket([]byte("orders"))
 		_ = b.Put([]byte("order-1"), []byte("x"))
@@ -187,7 +187,7 @@ func TestDoTxRetryableFreesTheKey(t *testing.T) {
 // rollback-and-rerun path is known to be exercised.
 func TestDoTxSharedCommits(t *testing.T) {
 	const callers = 300
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	errFail := errors.New("fn failed")
 
 	var fnRuns, rounds int
@@ -323,7 +323,7 @@ func TestDoTxSharedCommits(t *testing.T) {
 // point into the transaction's memory. The answer and the record must be
 // copies, on success and with a permanent error, while other calls write.
 func TestDoTxMayReturnBytesReadFromItsTransaction(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	_, err := e.DoTx(bg, "seed", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
 		b, err := tx.Bucket([]byte("acct"))
 		if err != nil {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // historyOps is the number of calls a history test makes: IDEM_HISTORY_OPS,
@@ -140,7 +141,7 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 	close(stop)
 	<-restarter
 	require.NoError(t, cur.Load().Close())
-	testkit.Check(t, path)
+	boltkit.Check(t, path)
 
 	res, info := porcupine.CheckOperationsVerbose(testkit.ContractModel, history, 5*time.Minute)
 	if res != porcupine.Ok {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // TestOutboxQuarantinesUndecodableMessages: a message damaged on disk moves
@@ -43,7 +44,7 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
 	e, err = idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
+	defer func() { require.NoError(t, e.Close()); boltkit.Check(t, path) }()
 
 	obWait(t, "the two good messages delivered", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	var seqs []uint64

@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // obWait polls cond every millisecond until it holds, for at most 30 s (a
@@ -51,7 +52,7 @@ func obOpen(t testing.TB, clock *testkit.Clock, o idem.OutboxOptions) (*idem.Eng
 	if o.PollInterval == 0 {
 		o.PollInterval = time.Millisecond
 	}
-	return testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: o})
+	return boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: o})
 }
 
 // obMsg is a message to enqueue: ordering "" means the default.
@@ -338,7 +339,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
 	e, err = idem.OpenFile(path, file, opts)
 	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
+	defer func() { require.NoError(t, e.Close()); boltkit.Check(t, path) }()
 	obWait(t, "delivery after the restart", nil, func() bool { return obStats(t, e).Delivered == 3 })
 	var payloads []string
 	for _, m := range rec.Delivered() {
@@ -478,7 +479,7 @@ func TestOutboxConcurrentEnqueueAllDelivered(t *testing.T) {
 }
 
 func TestEnqueueRefusesInvalidMessages(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	for _, tc := range []struct{ name, topic, ordering string }{
 		{"empty topic", "", ""},
 		{"long topic", strings.Repeat("t", 256), ""},
@@ -499,7 +500,7 @@ func TestEnqueueRefusesInvalidMessages(t *testing.T) {
 }
 
 func TestEnqueueCommitsWithTheCallOrNotAtAll(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	enqueueThen := func(after func() error) func(context.Context, *idem.Tx) ([]byte, error) {
 		return func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 			if err := tx.Enqueue("charge", []byte("1200")); err != nil {

@@ -441,7 +441,7 @@ func (s *suite[T]) matrix(t *testing.T) {
 func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	t.Helper()
 	store := s.h.New(t)
-	clk := &clock{now: start}
+	clk := newClock()
 	// Records that have expired by the child's time, for its Prune.
 	e := s.open(t, store, s.matrixOptions(r, clk.Now))
 	for i := range 8 {
@@ -494,7 +494,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	if s.h.OwnedAcrossProcesses {
 		s.h.ExpireOwners(t, store)
 	}
-	clk.now = matrixNow
+	clk.Advance(matrixNow.Sub(clk.Now()))
 	e = s.open(t, store, s.matrixOptions(r, clk.Now))
 	doKeys, txKeys := r.keys()
 	ev := evidence{Policy: r.Policy, DoKeys: doKeys, TxKeys: txKeys, Before: before, Failed: failed, Final: map[string]report{}}

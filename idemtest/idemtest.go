@@ -70,6 +70,7 @@ import (
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // Options are the contract's settings the suite opens engines with: each field
@@ -379,28 +380,10 @@ func childPattern(name string) string {
 	return strings.Join(parts, "/")
 }
 
-// clock is a fake clock for Options.Now: the suite moves it, it never sleeps.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// start is the fake clock's first reading: a fixed wall-clock time, no
+// start is the suite's clock's first reading: a fixed wall-clock time, no
 // monotonic reading.
 var start = time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
 
-func newClock() *clock { return &clock{now: start} }
-
-// Now returns the clock's time.
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+// newClock returns a fake clock for Options.Now, stopped at start: the
+// suite moves it, it never sleeps.
+func newClock() *testkit.Clock { return testkit.NewClock(start) }

@@ -54,7 +54,7 @@ func messages[T any](t testing.TB, e Engine[T]) []*idemcore.Message {
 }
 
 // outboxOptions runs the dispatcher with handlers, polling every millisecond.
-func outboxOptions(c *clock, handlers map[string]idemcore.Handler, o idemcore.OutboxOptions) Options {
+func outboxOptions(c *testkit.Clock, handlers map[string]idemcore.Handler, o idemcore.OutboxOptions) Options {
 	o.Dispatch, o.Handlers, o.PollInterval = true, handlers, time.Millisecond
 	return Options{Now: c.Now, Outbox: o}
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // historyKind classifies a call's answer for testkit.ContractModel.
@@ -166,7 +167,7 @@ func TestHistoryThroughPowerCuts(t *testing.T) {
 		}
 
 		path := filepath.Join(f.under, "idem.db")
-		testkit.Check(t, path)
+		boltkit.Check(t, path)
 		e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 		require.NoError(t, err)
 		seq := maxSeq + 2

@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // rounds is n, or IDEM_ROBUST_ROUNDS when set (the long run).
@@ -58,14 +58,14 @@ func TestPowerCut(t *testing.T) {
 		dropped += f.powerCut(t, r, round%2 == 1)
 
 		path := filepath.Join(f.under, "idem.db")
-		testkit.Check(t, path)
+		boltkit.Check(t, path)
 		e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 		require.NoError(t, err, "round %d: the file opens after the power cut", round)
 		l, err := openLedger(ledgerPath)
 		require.NoError(t, err)
 		v := checkWorkload(t, e, l, ledgerPath, readAcks(t, ackPath), n)
 		require.NoError(t, e.Close())
-		testkit.Check(t, path)
+		boltkit.Check(t, path)
 		total.acked += v.acked
 		total.keys += v.keys
 		total.reexecuted += v.reexecuted
@@ -128,7 +128,7 @@ func TestFsyncAndWriteErrorsFailClosed(t *testing.T) {
 
 			f.powerCut(t, rand.New(rand.NewPCG(1, 2)), false)
 			path := filepath.Join(f.under, "idem.db")
-			testkit.Check(t, path)
+			boltkit.Check(t, path)
 			ctx := context.Background()
 			e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 			require.NoError(t, err)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The contract of one idempotency key, as a nondeterministic sequential
@@ -93,7 +93,7 @@ var ContractModel = (&porcupine.NondeterministicModel{
 // outcome (ran: fn's response if it returned one in this call, else "").
 // A fresh answer that is not own, or a permanent error (fn never returns
 // one here), fails t.
-func HistOf(t testing.TB, key, own string, res idem.Result, err error, ran string) HistIn {
+func HistOf(t testing.TB, key, own string, res idemcore.Result, err error, ran string) HistIn {
 	t.Helper()
 	in := HistIn{Key: key}
 	switch {
@@ -104,10 +104,10 @@ func HistOf(t testing.TB, key, own string, res idem.Result, err error, ran strin
 		if in.Resp != own {
 			t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.Resp, own)
 		}
-	case errors.Is(err, idem.ErrRetryable):
+	case errors.Is(err, idemcore.ErrRetryable):
 		in.Op = "free"
 	default:
-		var perm *idem.Error
+		var perm *idemcore.Error
 		if errors.As(err, &perm) {
 			t.Errorf("%s: unexpected permanent error %v", key, err)
 		}
