@@ -231,6 +231,11 @@ type Harness[T any] struct {
 	// are skipped with a message.
 	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(idemcore.Backend[T]) idemcore.Backend[T]) (Engine[T], error)
 
+	// InProcess says that a store lives in this process only (an in-memory
+	// backend), so no child process can reach it: the process and crash
+	// matrix groups are skipped.
+	InProcess bool
+
 	// Check, if set, checks the store's consistency after the suite closed
 	// its engines (bbolt's Tx.Check).
 	Check func(t testing.TB, store string)
@@ -264,9 +269,15 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("histories", s.histories)
-	t.Run("process", s.process)
+	if h.InProcess {
+		t.Log("idemtest: Harness.InProcess: the process and crash matrix groups need a store a child process reaches; skipped")
+	} else {
+		t.Run("process", s.process)
+	}
 	t.Run("shared", s.shared)
-	t.Run("crash matrix", s.matrix)
+	if !h.InProcess {
+		t.Run("crash matrix", s.matrix)
+	}
 	t.Run("logs", s.logs)
 }
 
