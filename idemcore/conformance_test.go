@@ -96,3 +96,14 @@ func TestConformance(t *testing.T) {
 	}
 	idemtest.Run(t, memHarness)
 }
+
+func TestBackend(t *testing.T) {
+	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*memstore.Tx] {
+		b, err := memstore.Open(memstore.NewStore(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return b
+	})
+}

@@ -52,6 +52,18 @@
 //	             the idemfail build (testkit.Failpoints) and the source tree
 //	logs         keys, responses and payloads never logged
 //
+// RunBackend is the seam suite: it drives a Backend directly, without an
+// engine, for the backend's side of the contract as the core relies on it
+// (claims and fencing, completion, lookups, DoTx's transaction, prune, the
+// outbox, waiting), as River's riverdrivertest.Exercise drives a driver:
+//
+//	func TestBackend(t *testing.T) {
+//		idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[MyTx] { ... })
+//	}
+//
+// Both take only idemcore's public types, so a backend written outside this
+// module runs them: its engine is idemcore.New over its Backend.
+//
 // Subtests of behaviour that the contract promises but a known defect still
 // breaks are skipped with a reason naming their issue, "pending fix: issue 8
 // item N" (grep for pendingFix). Setting IDEMTEST_PENDING=run runs them
