@@ -74,8 +74,6 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -391,16 +389,6 @@ func (s *suite[T]) waitersIn(t testing.TB, n int, start func()) {
 		defer mu.Unlock()
 		t.Fatalf("only %d of %d waiters arrived", waiting, n)
 	}
-}
-
-// childPattern is the -test.run pattern that selects exactly the test named
-// name (a path of subtests).
-func childPattern(name string) string {
-	parts := strings.Split(name, "/")
-	for i, p := range parts {
-		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
-	}
-	return strings.Join(parts, "/")
 }
 
 // start is the suite's clock's first reading: a fixed wall-clock time, no

@@ -129,8 +129,8 @@ func (s *suite[T]) shared(t *testing.T) {
 		runs(t, a, viaDo, crashKey, "A-run1", "A's first call")
 		replays(t, a, viaDo, crashKey, "A-run1", "A's replay")
 		c := s.startChild(t, childForget, store, idemcore.RecoverReexecute)
-		c.await("forgotten")
-		c.kill()
+		c.Await("forgotten")
+		c.Kill()
 		runs(t, a, viaDo, crashKey, "A-run2", "A's call right after the child's Forget")
 	})
 
