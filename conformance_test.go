@@ -62,21 +62,12 @@ func TestConformance(t *testing.T) {
 var _ idemtest.Engine[*idem.Tx] = (*idem.Engine)(nil)
 
 // TestBackend runs the seam suite on the bbolt backend, as OpenWrapped hands
-// it to the engine (which stays idle: no pruner, no dispatcher, and closes
-// it when the test ends).
+// it to an idle engine.
 func TestBackend(t *testing.T) {
 	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*idem.Tx] {
-		var b idemcore.Backend[*idem.Tx]
-		e, err := idem.OpenWrapped(filepath.Join(t.TempDir(), "idem.db"), &idem.Options{PruneInterval: -1},
-			func(bb idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx] { b = bb; return bb })
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := e.Close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
+		path := filepath.Join(t.TempDir(), "idem.db")
+		return idemtest.EngineBackend(t, func(wrap func(idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
+			return idem.OpenWrapped(path, &idem.Options{PruneInterval: -1}, wrap)
 		})
-		return b
 	})
 }

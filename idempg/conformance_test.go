@@ -166,27 +166,17 @@ func TestConformancePgBouncer(t *testing.T) {
 // The Postgres engine offers every engine's methods, as the bbolt engine does.
 var _ idemtest.Engine[pgx.Tx] = (*idempg.Engine)(nil)
 
-// backend opens an engine on a new schema and returns its backend, as
-// OpenWrapped hands it to the engine (which stays idle: no pruner, no
-// dispatcher, and closes it when the test ends), for the seam suite.
+// backend returns the backend of an idle engine on a new schema, for the
+// seam suite.
 func (h *pgHarness) backend(t testing.TB) idemcore.Backend[pgx.Tx] {
 	pool := h.connect(t)
 	schema := pgtest.Schema(t, pool)
 	if _, err := idempg.Migrate(context.Background(), pool, h.options(schema, nil)); err != nil {
 		t.Fatal(err)
 	}
-	var b idemcore.Backend[pgx.Tx]
-	e, err := idempg.OpenWrapped(context.Background(), pool, h.options(schema, nil), &idemcore.Options{PruneInterval: -1},
-		func(bb idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx] { b = bb; return bb })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := e.Close(); err != nil {
-			t.Errorf("close: %v", err)
-		}
+	return idemtest.EngineBackend(t, func(wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
+		return idempg.OpenWrapped(context.Background(), pool, h.options(schema, nil), &idemcore.Options{PruneInterval: -1}, wrap)
 	})
-	return b
 }
 
 // TestBackend runs the seam suite (idemtest.RunBackend) on the Postgres

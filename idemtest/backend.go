@@ -392,6 +392,27 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 	})
 }
 
+// EngineBackend opens an engine with open, passing it the wrap its backend
+// goes through (as Harness.OpenWrapped takes one), and returns that backend,
+// for RunBackend on a backend whose engine opens it. The engine is closed,
+// and with it the backend, when t ends; open it without a pruner or a
+// dispatcher (Options.PruneInterval -1, Outbox.Dispatch false), so that only
+// the suite drives the backend.
+func EngineBackend[T any](t testing.TB, open func(wrap func(idemcore.Backend[T]) idemcore.Backend[T]) (Engine[T], error)) idemcore.Backend[T] {
+	t.Helper()
+	var b idemcore.Backend[T]
+	e, err := open(func(inner idemcore.Backend[T]) idemcore.Backend[T] { b = inner; return inner })
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	return b
+}
+
 // seam is one backend under the seam suite, with the helpers its cases share.
 type seam[T any] struct {
 	t    *testing.T

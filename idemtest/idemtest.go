@@ -314,10 +314,23 @@ func pendingFix(t *testing.T, issue string) {
 // open opens an engine on store with opts and closes it when t ends.
 func (s *suite[T]) open(t testing.TB, store string, opts Options) Engine[T] {
 	t.Helper()
+	return s.openWith(t, store, opts, nil)
+}
+
+// openWith is open over the engine's backend wrapped by wrap
+// (Harness.OpenWrapped), or as it is if wrap is nil.
+func (s *suite[T]) openWith(t testing.TB, store string, opts Options, wrap func(idemcore.Backend[T]) idemcore.Backend[T]) Engine[T] {
+	t.Helper()
 	if opts.Now == nil {
 		opts.Now = newClock().Now
 	}
-	e, err := s.h.Open(t, store, opts)
+	var e Engine[T]
+	var err error
+	if wrap == nil {
+		e, err = s.h.Open(t, store, opts)
+	} else {
+		e, err = s.h.OpenWrapped(t, store, opts, wrap)
+	}
 	if err != nil {
 		t.Fatalf("open %s: %v", store, err)
 	}

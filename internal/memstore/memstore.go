@@ -307,16 +307,12 @@ func (b *Backend) Holding() bool {
 	return ok
 }
 
-// WaitChange sleeps a moment or until ctx ends: Owner never answers Owned.
+// WaitChange sleeps a moment, or until ctx ends: Owner never answers Owned.
 func (b *Backend) WaitChange(ctx context.Context, _ string) error {
-	t := time.NewTimer(10 * time.Millisecond)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	wait, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+	defer cancel()
+	<-wait.Done()
+	return ctx.Err()
 }
 
 // Forget deletes key's record and reports whether there was one.
