@@ -120,7 +120,7 @@ func TestOutboxCrash(t *testing.T) {
 			require.Len(t, orders, 1, "exactly one order")
 			require.Contains(t, orders, string(first.Response))
 
-			obWait(t, "the outbox to drain", nil, func() bool {
+			testkit.Eventually(t, "the outbox to drain", nil, func() bool {
 				s := obStats(t, e)
 				return s.Pending == 0 && len(mustLines(t, gateway)) > 0
 			})

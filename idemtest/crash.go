@@ -536,7 +536,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 			want[key] = true
 		}
 	}
-	eventually(t, "the delivery of every committed message", func() { clk.Advance(50 * time.Millisecond) }, func() bool {
+	testkit.Eventually(t, "the delivery of every committed message", func() { clk.Advance(50 * time.Millisecond) }, func() bool {
 		lines, err := readLines(r.deliveryLedger())
 		if err != nil {
 			return false

@@ -236,7 +236,7 @@ func (s *suite[T]) outboxHistory(t *testing.T) {
 		committed[key] = ps
 		total += len(ps)
 	}
-	eventually(t, "every committed message delivered", func() { c.Advance(time.Second) }, func() bool {
+	testkit.Eventually(t, "every committed message delivered", func() { c.Advance(time.Second) }, func() bool {
 		_, ok := rec.Log()
 		n := 0
 		for _, o := range ok {

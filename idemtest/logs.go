@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // logBuffer is a slog handler's output, safe for the engine's goroutines.
@@ -63,7 +64,7 @@ func (s *suite[T]) logs(t *testing.T) {
 		return []byte(resp), s.h.Enqueue(tx, "charge", []byte(payload))
 	})
 	require.NoError(t, err)
-	eventually(t, "a dead letter", func() { c.Advance(time.Minute) }, func() bool {
+	testkit.Eventually(t, "a dead letter", func() { c.Advance(time.Minute) }, func() bool {
 		ms := messages(t, e)
 		return len(ms) == 1 && ms[0].Dead
 	})

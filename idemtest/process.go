@@ -84,7 +84,7 @@ func (s *suite[T]) process(t *testing.T) {
 		var rec testkit.Recorder
 		c := newClock()
 		e := s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
-		eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
 		require.Equal(t, idemcore.DownstreamKey(crashKey, 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)

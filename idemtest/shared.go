@@ -151,7 +151,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		for i := range n {
 			s.enqueue(t, a, "order-"+string(rune('1'+i)), "charge", []byte{byte('a' + i)})
 		}
-		eventually(t, "the dead letters", nil, func() bool {
+		testkit.Eventually(t, "the dead letters", nil, func() bool {
 			letters = letters[:0]
 			for _, m := range messages(t, b) {
 				if m.Dead {
@@ -167,11 +167,11 @@ func (s *suite[T]) shared(t *testing.T) {
 		a, b, rec, healthy, letters := dead(t, 1)
 		healthy.Store(true)
 		require.NoError(t, b.RetryDead(letters[0].Seq))
-		eventually(t, "the retried letter's delivery by A", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "the retried letter's delivery by A", nil, func() bool { return len(rec.Delivered()) == 1 })
 		d := rec.Delivered()[0]
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, 1, d.Attempt, "its attempt count starts again")
-		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, a)) == 0 && len(messages(t, b)) == 0 })
+		testkit.Eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, a)) == 0 && len(messages(t, b)) == 0 })
 		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound, "retried and delivered: no longer a dead letter")
 		require.ErrorIs(t, b.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound)
 	})
@@ -218,7 +218,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		failing := func(context.Context, idemcore.Message) error { return errors.New("gateway down") }
 		b := s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": failing}, idemcore.OutboxOptions{MaxAttempts: 1}))
 		var letter *idemcore.Message
-		eventually(t, "B's dead letter", nil, func() bool {
+		testkit.Eventually(t, "B's dead letter", nil, func() bool {
 			ms := messages(t, b)
 			if len(ms) == 1 && ms[0].Dead {
 				letter = ms[0]
@@ -237,12 +237,12 @@ func (s *suite[T]) shared(t *testing.T) {
 			}
 			return false
 		}
-		eventually(t, "the retried letter's delivery, or its return to the dead letters", nil, func() bool {
+		testkit.Eventually(t, "the retried letter's delivery, or its return to the dead letters", nil, func() bool {
 			return len(rec.Delivered()) == 1 || deadAgain()
 		})
 		require.False(t, deadAgain(), "A's late failure sent the retried letter back to the dead letters")
 		require.Len(t, rec.Delivered(), 1)
 		require.Equal(t, 1, rec.Delivered()[0].Attempt, "the retry's count of failures starts again; A's late failure is not counted")
-		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, op)) == 0 })
+		testkit.Eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, op)) == 0 })
 	})
 }

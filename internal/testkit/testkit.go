@@ -9,6 +9,7 @@ package testkit
 
 import (
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -33,4 +34,26 @@ func (c *Clock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.now = c.now.Add(d)
 	c.mu.Unlock()
+}
+
+// Eventually polls cond every millisecond until it holds, and fails t if it
+// does not within two minutes (a bound on a hang for asynchronous work such
+// as outbox delivery, not a timing claim: CI machines are shared). tick, if
+// not nil, runs before every poll: a fake-clock advance, so that messages
+// waiting for their backoff fall due.
+func Eventually(t testing.TB, what string, tick func(), cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if tick != nil {
+			tick()
+		}
+		if cond() {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
