@@ -75,9 +75,7 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 		}
 		done := s.done(c.Started, []byte("resp"), nil)
 		require.NoError(t, b.Complete(bg, c, done))
-		r = s.lookup("k")
-		require.Equal(t, idemcore.StateDone, r.State)
-		require.Equal(t, []byte("resp"), r.Response)
+		r = s.isDone("k", "resp")
 		require.Nil(t, r.Err)
 		s.sameTime(done.CompletedAt, r.CompletedAt, "CompletedAt")
 	})
@@ -153,9 +151,7 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 			return s.done(s.started("k", 1), []byte("ord_1"), nil), nil
 		})
 		require.NoError(t, err)
-		r := s.lookup("k")
-		require.Equal(t, idemcore.StateDone, r.State)
-		require.Equal(t, []byte("ord_1"), r.Response)
+		s.isDone("k", "ord_1")
 		ms := s.messages()
 		require.Len(t, ms, 2)
 		require.Less(t, ms[0].Seq, ms[1].Seq, "Seq increases in enqueue order")
@@ -189,9 +185,7 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 			return s.done(c.Started, []byte("tx"), nil), nil
 		})
 		require.NoError(t, err)
-		r := s.lookup("k")
-		require.Equal(t, idemcore.StateDone, r.State)
-		require.Equal(t, []byte("tx"), r.Response)
+		s.isDone("k", "tx")
 	})
 
 	t.Run("Forget deletes a record in any state and says whether there was one", func(t *testing.T) {
@@ -225,9 +219,7 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 			return s.done(cur, []byte("by hand"), nil), nil
 		})
 		require.NoError(t, err)
-		r := s.lookup("k")
-		require.Equal(t, idemcore.StateDone, r.State)
-		require.Equal(t, []byte("by hand"), r.Response)
+		s.isDone("k", "by hand")
 	})
 
 	t.Run("Prune deletes exactly the expired records, in batches", func(t *testing.T) {
@@ -454,6 +446,17 @@ func (s *seam[T]) lookup(key string) *idemcore.Record {
 	s.t.Helper()
 	r, _, err := s.b.Lookup(bg, idemcore.Lookup{Key: key, Now: s.now, Retention: time.Hour})
 	require.NoError(s.t, err, "Lookup %s", key)
+	return r
+}
+
+// isDone checks that key's record is done with response resp, and returns
+// it.
+func (s *seam[T]) isDone(key, resp string) *idemcore.Record {
+	s.t.Helper()
+	r := s.lookup(key)
+	require.NotNil(s.t, r, key)
+	require.Equal(s.t, idemcore.StateDone, r.State, key)
+	require.Equal(s.t, resp, string(r.Response), key)
 	return r
 }
 

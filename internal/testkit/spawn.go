@@ -48,7 +48,7 @@ func Report() *os.File { return os.NewFile(3, "testkit-report") }
 type Child struct {
 	t     testing.TB
 	cmd   *exec.Cmd
-	out   syncBuffer
+	out   SyncBuffer
 	stdin io.Closer
 
 	mu      sync.Mutex
@@ -179,20 +179,23 @@ func ExitStatus(err error) (int, bool) {
 	return ws.ExitStatus(), ok && ws.Exited()
 }
 
-// syncBuffer is a bytes.Buffer safe for the child's output copier and the
-// test reading it.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer safe for concurrent writers and readers: a
+// child's output, a slog handler's under the engine's goroutines. The zero
+// value is ready.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+// Write appends p.
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+// String returns what was written.
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
