@@ -49,7 +49,7 @@ type Child struct {
 	t     testing.TB
 	cmd   *exec.Cmd
 	out   SyncBuffer
-	stdin io.Closer
+	stdin io.WriteCloser
 
 	mu      sync.Mutex
 	reports []string
@@ -58,6 +58,7 @@ type Child struct {
 
 	read   chan struct{} // closed once the reports ended
 	waited bool
+	next   int // the index of the report Next returns
 }
 
 // Start starts exe with args and the extra environment env (KEY=value), its
@@ -132,6 +133,43 @@ func (c *Child) Await(line string) {
 		}
 	}
 }
+
+// Next returns the child's next report line, in order; it fails the test if
+// the child ends first, or says nothing for a minute.
+func (c *Child) Next() string {
+	c.t.Helper()
+	timeout := time.After(time.Minute) // a bound on a hang, not a timing claim
+	for {
+		c.mu.Lock()
+		n, eof, more := len(c.reports), c.eof, c.more
+		if c.next < n {
+			line := c.reports[c.next]
+			c.next++
+			c.mu.Unlock()
+			return line
+		}
+		c.mu.Unlock()
+		if eof {
+			c.t.Fatalf("the child ended without a word; it said:\n%s", c.Output())
+		}
+		select {
+		case <-more:
+		case <-timeout:
+			c.t.Fatalf("no word from the child; it said:\n%s", c.Output())
+		}
+	}
+}
+
+// Send writes line and a newline to the child's standard input.
+func (c *Child) Send(line string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.stdin, line+"\n"); err != nil {
+		c.t.Fatalf("write to the child: %v", err)
+	}
+}
+
+// Pid is the child's process id.
+func (c *Child) Pid() int { return c.cmd.Process.Pid }
 
 // Kill kills the child with SIGKILL and fails the test unless it died of it.
 func (c *Child) Kill() {
