@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
-	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // TestOutboxQuarantinesUndecodableMessages: a message damaged on disk moves
@@ -39,12 +38,7 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	}))
 	require.NoError(t, db.Close())
 
-	var rec testkit.Recorder
-	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.OpenFile(path, file, opts)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); boltkit.Check(t, path) }()
+	e, rec := obReopen(t, path, file, opts)
 
 	testkit.Eventually(t, "the two good messages delivered", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	var seqs []uint64

@@ -34,6 +34,19 @@ func obOpen(t testing.TB, clock *testkit.Clock, o idem.OutboxOptions) (*idem.Eng
 	return boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: o})
 }
 
+// obReopen opens the file at path again with a dispatcher delivering topic
+// "charge" to a Recorder, closes it and checks the file when t ends.
+func obReopen(t testing.TB, path string, file *idem.BoltOptions, opts *idem.Options) (*idem.Engine, *testkit.Recorder) {
+	t.Helper()
+	rec := new(testkit.Recorder)
+	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
+		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
+	e, err := idem.OpenFile(path, file, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()); boltkit.Check(t, path) })
+	return e, rec
+}
+
 // obMsg is a message to enqueue: ordering "" means the default.
 type obMsg struct {
 	topic, ordering, payload string
@@ -313,12 +326,7 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	require.Equal(t, idem.OutboxStats{Pending: 3, Waiting: 3}, s.Outbox)
 	require.NoError(t, e.Close())
 
-	var rec testkit.Recorder
-	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.OpenFile(path, file, opts)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); boltkit.Check(t, path) }()
+	e, rec := obReopen(t, path, file, opts)
 	testkit.Eventually(t, "delivery after the restart", nil, func() bool { return obStats(t, e).Delivered == 3 })
 	var payloads []string
 	for _, m := range rec.Delivered() {
