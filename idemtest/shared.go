@@ -54,27 +54,31 @@ func (s *suite[T]) shared(t *testing.T) {
 		require.Equal(t, resp, string(res.Response), msg)
 	}
 
-	t.Run("Forget on one engine: the other's next call runs fn as new", func(t *testing.T) {
-		both(t, func(t *testing.T, v via) {
-			a, b, _ := pair(t, Options{})
-			runs(t, a, v, "k", "A-run1", "A's first call")
-			replays(t, a, v, "k", "A-run1", "A's replay")
-			require.NoError(t, b.Forget("k"))
-			runs(t, a, v, "k", "A-run2", "A's call right after B's Forget")
-			replays(t, b, v, "k", "A-run2", "B replays A's new outcome")
+	// After B's Forget, the next call (A's, or B's own) runs fn as new, and
+	// the other engine replays that new outcome, never its memory of the old.
+	for _, c := range []struct {
+		name           string
+		next           bool // B makes the next call
+		resp, run, rep string
+	}{
+		{"Forget on one engine: the other's next call runs fn as new", false, "A-run2", "A's call right after B's Forget", "B replays A's new outcome"},
+		{"Forget on one engine, a new outcome stored there: the other replays it", true, "B-run2", "B's call after its Forget", "A replays what the store holds"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			both(t, func(t *testing.T, v via) {
+				a, b, _ := pair(t, Options{})
+				runs(t, a, v, "k", "A-run1", "A's first call")
+				replays(t, a, v, "k", "A-run1", "A's replay")
+				require.NoError(t, b.Forget("k"))
+				next, other := a, b
+				if c.next {
+					next, other = b, a
+				}
+				runs(t, next, v, "k", c.resp, c.run)
+				replays(t, other, v, "k", c.resp, c.rep)
+			})
 		})
-	})
-
-	t.Run("Forget on one engine, a new outcome stored there: the other replays it", func(t *testing.T) {
-		both(t, func(t *testing.T, v via) {
-			a, b, _ := pair(t, Options{})
-			runs(t, a, v, "k", "A-run1", "A's first call")
-			replays(t, a, v, "k", "A-run1", "A's replay")
-			require.NoError(t, b.Forget("k"))
-			runs(t, b, v, "k", "B-run2", "B's call after its Forget")
-			replays(t, a, v, "k", "B-run2", "A replays what the store holds")
-		})
-	})
+	}
 
 	t.Run("Forget on one engine: a stored error is not replayed by the other", func(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
