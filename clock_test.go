@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // One notion of time for the replay cache and the file: the clock seam strips
@@ -22,7 +23,7 @@ func TestClockTimesCarryNoMonotonicReading(t *testing.T) {
 	}
 	for name, now := range clocks {
 		t.Run(name, func(t *testing.T) {
-			e, path := testkit.Open(t, &idem.Options{Now: now})
+			e, path := boltkit.Open(t, &idem.Options{Now: now})
 			first, err := e.Do(bg, "k", nil, okFn("v"))
 			require.NoError(t, err)
 			cached, err := e.Do(bg, "k", nil, mustNotRun(t))

@@ -12,6 +12,7 @@ import (
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // effectsBucket is the user bucket the suite's effect rows go to.
@@ -46,7 +47,7 @@ var boltHarness = idemtest.Harness[*idem.Tx]{
 	},
 	Enqueue: func(tx *idem.Tx, topic string, payload []byte) error { return tx.Enqueue(topic, payload) },
 	Hook:    idemtest.CoreHook,
-	Check:   testkit.Check,
+	Check:   boltkit.Check,
 }
 
 func TestConformance(t *testing.T) {
@@ -59,3 +60,14 @@ func TestConformance(t *testing.T) {
 
 // The bbolt engine offers every engine's methods.
 var _ idemtest.Engine[*idem.Tx] = (*idem.Engine)(nil)
+
+// TestBackend runs the seam suite on the bbolt backend, as OpenWrapped hands
+// it to an idle engine.
+func TestBackend(t *testing.T) {
+	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*idem.Tx] {
+		path := filepath.Join(t.TempDir(), "idem.db")
+		return idemtest.EngineBackend(t, func(wrap func(idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
+			return idem.OpenWrapped(path, &idem.Options{PruneInterval: -1}, wrap)
+		})
+	})
+}

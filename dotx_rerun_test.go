@@ -4,15 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // No DoTx fn runs more than 3 times per call, whatever fails around it
@@ -28,7 +26,7 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 	}
 	for name, fails := range cases {
 		t.Run(name, func(t *testing.T) {
-			e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+			e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 			errFail := errors.New("fn failed")
 			maxRuns, rolledBack := 0, false
 			for round := 0; round < 10 && !rolledBack; round++ {
@@ -36,55 +34,29 @@ func TestDoTxReRunsAreBounded(t *testing.T) {
 				var failures atomic.Int64
 				runs := make([]atomic.Int64, callers)
 
-				// A first call holds the writer while the others queue
-				// behind it, so they share the next commits.
-				release, holding := make(chan struct{}), make(chan struct{})
-				blocker := make(chan error, 1)
-				go func() {
-					_, err := e.DoTx(bg, fmt.Sprintf("r%d-blocker", round), nil, func(context.Context, *idem.Tx) ([]byte, error) {
-						close(holding)
-						<-release
-						return nil, nil
-					})
-					blocker <- err
-				}()
-				<-holding
-
-				var wg, started sync.WaitGroup
-				started.Add(callers)
-				for i := range callers {
+				shareCommits(t, e, fmt.Sprintf("r%d-blocker", round), callers, func(i int) {
 					key := fmt.Sprintf("r%d-k%03d", round, i)
-					wg.Go(func() {
-						started.Done()
-						res, err := e.DoTx(bg, key, nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
-							runs[i].Add(1)
-							b, err := tx.Bucket([]byte("data"))
-							if err != nil {
-								return nil, err
-							}
-							if err := b.Put([]byte(key), []byte("written")); err != nil {
-								return nil, err
-							}
-							if fails(i, failures.Load()) {
-								failures.Add(1)
-								return nil, errFail
-							}
-							return []byte(key), nil
-						})
-						if err != nil && !errors.Is(err, errFail) {
-							t.Errorf("%s: %v", key, err)
-						} else if err == nil && string(res.Response) != key {
-							t.Errorf("%s: got %q", key, res.Response)
+					res, err := e.DoTx(bg, key, nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
+						runs[i].Add(1)
+						b, err := tx.Bucket([]byte("data"))
+						if err != nil {
+							return nil, err
 						}
+						if err := b.Put([]byte(key), []byte("written")); err != nil {
+							return nil, err
+						}
+						if fails(i, failures.Load()) {
+							failures.Add(1)
+							return nil, errFail
+						}
+						return []byte(key), nil
 					})
-				}
-				started.Wait()
-				for range 100 {
-					runtime.Gosched() // let the callers reach the pipeline's queue
-				}
-				close(release)
-				wg.Wait()
-				require.NoError(t, <-blocker)
+					if err != nil && !errors.Is(err, errFail) {
+						t.Errorf("%s: %v", key, err)
+					} else if err == nil && string(res.Response) != key {
+						t.Errorf("%s: got %q", key, res.Response)
+					}
+				})
 
 				total := 0
 				for i := range callers {

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 var txDumps atomic.Uint64
@@ -47,7 +47,7 @@ func txDump(t testing.TB, e *idem.Engine, names ...string) map[string]map[string
 }
 
 func TestDoTxWritesCommitWithTheRecord(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	runs := 0
 	fn := func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		runs++
@@ -76,7 +76,7 @@ func TestDoTxWritesCommitWithTheRecord(t *testing.T) {
 }
 
 func TestDoTxRefusesTheReservedBucket(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	for _, name := range []string{"idem"} {
 		t.Run(name, func(t *testing.T) {
 			_, err := e.DoTx(context.Background(), "k-"+name, nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
@@ -98,7 +98,7 @@ func TestDoTxRefusesTheReservedBucket(t *testing.T) {
 }
 
 func TestDoTxPanicCommitsNothingAndReachesTheCaller(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	boom := errors.New("boom")
 	fn := func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		b, err := tx.Bucket([]byte("orders"))
@@ -136,7 +136,7 @@ func TestDoTxPanicCommitsNothingAndReachesTheCaller(t *testing.T) {
 }
 
 func TestDoTxPermanentErrorIsRecordedWithoutFnsWrites(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	declined := errors.New("card declined")
 	runs := 0
 	fn := func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
@@ -164,7 +164,7 @@ func TestDoTxPermanentErrorIsRecordedWithoutFnsWrites(t *testing.T) {
 }
 
 func TestDoTxRetryableFreesTheKey(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.DoTx(context.Background(), "create-1", nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		b, _ := tx.Bucket([]byte("orders"))
 		_ = b.Put([]byte("order-1"), []byte("x"))
@@ -179,6 +179,44 @@ func TestDoTxRetryableFreesTheKey(t *testing.T) {
 	require.False(t, res.Replayed)
 }
 
+// shareCommits runs call(i) for each i below callers, each on a goroutine of
+// its own, while a DoTx of key blocker holds the writer, so that the calls'
+// DoTx calls queue behind it and share the next commits; it returns once
+// every call has returned.
+func shareCommits(t *testing.T, e *idem.Engine, blocker string, callers int, call func(i int)) {
+	t.Helper()
+	release, holding := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		_, err := e.DoTx(context.Background(), blocker, nil, func(context.Context, *idem.Tx) ([]byte, error) {
+			select { // fn may run again in a new transaction
+			case <-holding:
+			default:
+				close(holding)
+			}
+			<-release
+			return nil, nil
+		})
+		done <- err
+	}()
+	<-holding
+	var wg, started sync.WaitGroup
+	started.Add(callers)
+	for i := range callers {
+		wg.Go(func() {
+			started.Done()
+			call(i)
+		})
+	}
+	started.Wait()
+	for range 100 {
+		runtime.Gosched() // let the callers reach the pipeline's queue
+	}
+	close(release)
+	wg.Wait()
+	require.NoError(t, <-done)
+}
+
 // TestDoTxSharedCommits runs many concurrent DoTx calls that share commits:
 // a third succeed, a third fail, a third panic, each after writing. Every
 // successful call's writes (a log entry under a bucket sequence, a data key,
@@ -187,7 +225,7 @@ func TestDoTxRetryableFreesTheKey(t *testing.T) {
 // rollback-and-rerun path is known to be exercised.
 func TestDoTxSharedCommits(t *testing.T) {
 	const callers = 300
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	errFail := errors.New("fn failed")
 
 	var fnRuns, rounds int
@@ -225,61 +263,31 @@ func TestDoTxSharedCommits(t *testing.T) {
 			}
 		}
 
-		// A first call holds the writer while the others queue behind it,
-		// so they share the next commits.
-		release, holding := make(chan struct{}), make(chan struct{})
-		blocker := make(chan error, 1)
-		go func() {
-			_, err := e.DoTx(context.Background(), fmt.Sprintf("r%d-blocker", round), nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
-				select {
-				case <-holding:
-				default:
-					close(holding)
-				}
-				<-release
-				return nil, nil
-			})
-			blocker <- err
-		}()
-		<-holding
-
-		var wg, started sync.WaitGroup
-		started.Add(callers)
-		for i := range callers {
+		shareCommits(t, e, fmt.Sprintf("r%d-blocker", round), callers, func(i int) {
 			key := fmt.Sprintf("r%d-k%03d", round, i)
-			wg.Go(func() {
-				defer func() {
-					v := recover()
-					if i%3 == 2 {
-						var pe *idem.PanicError
-						if err, ok := v.(error); !ok || !errors.As(err, &pe) || pe.Value != "fn panicked: "+key {
-							t.Errorf("%s: recovered %v, want its own *idem.PanicError", key, v)
-						}
-					} else if v != nil {
-						t.Errorf("%s: unexpected panic %v", key, v)
+			defer func() {
+				v := recover()
+				if i%3 == 2 {
+					var pe *idem.PanicError
+					if err, ok := v.(error); !ok || !errors.As(err, &pe) || pe.Value != "fn panicked: "+key {
+						t.Errorf("%s: recovered %v, want its own *idem.PanicError", key, v)
 					}
-				}()
-				started.Done()
-				res, err := e.DoTx(context.Background(), key, nil, fn(i, key))
-				switch i % 3 {
-				case 0:
-					if err != nil || string(res.Response) != key {
-						t.Errorf("%s: got %q, %v; want its own response", key, res.Response, err)
-					}
-				case 1:
-					if !errors.Is(err, errFail) {
-						t.Errorf("%s: err = %v, want errFail", key, err)
-					}
+				} else if v != nil {
+					t.Errorf("%s: unexpected panic %v", key, v)
 				}
-			})
-		}
-		started.Wait()
-		for range 100 {
-			runtime.Gosched() // let the callers reach the pipeline's queue
-		}
-		close(release)
-		wg.Wait()
-		require.NoError(t, <-blocker)
+			}()
+			res, err := e.DoTx(context.Background(), key, nil, fn(i, key))
+			switch i % 3 {
+			case 0:
+				if err != nil || string(res.Response) != key {
+					t.Errorf("%s: got %q, %v; want its own response", key, res.Response, err)
+				}
+			case 1:
+				if !errors.Is(err, errFail) {
+					t.Errorf("%s: err = %v, want errFail", key, err)
+				}
+			}
+		})
 
 		dump := txDump(t, e, "log", "data")
 		logged := map[string]int{}
@@ -323,7 +331,7 @@ func TestDoTxSharedCommits(t *testing.T) {
 // point into the transaction's memory. The answer and the record must be
 // copies, on success and with a permanent error, while other calls write.
 func TestDoTxMayReturnBytesReadFromItsTransaction(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	_, err := e.DoTx(bg, "seed", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {
 		b, err := tx.Bucket([]byte("acct"))
 		if err != nil {

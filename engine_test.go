@@ -23,6 +23,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemtest"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 func TestMain(m *testing.M) {
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 // answer; the same key with other arguments is refused, in every state.
 
 func TestSameKeyTwiceGivesSameOrderAndOneSideEffect(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	var charges atomic.Int32
 	createOrder := func(context.Context) ([]byte, error) {
 		n := charges.Add(1)
@@ -57,7 +58,7 @@ func TestSameKeyTwiceGivesSameOrderAndOneSideEffect(t *testing.T) {
 }
 
 func TestSameKeyWithDifferentArgumentsIsRejected(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.Do(bg, "order-7f3a", []byte(`{"sku":"A1","qty":2}`), okFn("ord_1"))
 	require.NoError(t, err)
 	_, err = e.Do(bg, "order-7f3a", []byte(`{"sku":"A1","qty":3}`), mustNotRun(t))
@@ -70,21 +71,21 @@ func TestSameKeyWithDifferentArgumentsIsRejected(t *testing.T) {
 
 func TestFingerprintMismatchInEveryState(t *testing.T) {
 	t.Run("done", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		_, err := e.Do(bg, "k", []byte("a"), okFn("v"))
 		require.NoError(t, err)
 		_, err = e.Do(bg, "k", []byte("b"), mustNotRun(t))
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 	})
 	t.Run("done with a stored error", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		_, err := e.Do(bg, "k", []byte("a"), func(context.Context) ([]byte, error) { return nil, errors.New("no") })
 		require.Error(t, err)
 		_, err = e.Do(bg, "k", []byte("b"), mustNotRun(t))
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch)
 	})
 	t.Run("in progress", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		release, leader, _ := leaderWithWaiters(t, e, "k", 0, okFn("v"))
 		_, err := e.Do(bg, "k", []byte("other"), mustNotRun(t))
 		require.ErrorIs(t, err, idem.ErrFingerprintMismatch, "even while the first call runs")
@@ -92,7 +93,7 @@ func TestFingerprintMismatchInEveryState(t *testing.T) {
 		require.NoError(t, (<-leader).err)
 	})
 	t.Run("interrupted", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		_, err := interrupt(e, "k", []byte("a"))
 		require.ErrorIs(t, err, context.Canceled)
 		_, err = e.Do(bg, "k", []byte("b"), mustNotRun(t))
@@ -102,7 +103,7 @@ func TestFingerprintMismatchInEveryState(t *testing.T) {
 		require.Equal(t, 1, r.Attempt, "the record is untouched")
 	})
 	t.Run("dotx done", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		_, err := e.DoTx(bg, "k", []byte("a"), func(context.Context, *idem.Tx) ([]byte, error) { return []byte("v"), nil })
 		require.NoError(t, err)
 		_, err = e.DoTx(bg, "k", []byte("b"), func(context.Context, *idem.Tx) ([]byte, error) { return nil, nil })
@@ -111,7 +112,7 @@ func TestFingerprintMismatchInEveryState(t *testing.T) {
 }
 
 func TestInvalidKeys(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	for _, tc := range []struct {
 		name, key string
 	}{
@@ -140,7 +141,7 @@ func TestInvalidKeys(t *testing.T) {
 }
 
 func TestThousandCallersOneKeyRunFnOnce(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	var runs atomic.Int32
 	fn := func(context.Context) ([]byte, error) {
 		runs.Add(1)
@@ -166,7 +167,7 @@ func TestThousandCallersOneKeyRunFnOnce(t *testing.T) {
 }
 
 func TestThousandKeysAreNotSerialised(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	const n = 1000
 	var inside atomic.Int32
 	all := make(chan struct{})
@@ -194,7 +195,7 @@ func TestThousandKeysAreNotSerialised(t *testing.T) {
 }
 
 func TestInFlightFailReturnsErrInProgress(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{InFlight: idem.InFlightFail})
+	e, _ := boltkit.Open(t, &idem.Options{InFlight: idem.InFlightFail})
 	release, leader, _ := leaderWithWaiters(t, e, "k", 0, okFn("v"))
 	_, err := e.Do(bg, "k", []byte("fp"), mustNotRun(t))
 	require.ErrorIs(t, err, idem.ErrInProgress)
@@ -206,7 +207,7 @@ func TestInFlightFailReturnsErrInProgress(t *testing.T) {
 }
 
 func TestRecoverRefuseUntilResolved(t *testing.T) {
-	e, path := testkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
+	e, path := boltkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
 	_, err := interrupt(e, "k", []byte("fp"))
 	require.ErrorIs(t, err, context.Canceled)
 	_, err = e.Do(bg, "k", []byte("fp"), mustNotRun(t))
@@ -223,7 +224,7 @@ func TestRecoverRefuseUntilResolved(t *testing.T) {
 }
 
 func TestResolveWithStoredError(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
+	e, _ := boltkit.Open(t, &idem.Options{Recovery: idem.RecoverRefuse})
 	_, _ = interrupt(e, "k", nil)
 	require.NoError(t, e.Resolve("k", nil, &idem.Error{Code: "refunded", Message: "the charge was refunded by hand"}))
 	_, err := e.Do(bg, "k", nil, mustNotRun(t))
@@ -233,7 +234,7 @@ func TestResolveWithStoredError(t *testing.T) {
 }
 
 func TestForget(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.Do(bg, "k", []byte("a"), okFn("v1"))
 	require.NoError(t, err)
 	require.NoError(t, e.Forget("k"))
@@ -249,7 +250,7 @@ func TestForget(t *testing.T) {
 }
 
 func TestGetHasNoSideEffects(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.Get("k")
 	require.ErrorIs(t, err, idem.ErrNotFound)
 	_, err = interrupt(e, "k", []byte("fp"))
@@ -263,7 +264,7 @@ func TestGetHasNoSideEffects(t *testing.T) {
 }
 
 func TestNilAndEmptyResponsesDiffer(t *testing.T) {
-	e, path := testkit.Open(t, nil)
+	e, path := boltkit.Open(t, nil)
 	_, err := e.Do(bg, "nil", nil, func(context.Context) ([]byte, error) { return nil, nil })
 	require.NoError(t, err)
 	_, err = e.Do(bg, "empty", nil, func(context.Context) ([]byte, error) { return []byte{}, nil })
@@ -282,7 +283,7 @@ func TestNilAndEmptyResponsesDiffer(t *testing.T) {
 }
 
 func TestSecondOpenTimesOut(t *testing.T) {
-	e, path := testkit.OpenFile(t, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, nil)
+	e, path := boltkit.OpenFile(t, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, nil)
 	_ = e
 	_, err := idem.OpenFile(path, &idem.BoltOptions{LockTimeout: 50 * time.Millisecond}, nil)
 	require.ErrorIs(t, err, bolterrors.ErrTimeout)
@@ -312,7 +313,7 @@ func TestOpenRefusesFutureFormat(t *testing.T) {
 
 func TestClose(t *testing.T) {
 	t.Run("is idempotent and Do after it fails", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		require.NoError(t, e.Close())
 		require.NoError(t, e.Close())
 		_, err := e.Do(bg, "k", nil, mustNotRun(t))
@@ -321,7 +322,7 @@ func TestClose(t *testing.T) {
 		require.ErrorIs(t, err, idem.ErrClosed)
 	})
 	t.Run("cancels running fns and waits for them", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		entered := make(chan struct{})
 		var fnReturned atomic.Bool
 		out := make(chan error, 1)
@@ -340,7 +341,7 @@ func TestClose(t *testing.T) {
 		require.ErrorIs(t, <-out, context.Canceled)
 	})
 	t.Run("shutdown bounds the wait", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		entered, release := make(chan struct{}), make(chan struct{})
 		go func() {
 			_, _ = e.Do(bg, "k", nil, func(ctx context.Context) ([]byte, error) {
@@ -359,7 +360,7 @@ func TestClose(t *testing.T) {
 }
 
 func TestStatsCountsRecordsAndWork(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, _ = e.Do(bg, "a", []byte("1"), okFn("v"))
 	_, _ = e.Do(bg, "a", []byte("1"), okFn("v"))
 	_, _ = e.Do(bg, "a", []byte("2"), okFn("v"))
@@ -375,12 +376,12 @@ func TestStatsCountsRecordsAndWork(t *testing.T) {
 }
 
 func TestBackupIsAConsistentCopy(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.Do(bg, "k", []byte("fp"), okFn("v"))
 	require.NoError(t, err)
 	dst := filepath.Join(t.TempDir(), "backup.db")
 	require.NoError(t, e.BackupFile(dst))
-	testkit.Check(t, dst)
+	boltkit.Check(t, dst)
 	b, err := idem.Open(dst, nil)
 	require.NoError(t, err)
 	defer b.Close()
@@ -390,7 +391,7 @@ func TestBackupIsAConsistentCopy(t *testing.T) {
 }
 
 func TestReentrantCallsFail(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.DoTx(bg, "outer", nil, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 		_, err := e.Do(ctx, "inner", nil, okFn("v"))
 		return nil, err
@@ -431,7 +432,7 @@ func TestFingerprintIsCanonical(t *testing.T) {
 }
 
 func TestDoJSON(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	type order struct {
 		ID    string  `json:"id"`
 		Total float64 `json:"total"`
@@ -486,7 +487,7 @@ func TestReadOnlyOpen(t *testing.T) {
 func TestCallerOwnsItsResponseBytes(t *testing.T) {
 	for _, size := range []int{-1, 0} { // replay cache off, on
 		t.Run(fmt.Sprintf("replay cache size %d", size), func(t *testing.T) {
-			e, _ := testkit.Open(t, &idem.Options{ReplayCacheBytes: size})
+			e, _ := boltkit.Open(t, &idem.Options{ReplayCacheBytes: size})
 			buf := []byte("original")
 			first, err := e.Do(bg, "k", nil, func(context.Context) ([]byte, error) { return buf, nil })
 			require.NoError(t, err)
@@ -507,7 +508,7 @@ func TestCallerOwnsItsResponseBytes(t *testing.T) {
 // with ErrReentrant instead of waiting for themselves, whatever context they
 // are given.
 func TestEngineCallsFromInsideDoTxAreReentrant(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	_, err := e.Do(bg, "done", nil, okFn("v"))
 	require.NoError(t, err)
 	calls := map[string]func() error{
@@ -539,7 +540,7 @@ func TestEngineCallsFromInsideDoTxAreReentrant(t *testing.T) {
 }
 
 func TestGoexitInsideDoTxLeavesTheEngineWorking(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	exited := make(chan struct{})
 	go func() {
 		defer close(exited)
@@ -557,7 +558,7 @@ func TestGoexitInsideDoTxLeavesTheEngineWorking(t *testing.T) {
 }
 
 func TestInProgressErrorCarriesRetryAfter(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{InFlight: idem.InFlightFail, RetryAfter: 3 * time.Second})
+	e, _ := boltkit.Open(t, &idem.Options{InFlight: idem.InFlightFail, RetryAfter: 3 * time.Second})
 	entered, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
 	go func() {

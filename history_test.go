@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // historyOps is the number of calls a history test makes: IDEM_HISTORY_OPS,
@@ -48,11 +49,8 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 	cur.Store(e)
 
 	var (
-		clock    atomic.Int64
 		issued   atomic.Int64
-		mu       sync.Mutex
-		history  = make([]porcupine.Operation, 0, total)
-		counts   = map[string]int{}
+		history  testkit.History
 		restarts int
 		wg       sync.WaitGroup
 		stop     = make(chan struct{})
@@ -81,7 +79,7 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 				var ranResp string
 				restart.RLock()
 				eng := cur.Load()
-				begin := clock.Add(1)
+				begin := history.Stamp()
 				res, err := eng.Do(ctx, key, nil, func(ctx context.Context) ([]byte, error) {
 					select {
 					case <-time.After(delay):
@@ -94,14 +92,10 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 					ranResp = own
 					return []byte(own), nil
 				})
-				end := clock.Add(1)
+				end := history.Stamp()
 				restart.RUnlock()
 				cancel()
-				in := testkit.HistOf(t, key, own, res, err, ranResp)
-				mu.Lock()
-				history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: begin, Output: nil, Return: end})
-				counts[in.Op]++
-				mu.Unlock()
+				history.Add(client, begin, end, testkit.HistOf(t, key, own, res, err, ranResp))
 			}
 		})
 	}
@@ -140,18 +134,10 @@ func TestHistoryUnderCancellationsAndRestarts(t *testing.T) {
 	close(stop)
 	<-restarter
 	require.NoError(t, cur.Load().Close())
-	testkit.Check(t, path)
+	boltkit.Check(t, path)
 
-	res, info := porcupine.CheckOperationsVerbose(testkit.ContractModel, history, 5*time.Minute)
-	if res != porcupine.Ok {
-		f := filepath.Join(t.TempDir(), "history.html")
-		if err := porcupine.VisualizePath(testkit.ContractModel, info, f); err == nil {
-			t.Logf("visualization: %s", f)
-		}
-	}
-	require.Equal(t, porcupine.Ok, res, "the history is not linearizable against the contract")
-	t.Logf("calls checked: %d (exec %d, replay %d, free %d, unknown %d); engine restarts under traffic: %d",
-		len(history), counts["exec"], counts["replay"], counts["free"], counts["unknown"], restarts)
+	history.Check(t, "the history")
+	t.Logf("checked: %v; engine restarts under traffic: %d", &history, restarts)
 }
 
 // TestContractModelRejects shows the checker is not vacuous: a history with a

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // doer calls Do or DoTx with a fn that does not touch its Tx.
@@ -33,7 +33,7 @@ var doers = []doer{
 func TestDownstreamTimeoutIsAnOutcome(t *testing.T) {
 	for _, d := range doers {
 		t.Run(d.name, func(t *testing.T) {
-			e, _ := testkit.Open(t, nil)
+			e, _ := boltkit.Open(t, nil)
 			runs := 0
 			fn := func(ctx context.Context) ([]byte, error) {
 				runs++
@@ -78,7 +78,7 @@ func TestEndOfFnsContextIsAnInterruption(t *testing.T) {
 	for endName, end := range ends {
 		for _, d := range doers {
 			t.Run(d.name+" "+endName, func(t *testing.T) {
-				e, path := testkit.Open(t, nil)
+				e, path := boltkit.Open(t, nil)
 				ctx, cancel := context.WithCancel(bg)
 				defer cancel()
 				_, err := d.call(e, ctx, "k", func(ctx context.Context) ([]byte, error) {
@@ -120,7 +120,7 @@ func TestResponseAfterFnsContextEndedIsAnOutcome(t *testing.T) {
 		for _, size := range []int{2, 64} {
 			name := map[int]string{2: " fits", 64: " too large"}[size]
 			t.Run(d.name+name, func(t *testing.T) {
-				e, _ := testkit.Open(t, &idem.Options{MaxResponseSize: 8})
+				e, _ := boltkit.Open(t, &idem.Options{MaxResponseSize: 8})
 				ctx, cancel := context.WithCancel(bg)
 				defer cancel()
 				_, err := d.call(e, ctx, "k", func(context.Context) ([]byte, error) {

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // TestKeyRules: Do and DoTx refuse blank keys, white space at either end and
@@ -58,7 +58,7 @@ func TestKeyRules(t *testing.T) {
 	}
 	for callName, call := range calls {
 		t.Run(callName, func(t *testing.T) {
-			e, _ := testkit.Open(t, nil)
+			e, _ := boltkit.Open(t, nil)
 			for name, key := range refused {
 				err := call(e, key)
 				require.ErrorIs(t, err, idem.ErrInvalidKey, "%s: %q", name, key)
@@ -86,7 +86,7 @@ func TestOperatorCallsReachKeysStoredBefore(t *testing.T) {
 	copyTestdata(t, "legacy-keys.db", path)
 	e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
+	defer func() { require.NoError(t, e.Close()); boltkit.Check(t, path) }()
 
 	for _, key := range []string{" k ", "\x00", "k\ufeff"} {
 		r, err := e.Get(key)

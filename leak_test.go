@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // Every registration a call makes (the context.AfterFunc that ends fn's
@@ -24,7 +24,7 @@ func TestCallsThatPanicOrExitLeakNothing(t *testing.T) {
 	for endName, end := range ends {
 		for _, op := range []string{"Do", "DoTx"} {
 			t.Run(op+" "+endName, func(t *testing.T) {
-				e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
+				e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1})
 				call := func() {
 					done := make(chan struct{})
 					go func() { // Goexit ends the goroutine it runs on

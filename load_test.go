@@ -14,12 +14,13 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // TestLoadTenThousandCallersOneKey: 10,000 goroutines call one key at once
 // (fsync on): fn runs once, and every caller gets its response.
 func TestLoadTenThousandCallersOneKey(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	var ran atomic.Int64
 	var wg sync.WaitGroup
 	answers := make([]string, 10000)
@@ -45,7 +46,7 @@ func TestLoadTenThousandCallersOneKey(t *testing.T) {
 // TestLoadTenThousandKeys: 10,000 goroutines, each on a key of its own,
 // fsync on: every fn runs once and every record is done.
 func TestLoadTenThousandKeys(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	var ran atomic.Int64
 	var wg sync.WaitGroup
 	errs := make([]error, 10000)
@@ -83,7 +84,7 @@ func TestLoadRetentionCompressed(t *testing.T) {
 	const span = 3 * ret
 	start := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
 	clock := testkit.NewClock(start)
-	e, path := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, Retention: ret, PruneInterval: -1, ReplayCacheBytes: -1})
+	e, path := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, Retention: ret, PruneInterval: -1, ReplayCacheBytes: -1})
 	step := span / time.Duration(total)
 	perPrune := int(30 * time.Minute / step)
 	if perPrune < 1 {

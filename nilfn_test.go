@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // A nil fn is bad input: Do and DoTx refuse it with an error before they
@@ -16,7 +16,7 @@ import (
 // existed, recovered by the next call as if it might have had its effect).
 
 func TestNilFnIsRefusedAndStoresNothing(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	var res idem.Result
 	var err error
 	require.NotPanics(t, func() { res, err = e.Do(bg, "nil-do", nil, nil) })

@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // eventRecorder is an Observer that keeps every event.
@@ -48,7 +49,7 @@ func (r *eventRecorder) all() []idem.Event {
 func TestObserverCalls(t *testing.T) {
 	rec := &eventRecorder{}
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Observer: rec})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Observer: rec})
 	bg := context.Background()
 	secret := "customer-4111111111111111"
 	resp := []byte("response-with-pii")
@@ -105,7 +106,7 @@ func TestObserverCalls(t *testing.T) {
 func TestObserverDuplicates(t *testing.T) {
 	for _, policy := range []idem.InFlightPolicy{idem.InFlightWait, idem.InFlightFail} {
 		rec := &eventRecorder{}
-		e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{InFlight: policy, Observer: rec})
+		e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{InFlight: policy, Observer: rec})
 		running, release := make(chan struct{}), make(chan struct{})
 		done := make(chan error, 1)
 		go func() {
@@ -143,7 +144,7 @@ func TestObserverDuplicates(t *testing.T) {
 
 func TestObserverOutbox(t *testing.T) {
 	rec := &eventRecorder{}
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Observer: rec, Outbox: idem.OutboxOptions{
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{PruneInterval: -1, Observer: rec, Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 2, BaseBackoff: time.Nanosecond,
 		Handlers: map[string]idem.Handler{
 			"email":  func(context.Context, idem.Message) error { return nil },

@@ -19,6 +19,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // obPointInFn is a failpoint inside create_order's fn, after its writes and
@@ -99,7 +100,7 @@ func TestOutboxCrash(t *testing.T) {
 			// Reopen, as the restarted service, and retry the call, as the client.
 			e, err := idem.Open(db, obCrashOptions(gateway))
 			require.NoError(t, err)
-			defer func() { require.NoError(t, e.Close()); testkit.Check(t, db) }()
+			defer func() { require.NoError(t, e.Close()); boltkit.Check(t, db) }()
 			_, err = e.Get(obCrashKey)
 			if tc.committed {
 				require.NoError(t, err, "the child's call committed")
@@ -119,7 +120,7 @@ func TestOutboxCrash(t *testing.T) {
 			require.Len(t, orders, 1, "exactly one order")
 			require.Contains(t, orders, string(first.Response))
 
-			obWait(t, "the outbox to drain", nil, func() bool {
+			testkit.Eventually(t, "the outbox to drain", nil, func() bool {
 				s := obStats(t, e)
 				return s.Pending == 0 && len(mustLines(t, gateway)) > 0
 			})

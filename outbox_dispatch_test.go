@@ -38,14 +38,9 @@ func TestOutboxQuarantinesUndecodableMessages(t *testing.T) {
 	}))
 	require.NoError(t, db.Close())
 
-	var rec testkit.Recorder
-	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.OpenFile(path, file, opts)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
+	e, rec := obReopen(t, path, file, opts)
 
-	obWait(t, "the two good messages delivered", nil, func() bool { return obStats(t, e).Delivered == 2 })
+	testkit.Eventually(t, "the two good messages delivered", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	var seqs []uint64
 	for _, m := range rec.Delivered() {
 		seqs = append(seqs, m.Seq)
@@ -95,7 +90,7 @@ func TestOutboxPanickingHandler(t *testing.T) {
 
 	obCall(t, e, "order-1", obMsg{"panics", "", "p"})
 	obCall(t, e, "order-2", obMsg{"works", "", "w"})
-	obWait(t, "the panic recorded as a failed attempt and the other message delivered", nil, func() bool {
+	testkit.Eventually(t, "the panic recorded as a failed attempt and the other message delivered", nil, func() bool {
 		ms := obMessages(t, e)
 		return obStats(t, e).Delivered == 1 && len(ms) == 1 && ms[0].Failures == 1
 	})
@@ -106,7 +101,7 @@ func TestOutboxPanickingHandler(t *testing.T) {
 	require.True(t, m.NextAttemptAt.After(obStart), "retried after a backoff")
 	require.Equal(t, []string{"order-2/0"}, downstreamKeys(rec.Delivered()))
 
-	obWait(t, "the retry delivered", func() { clock.Advance(time.Second) }, func() bool { return obStats(t, e).Delivered == 2 })
+	testkit.Eventually(t, "the retry delivered", func() { clock.Advance(time.Second) }, func() bool { return obStats(t, e).Delivered == 2 })
 	require.Equal(t, []string{"order-2/0", "order-1/0"}, downstreamKeys(rec.Delivered()))
 	require.Equal(t, 2, rec.Delivered()[1].Attempt)
 }
@@ -126,7 +121,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 		Handlers: map[string]idem.Handler{"t": h}})
 	obCall(t, e, "order-1", obMsg{"t", "", "1"})
 	obCall(t, e, "order-2", obMsg{"t", "", "2"})
-	obWait(t, "both first attempts failed", nil, func() bool {
+	testkit.Eventually(t, "both first attempts failed", nil, func() bool {
 		ms := obMessages(t, e)
 		return len(ms) == 2 && ms[0].Failures == 1 && ms[1].Failures == 1
 	})
@@ -137,7 +132,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 
 	if first.NextAttemptAt.Before(second.NextAttemptAt) {
 		clock.Advance(first.NextAttemptAt.Sub(obStart))
-		obWait(t, "the earlier timer fired", nil, func() bool { return obStats(t, e).Delivered == 1 })
+		testkit.Eventually(t, "the earlier timer fired", nil, func() bool { return obStats(t, e).Delivered == 1 })
 		require.Equal(t, []string{first.DownstreamKey}, downstreamKeys(rec.Delivered()))
 		left := obMessages(t, e)
 		require.Len(t, left, 1, "the later timer has not fired: its time has not come")
@@ -145,7 +140,7 @@ func TestOutboxTwoBackoffTimers(t *testing.T) {
 		require.Equal(t, 1, left[0].Failures)
 	}
 	clock.Advance(second.NextAttemptAt.Sub(clock.Now()))
-	obWait(t, "the later timer fired", nil, func() bool { return obStats(t, e).Delivered == 2 })
+	testkit.Eventually(t, "the later timer fired", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	require.ElementsMatch(t, []string{"order-1/0", "order-2/0"}, downstreamKeys(rec.Delivered()))
 	require.Equal(t, idem.OutboxStats{Delivered: 2}, obStats(t, e))
 }

@@ -18,28 +18,8 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
-
-// obWait polls cond every millisecond until it holds, for at most 30 s (a
-// bound for asynchronous delivery, not a timing claim). tick, if not nil,
-// runs before every poll: tests pass a fake-clock advance there, so messages
-// waiting for their backoff fall due.
-func obWait(t testing.TB, what string, tick func(), cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Minute) // a hang guard, not a timing claim: CI machines are shared
-	for {
-		if tick != nil {
-			tick()
-		}
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
 
 var obStart = time.Date(2025, 1, 2, 10, 0, 0, 0, time.UTC)
 
@@ -51,7 +31,20 @@ func obOpen(t testing.TB, clock *testkit.Clock, o idem.OutboxOptions) (*idem.Eng
 	if o.PollInterval == 0 {
 		o.PollInterval = time.Millisecond
 	}
-	return testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: o})
+	return boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Outbox: o})
+}
+
+// obReopen opens the file at path again with a dispatcher delivering topic
+// "charge" to a Recorder, closes it and checks the file when t ends.
+func obReopen(t testing.TB, path string, file *idem.BoltOptions, opts *idem.Options) (*idem.Engine, *testkit.Recorder) {
+	t.Helper()
+	rec := new(testkit.Recorder)
+	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
+		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
+	e, err := idem.OpenFile(path, file, opts)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, e.Close()); boltkit.Check(t, path) })
+	return e, rec
 }
 
 // obMsg is a message to enqueue: ordering "" means the default.
@@ -108,8 +101,8 @@ func TestOutboxDeliversEveryMessageWithItsFields(t *testing.T) {
 		"charge_card": rec.Handler(nil), "send_email": rec.Handler(nil)}})
 
 	obCall(t, e, "order-1", obMsg{"charge_card", "", "1200"}, obMsg{"send_email", "", "receipt"}, obMsg{"charge_card", "", ""})
-	obWait(t, "3 deliveries", nil, func() bool { return len(rec.Delivered()) == 3 })
-	obWait(t, "removal", nil, func() bool { return obStats(t, e).Delivered == 3 })
+	testkit.Eventually(t, "3 deliveries", nil, func() bool { return len(rec.Delivered()) == 3 })
+	testkit.Eventually(t, "removal", nil, func() bool { return obStats(t, e).Delivered == 3 })
 
 	got := rec.Delivered()
 	for i, m := range got {
@@ -150,7 +143,7 @@ func TestOutboxHandlerFailingNTimesThenSucceeding(t *testing.T) {
 	obCall(t, e, "order-1", obMsg{"charge_card", "", "1200"})
 
 	// Without the clock moving, the first failure's backoff holds the retry.
-	obWait(t, "the first failure recorded", nil, func() bool {
+	testkit.Eventually(t, "the first failure recorded", nil, func() bool {
 		ms := obMessages(t, e)
 		return len(ms) == 1 && ms[0].Failures == 1
 	})
@@ -162,7 +155,7 @@ func TestOutboxHandlerFailingNTimesThenSucceeding(t *testing.T) {
 	require.Equal(t, 1, s.Pending)
 	require.Equal(t, 1, s.Retrying)
 
-	obWait(t, "delivery", func() { clock.Advance(time.Minute) }, func() bool { return obStats(t, e).Delivered == 1 })
+	testkit.Eventually(t, "delivery", func() { clock.Advance(time.Minute) }, func() bool { return obStats(t, e).Delivered == 1 })
 	got := rec.Attempts()
 	require.Len(t, got, failures+1)
 	for i, m := range got {
@@ -186,7 +179,7 @@ func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 	advance := func() { clock.Advance(time.Hour) }
 
 	obCall(t, e, "order-1", obMsg{"charge_card", "", "1200"})
-	obWait(t, "a dead letter", advance, func() bool { return obStats(t, e).Dead == 1 })
+	testkit.Eventually(t, "a dead letter", advance, func() bool { return obStats(t, e).Dead == 1 })
 	require.Len(t, rec.Attempts(), 3, "MaxAttempts attempts, then dead")
 	require.Equal(t, idem.OutboxStats{Dead: 1}, obStats(t, e))
 	ms := obMessages(t, e)
@@ -201,7 +194,7 @@ func TestOutboxDeadLetterAfterMaxAttemptsThenRetry(t *testing.T) {
 	healthy.Store(true)
 	require.NoError(t, e.RetryDead(dead.Seq))
 	require.ErrorIs(t, e.RetryDead(dead.Seq), idem.ErrMessageNotFound, "it is no longer dead")
-	obWait(t, "delivery of the retried dead letter", nil, func() bool { return obStats(t, e).Delivered == 1 })
+	testkit.Eventually(t, "delivery of the retried dead letter", nil, func() bool { return obStats(t, e).Delivered == 1 })
 	got := rec.Attempts()
 	require.Len(t, got, 4)
 	require.Equal(t, 1, got[3].Attempt, "a retried dead letter counts its attempts from 1 again")
@@ -216,7 +209,7 @@ func TestOutboxDropDeadAndDeadLetterRetention(t *testing.T) {
 		Handlers: map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}})
 	obCall(t, e, "a", obMsg{"t", "", "1"})
 	obCall(t, e, "b", obMsg{"t", "", "2"})
-	obWait(t, "two dead letters", nil, func() bool { return obStats(t, e).Dead == 2 })
+	testkit.Eventually(t, "two dead letters", nil, func() bool { return obStats(t, e).Dead == 2 })
 	ms := obMessages(t, e)
 	require.Len(t, ms, 2)
 
@@ -257,7 +250,7 @@ func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 		e, _ := obOpen(t, clock, idem.OutboxOptions{Handlers: map[string]idem.Handler{"charge": h, "refund": h}})
 		obCall(t, e, "create-7", obMsg{"charge", "order-7", "+1200"})
 		obCall(t, e, "refund-7", obMsg{"refund", "order-7", "-1200"})
-		obWait(t, "both delivered", func() { clock.Advance(time.Hour) }, func() bool { return obStats(t, e).Delivered == 2 })
+		testkit.Eventually(t, "both delivered", func() { clock.Advance(time.Hour) }, func() bool { return obStats(t, e).Delivered == 2 })
 
 		var topics []string
 		for _, m := range rec.Attempts() {
@@ -279,7 +272,7 @@ func TestOutboxOrderingKeyHoldsBackLaterMessages(t *testing.T) {
 		e, _ := obOpen(t, clock, idem.OutboxOptions{MaxAttempts: 2, Handlers: map[string]idem.Handler{"charge": h, "refund": h}})
 		obCall(t, e, "create-7", obMsg{"charge", "order-7", "+1200"})
 		obCall(t, e, "refund-7", obMsg{"refund", "order-7", "-1200"})
-		obWait(t, "refund delivered", func() { clock.Advance(time.Hour) }, func() bool { return obStats(t, e).Delivered == 1 })
+		testkit.Eventually(t, "refund delivered", func() { clock.Advance(time.Hour) }, func() bool { return obStats(t, e).Delivered == 1 })
 		var topics []string
 		for _, m := range rec.Attempts() {
 			topics = append(topics, m.Topic)
@@ -298,7 +291,7 @@ func TestOutboxMessagesWithoutHandlerWait(t *testing.T) {
 	// ordering key; another key's charge goes through.
 	obCall(t, e, "order-1", obMsg{"email", "", "hello"}, obMsg{"charge", "", "1200"})
 	obCall(t, e, "order-2", obMsg{"charge", "", "900"})
-	obWait(t, "order-2's charge", nil, func() bool { return obStats(t, e).Delivered == 1 })
+	testkit.Eventually(t, "order-2's charge", nil, func() bool { return obStats(t, e).Delivered == 1 })
 	s := obStats(t, e)
 	require.Equal(t, 2, s.Pending)
 	require.Equal(t, 1, s.Waiting, "the email has no handler")
@@ -310,7 +303,7 @@ func TestOutboxMessagesWithoutHandlerWait(t *testing.T) {
 			Handlers: map[string]idem.Handler{"charge": rec.Handler(nil), "email": rec.Handler(nil)}}})
 	require.NoError(t, err)
 	defer func() { require.NoError(t, e.Close()) }()
-	obWait(t, "the rest", nil, func() bool { return obStats(t, e).Delivered == 2 })
+	testkit.Eventually(t, "the rest", nil, func() bool { return obStats(t, e).Delivered == 2 })
 	var got []string
 	for _, m := range rec.Delivered() {
 		got = append(got, m.Key+" "+m.Topic)
@@ -333,13 +326,8 @@ func TestOutboxSurvivesRestart(t *testing.T) {
 	require.Equal(t, idem.OutboxStats{Pending: 3, Waiting: 3}, s.Outbox)
 	require.NoError(t, e.Close())
 
-	var rec testkit.Recorder
-	opts.Outbox = idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond,
-		Handlers: map[string]idem.Handler{"charge": rec.Handler(nil)}}
-	e, err = idem.OpenFile(path, file, opts)
-	require.NoError(t, err)
-	defer func() { require.NoError(t, e.Close()); testkit.Check(t, path) }()
-	obWait(t, "delivery after the restart", nil, func() bool { return obStats(t, e).Delivered == 3 })
+	e, rec := obReopen(t, path, file, opts)
+	testkit.Eventually(t, "delivery after the restart", nil, func() bool { return obStats(t, e).Delivered == 3 })
 	var payloads []string
 	for _, m := range rec.Delivered() {
 		if m.Key == "order-1" {
@@ -391,9 +379,9 @@ func TestOutboxWorkersBoundParallelHandlers(t *testing.T) {
 	for i := range 6 {
 		obCall(t, e, fmt.Sprintf("k%d", i), obMsg{"t", "", ""})
 	}
-	obWait(t, "three handlers running in parallel", nil, func() bool { return running.Load() == 3 })
+	testkit.Eventually(t, "three handlers running in parallel", nil, func() bool { return running.Load() == 3 })
 	close(release)
-	obWait(t, "all delivered", nil, func() bool { return obStats(t, e).Delivered == 6 })
+	testkit.Eventually(t, "all delivered", nil, func() bool { return obStats(t, e).Delivered == 6 })
 	require.Equal(t, int32(3), peak.Load())
 }
 
@@ -449,7 +437,7 @@ func TestOutboxConcurrentEnqueueAllDelivered(t *testing.T) {
 	}
 	wg.Wait()
 	const total = goroutines * calls * 4
-	obWait(t, "every message delivered", nil, func() bool { return obStats(t, e).Delivered == total })
+	testkit.Eventually(t, "every message delivered", nil, func() bool { return obStats(t, e).Delivered == total })
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -478,7 +466,7 @@ func TestOutboxConcurrentEnqueueAllDelivered(t *testing.T) {
 }
 
 func TestEnqueueRefusesInvalidMessages(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	for _, tc := range []struct{ name, topic, ordering string }{
 		{"empty topic", "", ""},
 		{"long topic", strings.Repeat("t", 256), ""},
@@ -499,7 +487,7 @@ func TestEnqueueRefusesInvalidMessages(t *testing.T) {
 }
 
 func TestEnqueueCommitsWithTheCallOrNotAtAll(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	enqueueThen := func(after func() error) func(context.Context, *idem.Tx) ([]byte, error) {
 		return func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 			if err := tx.Enqueue("charge", []byte("1200")); err != nil {
@@ -561,7 +549,7 @@ func TestOutboxReadOnlyInspection(t *testing.T) {
 	require.NoError(t, err)
 	obCall(t, e, "order-1", obMsg{"charge", "", "1"})
 	obCall(t, e, "order-2", obMsg{"email", "", "2"})
-	obWait(t, "a dead letter", nil, func() bool { return obStats(t, e).Dead == 1 })
+	testkit.Eventually(t, "a dead letter", nil, func() bool { return obStats(t, e).Dead == 1 })
 	require.NoError(t, e.Close())
 
 	ro, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: clock.Now})

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 var bg = context.Background()
@@ -113,7 +114,7 @@ func TestOutcome_FnReturnsResponse(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 3, func(context.Context) ([]byte, error) {
 		return []byte("order-1"), nil
 	})
@@ -139,7 +140,7 @@ func TestOutcome_FnReturnsPermanentError(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, path := testkit.Open(t, nil)
+	e, path := boltkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		return nil, idem.WithCode(fmt.Errorf("charge: %w", errDeclined), "card_declined")
 	})
@@ -183,7 +184,7 @@ func TestOutcome_FnReturnsResponseAndError(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) {
 		return []byte("partial"), errors.New("half done")
 	})
@@ -202,7 +203,7 @@ func TestOutcome_FnReturnsRetryable(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	errBusy := errors.New("gateway busy")
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		return nil, idem.Retryable(errBusy)
@@ -223,7 +224,7 @@ func TestOutcome_FnReturnsAnErrorAfterItsContextEnded(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	ctx, cancel := context.WithCancel(bg)
 	defer cancel()
 	release, leader, waiters := leaderWithWaitersCtx(t, e, ctx, "k", 2, func(ctx context.Context) ([]byte, error) {
@@ -254,7 +255,7 @@ func TestOutcome_FnReturnsAContextErrorOfItsOwnMaking(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		return nil, idem.WithCode(fmt.Errorf("gateway: %w", context.DeadlineExceeded), "downstream_timeout")
 	})
@@ -275,7 +276,7 @@ func TestOutcome_FnPanics(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 2, func(context.Context) ([]byte, error) {
 		panic("boom")
 	})
@@ -291,7 +292,7 @@ func TestOutcome_ResponseLargerThanLimit(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, path := testkit.Open(t, &idem.Options{MaxResponseSize: 8})
+	e, path := boltkit.Open(t, &idem.Options{MaxResponseSize: 8})
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) {
 		return []byte("123456789"), nil
 	})
@@ -315,7 +316,7 @@ func TestOutcome_ResponseLargerThanLimit(t *testing.T) {
 }
 
 func TestOutcome_CallerContextCancelledBeforeStartedCommit(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	_, err := e.Do(ctx, "k", []byte("fp"), mustNotRun(t))
@@ -327,7 +328,7 @@ func TestOutcome_CallerContextCancelledAfterStartedCommitBeforeFnStarts(t *testi
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	ctx, cancel := context.WithCancel(bg)
 	var once sync.Once
 	waiter := make(chan run, 1)
@@ -354,7 +355,7 @@ func TestOutcome_CallerContextCancelledAfterStartedCommitBeforeFnStarts(t *testi
 }
 
 func TestOutcome_CallerContextCancelledAfterFnReturned(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	ctx, cancel := context.WithCancel(bg)
 	res, err := e.Do(ctx, "k", []byte("fp"), func(context.Context) ([]byte, error) {
 		cancel()
@@ -370,7 +371,7 @@ func TestOutcome_WaiterContextCancelledWhileWaiting(t *testing.T) {
 	if !testkit.Failpoints(t) {
 		return // ran in a build with failpoints
 	}
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	release, leader, waiters := leaderWithWaiters(t, e, "k", 1, okFn("v"))
 	ctx, cancel := context.WithCancel(bg)
 	mine := make(chan error, 1)
@@ -389,7 +390,7 @@ func TestOutcome_WaiterContextCancelledWhileWaiting(t *testing.T) {
 }
 
 func TestPanicReachesCaller(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	v := func() (v any) {
 		defer func() { v = recover() }()
 		_, _ = e.Do(bg, "k", []byte("fp"), func(context.Context) ([]byte, error) { panic("boom") })
@@ -446,7 +447,7 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 	}
 
 	t.Run("Do: the done commit fails, with a waiter", func(t *testing.T) {
-		e, _ := testkit.OpenFile(t, fullFile, full)
+		e, _ := boltkit.OpenFile(t, fullFile, full)
 		release, leader, waiters := leaderWithWaiters(t, e, "k", 1, func(context.Context) ([]byte, error) { return big, nil })
 		close(release)
 		for i, r := range []run{<-leader, <-waiters} {
@@ -456,7 +457,7 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 	})
 
 	t.Run("DoJSON: the done commit fails", func(t *testing.T) {
-		e, _ := testkit.OpenFile(t, fullFile, full)
+		e, _ := boltkit.OpenFile(t, fullFile, full)
 		v, res, err := idem.DoJSON(bg, e, "k", "args", func(context.Context) (string, error) { return string(big), nil })
 		require.ErrorIs(t, err, idem.ErrFileFull)
 		noResponse(t, res, "DoJSON")
@@ -464,7 +465,7 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 	})
 
 	t.Run("DoTx: the commit fails", func(t *testing.T) {
-		e, _ := testkit.OpenFile(t, fullFile, full)
+		e, _ := boltkit.OpenFile(t, fullFile, full)
 		res, err := e.DoTx(bg, "k", []byte("fp"), func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
 			b, err := tx.Bucket([]byte("orders"))
 			if err != nil {
@@ -479,7 +480,7 @@ func TestOutcome_FailedCallCarriesNoResponse(t *testing.T) {
 
 	for _, point := range []string{"do-after-fn", "do-after-done", "dotx-before-commit", "dotx-after-commit"} {
 		t.Run(point+" fails", func(t *testing.T) {
-			e, _ := testkit.Open(t, nil)
+			e, _ := boltkit.Open(t, nil)
 			unset := fault.Set(point, func() error { return fault.ErrInjected })
 			defer unset()
 			var res idem.Result

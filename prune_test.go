@@ -12,11 +12,12 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 func TestRetentionWithFakeClock(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
+	e, _ := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
 	_, err := e.Do(bg, "k", []byte("a"), okFn("first"))
 	require.NoError(t, err)
 
@@ -52,7 +53,7 @@ func TestRetentionWithFakeClock(t *testing.T) {
 
 func TestPruneNeverDropsALiveRecord(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
+	e, _ := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
 	// One record every minute for three hours; prune every minute.
 	for i := range 180 {
 		_, err := e.Do(bg, fmt.Sprintf("k%d", i), nil, okFn("v"))
@@ -77,7 +78,7 @@ func TestPruneExpiresInterruptedExecutions(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
 
 	t.Run("re-execute policy: expire a window after they started", func(t *testing.T) {
-		e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
+		e, _ := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1})
 		_, _ = interrupt(e, "k", []byte("a"))
 		clock.Advance(idem.DefaultRetention)
 		_, err := e.Get("k")
@@ -91,7 +92,7 @@ func TestPruneExpiresInterruptedExecutions(t *testing.T) {
 		require.Equal(t, 1, res.Attempt, "a new key, not a recovery")
 	})
 	t.Run("refuse policy: stay until resolved", func(t *testing.T) {
-		e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse})
+		e, _ := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse})
 		_, _ = interrupt(e, "k", []byte("a"))
 		clock.Advance(10 * idem.DefaultRetention)
 		n, err := e.Prune(bg)
@@ -104,7 +105,7 @@ func TestPruneExpiresInterruptedExecutions(t *testing.T) {
 
 func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: time.Millisecond, Retention: time.Minute})
+	e, _ := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: time.Millisecond, Retention: time.Minute})
 	_, err := e.Do(bg, "k", nil, okFn("v"))
 	require.NoError(t, err)
 	clock.Advance(3 * time.Minute)
@@ -120,7 +121,7 @@ func TestBackgroundPrunerRunsAndStopsOnClose(t *testing.T) {
 // round. Without the turns they add up to four times as many.
 func TestConcurrentPrunesTakeTurns(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Minute})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Minute})
 	const rounds, perRound, prunes = 20, 20, 4
 	for round := range rounds {
 		for i := range perRound {

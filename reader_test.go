@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // readerCalls is the number of calls made while a reader is held open:
@@ -104,7 +105,7 @@ func TestLongReader(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n := tc.n
 			clock := testkit.NewClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
-			e, path := testkit.OpenFile(t, &idem.BoltOptions{InitialMmapSize: tc.mmap, NoSync: true}, &idem.Options{PruneInterval: -1, ReplayCacheBytes: -1,
+			e, path := boltkit.OpenFile(t, &idem.BoltOptions{InitialMmapSize: tc.mmap, NoSync: true}, &idem.Options{PruneInterval: -1, ReplayCacheBytes: -1,
 				Now: clock.Now, Retention: time.Hour})
 			held := runBehindReader(t, e, n)
 			t.Logf("%s: %d of %d calls done while the reader was held", tc.name, held, n)

@@ -9,7 +9,7 @@ import (
 	"go.etcd.io/bbolt"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // A Records, View or Messages callback runs inside a bbolt read transaction.
@@ -21,7 +21,7 @@ import (
 // ErrReentrant, as from inside a DoTx fn.
 
 func TestEngineCallsFromReadCallbacksAreReentrant(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	_, err := e.Do(bg, "a", nil, okFn("1"))
 	require.NoError(t, err)
 	_, err = e.DoTx(bg, "m", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) {

@@ -10,6 +10,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // What frees a key never erases the evidence of an earlier unknown outcome:
@@ -51,7 +52,7 @@ func TestRecoveryIsNeverForgotten(t *testing.T) {
 	for _, d := range doers {
 		for _, end := range ends {
 			t.Run(d.name+" "+end.name, func(t *testing.T) {
-				e, _ := testkit.Open(t, nil)
+				e, _ := boltkit.Open(t, nil)
 				_, err := interrupt(e, "k", []byte("fp")) // attempt 1: effect unknown
 				require.ErrorIs(t, err, context.Canceled)
 

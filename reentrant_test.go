@@ -13,6 +13,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/fault"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // returns runs call on a goroutine of its own and gives its error, or fails
@@ -48,7 +49,7 @@ func TestCallWithItsOwnKeyFromFnIsReentrant(t *testing.T) {
 						name += " under InFlightFail"
 					}
 					t.Run(name, func(t *testing.T) {
-						e, _ := testkit.Open(t, &idem.Options{InFlight: policy})
+						e, _ := boltkit.Open(t, &idem.Options{InFlight: policy})
 						var innerErr error
 						err := returns(t, func() error {
 							_, err := outer.call(e, bg, "k", func(ctx context.Context) ([]byte, error) {
@@ -68,7 +69,7 @@ func TestCallWithItsOwnKeyFromFnIsReentrant(t *testing.T) {
 		}
 	}
 	t.Run("through another key's fn on the same goroutine", func(t *testing.T) {
-		e, _ := testkit.Open(t, nil)
+		e, _ := boltkit.Open(t, nil)
 		var innerErr error
 		err := returns(t, func() error {
 			_, err := e.Do(bg, "a", nil, func(context.Context) ([]byte, error) {
@@ -88,7 +89,7 @@ func TestCallWithItsOwnKeyFromFnIsReentrant(t *testing.T) {
 // ErrReentrant says which re-entrance it met: a Do calling itself is not
 // "inside DoTx".
 func TestReentrantErrorsSayWhy(t *testing.T) {
-	e, _ := testkit.Open(t, nil)
+	e, _ := boltkit.Open(t, nil)
 	var self, inTx error
 	_, err := e.Do(bg, "self", nil, func(ctx context.Context) ([]byte, error) {
 		_, self = e.Do(ctx, "self", nil, okFn("v"))
@@ -136,7 +137,7 @@ func TestWaitersAfterADoTxEndsWithoutAnOutcome(t *testing.T) {
 		for _, recovering := range []bool{false, true} {
 			name := endName + map[bool]string{false: " on a new key", true: " recovering an interrupted execution"}[recovering]
 			t.Run(name, func(t *testing.T) {
-				e, _ := testkit.Open(t, nil)
+				e, _ := boltkit.Open(t, nil)
 				if recovering {
 					_, err := interrupt(e, "k", []byte("fp"))
 					require.ErrorIs(t, err, context.Canceled)

@@ -7,7 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // Resolve stores what fn would have returned, so the limit on what an
@@ -17,7 +17,7 @@ import (
 // was. Before, Resolve stored any size, past the limit the engine promises.
 
 func TestResolveOverMaxResponseSizeIsRefused(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{MaxResponseSize: 10})
+	e, _ := boltkit.Open(t, &idem.Options{MaxResponseSize: 10})
 	interrupted := func(key string) {
 		require.Panics(t, func() {
 			_, _ = e.Do(bg, key, nil, func(context.Context) ([]byte, error) { panic("crash") })
@@ -47,7 +47,7 @@ func TestResolveOverMaxResponseSizeIsRefused(t *testing.T) {
 }
 
 func TestResolveWithoutLimitStoresAnySize(t *testing.T) {
-	e, _ := testkit.Open(t, &idem.Options{MaxResponseSize: -1})
+	e, _ := boltkit.Open(t, &idem.Options{MaxResponseSize: -1})
 	require.Panics(t, func() {
 		_, _ = e.Do(bg, "k", nil, func(context.Context) ([]byte, error) { panic("crash") })
 	})

@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 var day = 24 * time.Hour
@@ -45,7 +46,7 @@ func reopen(t *testing.T, e *idem.Engine, path string, opts *idem.Options) *idem
 // not expire or prune it early.
 func TestRecordKeepsTheRetentionItWasWrittenUnder(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	e, path := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: 7 * day})
+	e, path := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: 7 * day})
 	_, err := e.Do(bg, "k", []byte("a"), okFn("first"))
 	require.NoError(t, err)
 	r := record(t, e, "k")
@@ -85,7 +86,7 @@ func TestRecordKeepsTheRetentionItWasWrittenUnder(t *testing.T) {
 // Open too: retention is a floor, and a later, longer one only lengthens it.
 func TestLongerRetentionLengthensOlderRecords(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	e, path := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
+	e, path := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
 	_, err := e.Do(bg, "k", nil, okFn("v"))
 	require.NoError(t, err)
 	e = reopen(t, e, path, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: day})
@@ -103,7 +104,7 @@ func TestLongerRetentionLengthensOlderRecords(t *testing.T) {
 // a prune a month later. The next call recovers it.
 func TestInterruptedRecordUnderRefuseIsKeptUntilResolved(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	e, path := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse})
+	e, path := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse})
 	interruptByPanic(t, e, "k")
 	_, err := e.Do(bg, "done", nil, okFn("v"))
 	require.NoError(t, err)
@@ -135,7 +136,7 @@ func TestInterruptedRecordUnderRefuseIsKeptUntilResolved(t *testing.T) {
 // longer window.
 func TestInterruptedRecoveryInheritsTheEvidence(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
-	e, path := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse, Retention: 7 * day})
+	e, path := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Recovery: idem.RecoverRefuse, Retention: 7 * day})
 	interruptByPanic(t, e, "k")
 	e = reopen(t, e, path, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour})
 	interruptByPanic(t, e, "k") // attempt 2, re-executing, crashes again
@@ -161,7 +162,7 @@ func TestPruneWarnsWhenItDropsInterruptedExecutions(t *testing.T) {
 		defer mu.Unlock()
 		return logged.Write(p)
 	}), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, _ := testkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Logger: logger})
+	e, _ := boltkit.Open(t, &idem.Options{Now: clock.Now, PruneInterval: -1, Logger: logger})
 	interruptByPanic(t, e, "secret-key-1")
 	interruptByPanic(t, e, "secret-key-2")
 	_, err := e.Do(bg, "secret-key-3", nil, okFn("v"))
@@ -310,7 +311,7 @@ func formatVersion(t *testing.T, path string) uint32 {
 func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 	clock := testkit.NewClock(time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC))
 	fail := map[string]idem.Handler{"t": func(context.Context, idem.Message) error { return errors.New("no") }}
-	e, path := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1,
+	e, path := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Now: clock.Now, PruneInterval: -1,
 		Outbox: idem.OutboxOptions{Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1, DeadLetterRetention: 30 * day, Handlers: fail}})
 	_, err := e.DoTx(bg, "a", nil, func(_ context.Context, tx *idem.Tx) ([]byte, error) { return nil, tx.Enqueue("t", []byte("1")) })
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // TestMaxSizeBoundsTheFile fills a file bounded by Options.MaxSize with new
@@ -23,7 +24,7 @@ import (
 func TestMaxSizeBoundsTheFile(t *testing.T) {
 	const maxSize = 1 << 20
 	clock := testkit.NewClock(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
-	e, path := testkit.OpenFile(t, &idem.BoltOptions{MaxSize: maxSize}, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour, ReplayCacheBytes: -1})
+	e, path := boltkit.OpenFile(t, &idem.BoltOptions{MaxSize: maxSize}, &idem.Options{Now: clock.Now, PruneInterval: -1, Retention: time.Hour, ReplayCacheBytes: -1})
 	resp := make([]byte, 2000)
 	var ran atomic.Int64
 	fn := func(context.Context) ([]byte, error) { ran.Add(1); return resp, nil }

@@ -15,41 +15,16 @@ import (
 //
 //	var _ idemcore.Backend[*idem.Tx] = (*boltBackend)(nil)
 //
-// and runs the conformance suite, github.com/idemkit/idem/idemtest, which
-// takes any Backend. A backend outside this module may implement it; the
-// interface may grow between minor versions of this module (as
+// and runs the suites of github.com/idemkit/idem/idemtest, which take any
+// Backend: Run (the contract, through an engine) and RunBackend (this
+// interface, driven directly). A backend outside this module may implement
+// it; the interface may grow between minor versions of this module (as
 // riverdriver's does), with the change in its CHANGELOG.
 //
-// The engine calls a Backend only for storage. It owns every decision: what
-// a record means, when fn runs, what is recorded. In one process at most one
-// call per key runs the state machine at a time (the engine's singleflight),
-// so a Backend sees at most one Claim, Complete, Release, RunTx, Forget or
-// Resolve per key at a time from one engine; Lookup, Scan and the outbox
-// methods run concurrently with everything. A backend shared by several
-// processes (Postgres) must make Claim, Complete, Release and RunTx atomic
-// against the other processes' on the same key.
-//
-// Clocks. Lease expiry is always judged by the backend's own clock
-// (Postgres: the database's now()), never by the caller's. Everything else
-// judged by time (retention, liveness, pruning, the outbox's due times and
-// dead-letter retention) is judged by the clock Info.Clock names:
-//
-//   - Info.Clock nil (bbolt: one process holds the store): the engine's
-//     clock (Options.Now, monotonic reading stripped). The times in requests
-//     and records are its readings, and the backend stores them as given.
-//   - Info.Clock set (Postgres: several processes share the store, and their
-//     clocks may disagree): the backend's clock, which every process reads
-//     alike. The backend stamps the times of what Claim, Complete, RunTx and
-//     Enqueue store with its clock at the write (StartedAt, CompletedAt,
-//     EnqueuedAt, set back in the records and messages it was given), judges
-//     due messages by it (ClaimDue), and answers each read the engine judges
-//     with its clock's reading (Lookup's at, ClaimResult.At). Where the
-//     engine stamps or judges without such a read (Resolve's CompletedAt,
-//     Failed's NextAttemptAt and DeadAt, Prune, Scan, Messages, RetryDead,
-//     PruneDead) it reads Info.Clock first. The engine clock's readings in
-//     requests (Lookup.Now, ClaimDue's now, the times of records it passes)
-//     are then ignored. The engine keeps no replay cache (it could not judge
-//     an entry's expiry without reading that clock).
+// The engine calls a Backend only for storage and owns every decision: what
+// a record means, when fn runs, what is recorded. Which calls may overlap,
+// and which clock judges which time (Info.Clock), is in the package
+// documentation ("Backends and their clocks").
 //
 // Errors: a Backend wraps the sentinels of this package where the method
 // says (ErrNotFound, ErrCorrupt, ErrFenced, ErrClaimTaken, ...); any other
@@ -378,7 +353,8 @@ type Info struct {
 	// Clock, if set, reads the backend's clock (Postgres: the database's,
 	// one round trip), wall-clock time without a monotonic reading: the
 	// clock that judges retention, liveness, pruning and the outbox's times
-	// for every process sharing the store (see Backend, "Clocks"). nil: the
+	// for every process sharing the store (package documentation, "Backends
+	// and their clocks"). nil: the
 	// engine's clock judges (bbolt: one process holds the store).
 	Clock func(ctx context.Context) (time.Time, error)
 	// Transient, if set, reports whether an error a DoTx fn returned came

@@ -44,59 +44,16 @@ func (c *leading) executed() CallOutcome {
 }
 
 // Do runs fn once per idempotency key and records its outcome, so that every
-// later call with the key gets that outcome back instead of running fn again.
-//
-// key is the idempotency key: 1 to MaxKeyLen bytes of UTF-8, without
-// leading or trailing white space and without control or format characters
-// (Unicode Cc and Cf, such as NUL or the byte-order mark); else
-// ErrInvalidKey, nothing stored (ErrInvalidKey gives the rules' sources).
-// fingerprint is the bytes that define "the same request" (canonical
-// arguments, see Fingerprint); the engine stores a 64-bit xxhash of them, and
-// a reused key with a different fingerprint fails with
-// ErrFingerprintMismatch, whatever the record's state.
-//
-// The first call commits a started record durably (bbolt: synced), runs fn
-// with a context that carries CallFrom information and ends on Close, then
-// commits a done record with fn's response and error. A done key replays: Result.Replayed is
-// true, Response is the stored one, and a stored error comes back as *Error
-// with its Code and Message. While a call runs, others with the same key wait
-// for it (InFlightWait) or fail with ErrInProgress (InFlightFail), in this
-// process and, on a backend shared by processes, in others; a waiter whose
-// ctx ends returns ctx.Err() and changes nothing.
-//
-// Outcomes of fn: a response and no error, or a permanent error (returned as
-// *Error wrapping fn's error), are recorded. An error made with Retryable
-// deletes the started record and frees the key. An error returned once fn's
-// own context has ended (the caller's ctx or Close), a panic (re-raised in the
-// caller with its value and stack), or a failed commit leave the started
-// record: an interrupted execution that the RecoveryPolicy handles on the next
-// call; waiters then get ErrIncomplete. A response over MaxResponseSize fails
-// closed with ErrResponseTooLarge. Once fn has returned, its outcome is
-// recorded even if ctx ends. After Close, Do returns ErrClosed.
-//
-// Only the end of fn's own context is an interruption: a context error fn
-// returns while its context is live (its own call to a gateway timed out, say
-// WithCode(downstreamCtx.Err(), "downstream_timeout")) is a permanent error
-// like any other, stored with its code.
-//
-// Nothing erases the evidence of an unknown outcome. When a call that
-// recovers an interrupted execution ends without an outcome (Retryable, the
-// end of its context, a panic, a failed commit), the key keeps a started
-// record carrying that call's attempt and start time, so the next call
-// recovers again (CallFrom's Recovered is set) with the attempt after it.
-// Attempt numbers never repeat.
-//
-// fn may call Do with other keys, passing its ctx. A call with fn's own key
-// returns ErrReentrant instead of waiting for itself: one made with fn's
-// context (from any goroutine), and one made from the goroutine that runs fn
-// whatever context it passes (context.Background() included), also through
-// other keys' fns that run on that goroutine. What cannot be detected: fn
-// starts another goroutine that calls fn's own key with a context not derived
-// from fn's, and waits for it; or two calls on two goroutines form a cycle
-// (A's fn calls B while B's fn calls A). Such calls wait until one of their
-// contexts ends (never, for context.Background()). fn must not call Close,
-// which waits for fn. A nil fn is refused with an error (whatever the key's
-// state), and nothing is stored.
+// later call with the key gets that outcome back (Result.Replayed) instead of
+// running fn again; concurrent calls with the key wait for the first. It
+// returns fn's response, or fn's permanent error as an *Error (replayed with
+// its Code and Message). Errors: ErrInvalidKey for a key that breaks the key
+// rules, ErrFingerprintMismatch for a reused key with another fingerprint,
+// ErrInProgress (InFlightFail), ErrIncomplete for an interrupted execution
+// this engine refuses, ErrReentrant for a call that would wait for itself,
+// ErrResponseTooLarge, ErrClosed after Close, a waiter's ctx.Err(); each
+// inside an *OpError. A nil fn is refused, and nothing is stored. The
+// package documentation gives the outcomes case by case.
 func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn func(context.Context) ([]byte, error)) (Result, error) {
 	if fn == nil {
 		return Result{}, &OpError{Op: "do", Key: key, Err: errNilFn}
@@ -109,31 +66,14 @@ func (e *Engine[T]) Do(ctx context.Context, key string, fingerprint []byte, fn f
 	return res, OpErr("do", key, err)
 }
 
-// DoTx is Do for effects that live in the backend's store: fn writes its own
-// data through tx, the backend's own transaction T (a bbolt write
-// transaction, a pgx.Tx), in which its outbox messages and the done record
-// commit with them, or nothing does; no started record is needed. Key,
-// fingerprint, replay, waiting and the returned errors are as for Do.
-//
-// If fn returns an error or panics, nothing it wrote commits. A permanent
-// error is then recorded without fn's writes (in a transaction of its own)
-// and replayed as in Do; Retryable(err), and any error returned once fn's
-// own context has ended (the caller's ctx or Close), store nothing, so the
-// key is free; a panic is re-raised in the caller as a *PanicError carrying
-// the value and the stack, and the key is free too. A response over
-// MaxResponseSize is recorded as ErrResponseTooLarge, also without fn's
-// writes. Only the end of fn's own context is an interruption: a context
-// error fn returns while its context is live is a permanent error.
-//
-// A DoTx that recovers an interrupted execution (left by Do, or by a DoTx
-// that recovered one) first commits a started record of its own attempt, as
-// Do does. However it then ends without an outcome (Retryable, the end of
-// its context, a panic, a failed commit), that record stays: the next call
-// still recovers, with the attempt after this one. Calling the engine from
-// inside fn returns ErrReentrant where the transaction holds the store's
-// writer. How many times fn may run, and what it may touch, is the
-// backend's (Backend.RunTx: bbolt may run it up to 3 times, Postgres once).
-// A nil fn is refused with an error, as in Do.
+// DoTx is Do for effects that live in the backend's store: fn writes through
+// tx, the backend's own transaction T (a bbolt write transaction, a pgx.Tx),
+// and its writes, its outbox messages and the done record commit together,
+// or nothing does. It returns and fails as Do does; if fn panics, the panic
+// is re-raised in the caller as a *PanicError. Engine calls from inside fn
+// return ErrReentrant where the transaction holds the store's writer. The
+// package documentation gives the outcomes, and Backend.RunTx how many times
+// fn may run.
 func (e *Engine[T]) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(context.Context, T) ([]byte, error)) (Result, error) {
 	if fn == nil {
 		return Result{}, &OpError{Op: "dotx", Key: key, Err: errNilFn}

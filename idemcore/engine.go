@@ -173,7 +173,7 @@ func (e *Engine[T]) Options() Options { return e.opts }
 // Now reads the engine clock (Options.Now), monotonic reading stripped.
 func (e *Engine[T]) Now() time.Time { return e.now() }
 
-// clock reads the clock that judges the store's times (Backend, "Clocks"):
+// clock reads the clock that judges the store's times (the package documentation, "Backends and their clocks"):
 // the backend's (Info.Clock) if it has one, else the engine's.
 func (e *Engine[T]) clock(ctx context.Context) (time.Time, error) {
 	if c := e.info.Clock; c != nil {

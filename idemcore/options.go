@@ -100,7 +100,8 @@ type Options struct {
 	// in memory do too, and both compare alike across a step of the wall
 	// clock. A backend shared by several processes judges by a clock they
 	// share instead, and does not read Now for any of these (idempg: the
-	// database's clock; Backend, "Clocks").
+	// database's clock; the package documentation, "Backends and their
+	// clocks").
 	Now func() time.Time
 
 	// Outbox configures the dispatcher of outbox messages.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // A resolution over the engine's Options.MaxResponseSize is the operator's
@@ -17,7 +17,7 @@ import (
 // answers 413 too_large, as for a body over MaxBody, not 500, and the record
 // stays an interrupted execution.
 func TestAdminResolveOverEngineLimitIs413(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{MaxResponseSize: 16})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{MaxResponseSize: 16})
 	base := adminServer(t, e, &idemhttp.AdminOptions{Authorize: idemhttp.AllowBearer(adminToken), MaxBody: 1 << 20})
 	adminInterrupt(t, e, "order-1")
 	r := adminCall(t, http.MethodPost, adminKeyURL(base, "/records/resolve", "order-1"), adminToken, map[string]any{"response": strings.Repeat("x", 17)})

@@ -20,7 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // The bbolt engine is an Operator.
@@ -127,7 +127,7 @@ var adminWriteRoutes = []struct{ method, path string }{
 }
 
 func TestAdminRefusesEveryRequestByDefault(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	adminSeed(t, e, "order-1", []byte("r1"))
 	adminInterrupt(t, e, "order-2")
 	for name, opts := range map[string]*idemhttp.AdminOptions{
@@ -157,7 +157,7 @@ func TestAdminRefusesEveryRequestByDefault(t *testing.T) {
 }
 
 func TestAdminAuthorizeSeesTheAction(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	adminSeed(t, e, "order-1", []byte("r1"))
 	var mu sync.Mutex
 	var seen []idemhttp.AdminAction
@@ -176,7 +176,7 @@ func TestAdminAuthorizeSeesTheAction(t *testing.T) {
 }
 
 func TestAdminNoGetChangesState(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	adminSeed(t, e, "order-1", []byte("r1"))
 	adminInterrupt(t, e, "order-2")
 	base := adminServer(t, e, adminBearerOpts(true))
@@ -203,7 +203,7 @@ func TestAdminNoGetChangesState(t *testing.T) {
 }
 
 func TestAdminRecordResponseShownOnlyByOption(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Retention: time.Hour})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Retention: time.Hour})
 	adminSeed(t, e, "text", []byte(`{"order":"o-1"}`))
 	adminSeed(t, e, "binary", []byte("\xff\x00\xfe"))
 	adminSeed(t, e, "empty", []byte{})
@@ -261,7 +261,7 @@ func TestAdminRecordResponseShownOnlyByOption(t *testing.T) {
 }
 
 func TestAdminKeysTravelEscaped(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	base := adminServer(t, e, adminBearerOpts(true))
 	for _, key := range []string{"a/b/../c", "with space&x=1?#", "ключ-%2F", ".."} {
 		adminSeed(t, e, key, []byte("v"))
@@ -278,7 +278,7 @@ func TestAdminKeysTravelEscaped(t *testing.T) {
 }
 
 func TestAdminForget(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	adminSeed(t, e, "order-1", []byte("r1"))
 	base := adminServer(t, e, adminBearerOpts(false))
 	r := adminCall(t, http.MethodDelete, adminKeyURL(base, "/records", "order-1"), adminToken, nil)
@@ -296,7 +296,7 @@ func TestAdminForget(t *testing.T) {
 }
 
 func TestAdminForgetWhileRunningIsInProgress(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{RetryAfter: 1500 * time.Millisecond})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{RetryAfter: 1500 * time.Millisecond})
 	base := adminServer(t, e, adminBearerOpts(false))
 	running, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
@@ -320,7 +320,7 @@ func TestAdminForgetWhileRunningIsInProgress(t *testing.T) {
 }
 
 func TestAdminResolve(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Recovery: idem.RecoverRefuse})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Recovery: idem.RecoverRefuse})
 	base := adminServer(t, e, &idemhttp.AdminOptions{Authorize: idemhttp.AllowBearer(adminToken), MaxBody: 1024})
 	adminInterrupt(t, e, "order-1")
 	adminInterrupt(t, e, "order-2")
@@ -389,7 +389,7 @@ func TestAdminResolve(t *testing.T) {
 }
 
 func TestAdminStats(t *testing.T) {
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	adminSeed(t, e, "a", []byte("1"))
 	adminSeed(t, e, "a", []byte("1")) // a replay
 	adminInterrupt(t, e, "b")
@@ -410,7 +410,7 @@ func TestAdminStats(t *testing.T) {
 func adminDeadLetters(t *testing.T, keys ...string) (e *idem.Engine, acceptCharges func()) {
 	t.Helper()
 	var accept atomic.Bool
-	e, _ = testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Outbox: idem.OutboxOptions{
+	e, _ = boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Outbox: idem.OutboxOptions{
 		Dispatch: true, PollInterval: time.Millisecond, MaxAttempts: 1,
 		Handlers: map[string]idem.Handler{"charge": func(context.Context, idem.Message) error {
 			if accept.Load() {

@@ -17,7 +17,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // openEngine opens a bbolt engine on a temporary file, closed and checked
@@ -25,7 +25,7 @@ import (
 func openEngine(t *testing.T, opts *idem.Options) *idem.Engine {
 	t.Helper()
 	// No crash in these tests: fsync only costs time.
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, opts)
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, opts)
 	return e
 }
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemhttp"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // hangGuard bounds a wait that must end, so that a test of a broken build
@@ -70,7 +70,7 @@ func (s *requestServer) leave(t *testing.T, key string, ready func()) {
 // the context of every running handler, whether its client is there or not.
 // The key stays started, for the recovery policy.
 func TestClientGoneThenClose(t *testing.T) {
-	e, path := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
+	e, path := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, nil)
 	running := make(chan context.Context, 1)
 	ended := make(chan error, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

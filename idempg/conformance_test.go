@@ -165,3 +165,29 @@ func TestConformancePgBouncer(t *testing.T) {
 
 // The Postgres engine offers every engine's methods, as the bbolt engine does.
 var _ idemtest.Engine[pgx.Tx] = (*idempg.Engine)(nil)
+
+// backend returns the backend of an idle engine on a new schema, for the
+// seam suite.
+func (h *pgHarness) backend(t testing.TB) idemcore.Backend[pgx.Tx] {
+	pool := h.connect(t)
+	schema := pgtest.Schema(t, pool)
+	if _, err := idempg.Migrate(context.Background(), pool, h.options(schema, nil)); err != nil {
+		t.Fatal(err)
+	}
+	return idemtest.EngineBackend(t, func(wrap func(idemcore.Backend[pgx.Tx]) idemcore.Backend[pgx.Tx]) (idemtest.Engine[pgx.Tx], error) {
+		return idempg.OpenWrapped(context.Background(), pool, h.options(schema, nil), &idemcore.Options{PruneInterval: -1}, wrap)
+	})
+}
+
+// TestBackend runs the seam suite (idemtest.RunBackend) on the Postgres
+// backend, against the server and through PgBouncer.
+func TestBackend(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) {
+		pgtest.DSN(t, pgtest.Env)
+		idemtest.RunBackend(t, direct.backend)
+	})
+	t.Run("pgbouncer", func(t *testing.T) {
+		pgtest.DSN(t, pgtest.BouncerEnv)
+		idemtest.RunBackend(t, bouncer.backend)
+	})
+}

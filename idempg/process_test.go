@@ -9,10 +9,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
@@ -46,14 +45,15 @@ func TestMain(m *testing.M) {
 }
 
 // childMain runs a child's role and returns its exit status. It reports on
-// stdout, one line per event: "started <pid>" once fn runs, then "result
+// its report pipe (testkit.Report), one line per event: "started <pid>" once fn runs, then "result
 // <response>" or "error <text>" (with "fenced" if the error wraps
 // ErrFenced).
 func childMain(role string) int {
+	report := testkit.Report()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(pgtest.Env))
 	if err != nil {
-		fmt.Println("error", err)
+		fmt.Fprintln(report, "error", err)
 		return 1
 	}
 	defer pool.Close()
@@ -63,7 +63,7 @@ func childMain(role string) int {
 	}
 	e, err := idempg.Open(ctx, pool, opts, &idemcore.Options{PruneInterval: -1})
 	if err != nil {
-		fmt.Println("error", err)
+		fmt.Fprintln(report, "error", err)
 		return 1
 	}
 	defer e.Close()
@@ -75,7 +75,7 @@ func childMain(role string) int {
 		// fn says it started, then waits for a line on stdin (for ever,
 		// if the parent kills it instead).
 		res, err = e.Do(ctx, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
-			fmt.Println("started", os.Getpid())
+			fmt.Fprintln(report, "started", os.Getpid())
 			_, _ = in.ReadString('\n')
 			return []byte("child"), nil
 		})
@@ -84,7 +84,7 @@ func childMain(role string) int {
 			if _, err := tx.Exec(ctx, "INSERT INTO "+opts.Schema+".effects (key, n) VALUES ($1, 1) ON CONFLICT (key) DO UPDATE SET n = effects.n + 1", key); err != nil {
 				return nil, err
 			}
-			fmt.Println("started", os.Getpid())
+			fmt.Fprintln(report, "started", os.Getpid())
 			_, _ = in.ReadString('\n')
 			return []byte("child"), nil
 		})
@@ -97,33 +97,33 @@ func childMain(role string) int {
 		// never counts as one made after it.
 		mark := os.Getenv(envMark)
 		res, err = e.Do(ctx, key, []byte("fp"), func(ctx context.Context) ([]byte, error) {
-			fmt.Println("started", os.Getpid())
+			fmt.Fprintln(report, "started", os.Getpid())
 			last := time.Now()
 			for {
 				now := time.Now()
 				resumed := now.Sub(last) > 50*time.Millisecond && marked(mark)
 				last = now
 				if err := ctx.Err(); err != nil {
-					fmt.Printf("ended after the mark=%v cause=%v\n", marked(mark), context.Cause(ctx))
+					fmt.Fprintf(report, "ended after the mark=%v cause=%v\n", marked(mark), context.Cause(ctx))
 					return nil, err
 				}
 				if resumed {
-					fmt.Println("effect after the freeze")
+					fmt.Fprintln(report, "effect after the freeze")
 					return []byte("child"), nil
 				}
 			}
 		})
 	default:
-		fmt.Println("error unknown role", role)
+		fmt.Fprintln(report, "error unknown role", role)
 		return 2
 	}
 	switch {
 	case errors.Is(err, idemcore.ErrFenced):
-		fmt.Println("error fenced:", err)
+		fmt.Fprintln(report, "error fenced:", err)
 	case err != nil:
-		fmt.Println("error", err)
+		fmt.Fprintln(report, "error", err)
 	default:
-		fmt.Println("result", string(res.Response))
+		fmt.Fprintln(report, "result", string(res.Response))
 	}
 	return 0
 }
@@ -134,76 +134,26 @@ func marked(path string) bool {
 	return err == nil
 }
 
-// child is a running child process.
-type child struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	lines chan string
-}
-
 // startChild starts the test binary as a child in role on st's schema for
 // key, with env added to its environment, and waits until its fn has
 // started.
-func startChild(t *testing.T, st *store, role, key string, env ...string) *child {
+func startChild(t *testing.T, st *store, role, key string, env ...string) *testkit.Child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), envChild+"="+role, envSchema+"="+st.opts.Schema, envKey+"="+key), env...)
-	cmd.Stderr = os.Stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	c := &child{cmd: cmd, stdin: stdin, lines: make(chan string, 16)}
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-		close(c.lines)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	line := c.next(t)
-	if want := fmt.Sprintf("started %d", cmd.Process.Pid); line != want {
+	c := spawn(t, st, role, key, env...)
+	if line, want := c.Next(), fmt.Sprintf("started %d", c.Pid()); line != want {
 		t.Fatalf("child: %q, want %q", line, want)
 	}
-	if cmd.Process.Pid == os.Getpid() {
+	if c.Pid() == os.Getpid() {
 		t.Fatal("the child has the parent's pid")
 	}
 	return c
 }
 
-// next returns the child's next line of output.
-func (c *child) next(t *testing.T) string {
+// spawn starts the test binary as a child in role on st's schema for key.
+func spawn(t *testing.T, st *store, role, key string, env ...string) *testkit.Child {
 	t.Helper()
-	select {
-	case l, ok := <-c.lines:
-		if !ok {
-			t.Fatal("the child exited without a word")
-		}
-		return l
-	case <-time.After(60 * time.Second): // a bound on a hang, not a timing claim
-		t.Fatal("no word from the child")
-	}
-	return ""
-}
-
-// kill sends SIGKILL and waits for the child to die.
-func (c *child) kill(t *testing.T) {
-	t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = c.cmd.Wait()
+	return testkit.Start(t, os.Args[0], []string{"-test.run=^$"},
+		append([]string{envChild + "=" + role, envSchema + "=" + st.opts.Schema, envKey + "=" + key}, env...)...)
 }
 
 // TestProcessKilledHolderTakenOverAfterLease: a child process holding a key
@@ -214,7 +164,7 @@ func (c *child) kill(t *testing.T) {
 func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	c := startChild(t, st, "do", "k")
-	c.kill(t)
+	c.Kill()
 
 	e := st.open(t, &idemcore.Options{InFlight: idemcore.InFlightFail})
 	var runs atomic.Int32
@@ -247,7 +197,7 @@ func TestProcessKilledHolderTakenOverAfterLease(t *testing.T) {
 func TestProcessStoppedOwnerCompletionRefused(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	c := startChild(t, st, "do", "k")
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := c.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	e := st.open(t, nil)
@@ -256,13 +206,11 @@ func TestProcessStoppedOwnerCompletionRefused(t *testing.T) {
 	if err != nil || string(res.Response) != "parent" || res.Attempt != 2 {
 		t.Fatalf("takeover: %+v, %v", res, err)
 	}
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := c.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	if line := c.next(t); !strings.HasPrefix(line, "error fenced:") {
+	c.Send("go")
+	if line := c.Next(); !strings.HasPrefix(line, "error fenced:") {
 		t.Fatalf("the resumed child's completion: %q, want it refused (ErrFenced)", line)
 	}
 	rec, err := e.Get("k")
@@ -282,7 +230,7 @@ func TestProcessDoTxNoEffectTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startChild(t, st, "dotx", "k")
-	c.kill(t)
+	c.Kill()
 
 	e := st.open(t, nil)
 	res, err := e.DoTx(ctx, "k", []byte("fp"), func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
@@ -292,11 +240,9 @@ func TestProcessDoTxNoEffectTwice(t *testing.T) {
 	if err != nil || string(res.Response) != "parent" || res.Attempt != 1 {
 		t.Fatalf("DoTx after the killed child: %+v, %v; want a first execution (nothing of the child's committed)", res, err)
 	}
-	c2 := exec.Command(os.Args[0], "-test.run=^$")
-	c2.Env = append(os.Environ(), envChild+"=dotx", envSchema+"="+st.opts.Schema, envKey+"=k")
-	out, err := c2.Output()
-	if err != nil || strings.TrimSpace(string(out)) != "result parent" {
-		t.Fatalf("a second process's DoTx: %q, %v; want the replay of this one's", out, err)
+	c2 := spawn(t, st, "dotx", "k")
+	if err := c2.Wait(); err != nil || !slices.Equal(c2.Reports(), []string{"result parent"}) {
+		t.Fatalf("a second process's DoTx: %q, %v; want the replay of this one's", c2.Reports(), err)
 	}
 	var n int
 	if err := st.pool.QueryRow(ctx, "SELECT n FROM "+st.opts.Schema+".effects WHERE key = 'k'").Scan(&n); err != nil {
@@ -322,7 +268,7 @@ func TestProcessStoppedInDoTx(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := startChild(t, st, "dotx", "k", envLease+"=2s")
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := c.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	e := st.open(t, nil)
@@ -333,13 +279,11 @@ func TestProcessStoppedInDoTx(t *testing.T) {
 	if err != nil || string(res.Response) != "parent" || res.Replayed || res.Attempt != 1 {
 		t.Fatalf("DoTx while the stopped child held the key: %+v, %v; want a first execution once the server ended the child's session", res, err)
 	}
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := c.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := io.WriteString(c.stdin, "go\n"); err != nil {
-		t.Fatal(err)
-	}
-	if line := c.next(t); !strings.HasPrefix(line, "error") {
+	c.Send("go")
+	if line := c.Next(); !strings.HasPrefix(line, "error") {
 		t.Fatalf("the resumed child's DoTx: %q, want an error (its transaction was rolled back)", line)
 	}
 	var n int
@@ -364,7 +308,7 @@ func TestProcessFrozenOwnerSeesLeaseEnd(t *testing.T) {
 	st := newStore(t, pgtest.Env)
 	mark := filepath.Join(t.TempDir(), "resumed")
 	c := startChild(t, st, "frozen", "k", envLease+"=1s", envMark+"="+mark, "GOMAXPROCS=1")
-	if err := c.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+	if err := c.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	e := st.open(t, nil) // waits for the frozen child's lease to lapse (real time, the database's clock)
@@ -379,13 +323,13 @@ func TestProcessFrozenOwnerSeesLeaseEnd(t *testing.T) {
 	if err := os.WriteFile(mark, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+	if err := c.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	if line := c.next(t); line != "ended after the mark=true cause="+idemcore.ErrLeaseLost.Error() {
+	if line := c.Next(); line != "ended after the mark=true cause="+idemcore.ErrLeaseLost.Error() {
 		t.Fatalf("the resumed child's fn: %q; want its first look after the freeze to find its context ended by ErrLeaseLost, before any effect", line)
 	}
-	if line := c.next(t); !strings.HasPrefix(line, "error") {
+	if line := c.Next(); !strings.HasPrefix(line, "error") {
 		t.Fatalf("the resumed child's Do: %q, want an error (an interruption)", line)
 	}
 	rec, err := e.Get("k")

@@ -18,6 +18,7 @@ import (
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/idemprom"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // secret is in every key, response, payload and error of the tests: it must
@@ -76,7 +77,7 @@ func TestCollectorCountsAnEngine(t *testing.T) {
 	require.NoError(t, reg.Register(c))
 	logs := &syncBuffer{}
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{
 		Now: clock.Now, PruneInterval: -1, Observer: c, InFlight: idem.InFlightFail,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Outbox: idem.OutboxOptions{
@@ -223,7 +224,7 @@ func TestCollectorWaits(t *testing.T) {
 	c := idemprom.New(nil)
 	reg := prometheus.NewRegistry()
 	require.NoError(t, reg.Register(c))
-	e, _ := testkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Observer: c})
+	e, _ := boltkit.OpenFile(t, &idem.BoltOptions{NoSync: true}, &idem.Options{Observer: c})
 	running, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 2)
 	go func() {

@@ -1,22 +1,17 @@
 package idemtest
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"strconv"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // The child protocol: the suite re-executes the test binary with -test.run
@@ -63,10 +58,7 @@ func ChildMain() {
 	if os.Getenv(envChild) == "" {
 		return
 	}
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		os.Exit(7)
-	}()
+	testkit.WatchParent()
 }
 
 // runChild is Run in a child process: the role's part, then exit. The
@@ -77,7 +69,7 @@ func runChild[T any](t *testing.T, h Harness[T]) {
 		matrixChild(t, h, store)
 		return
 	}
-	report := os.NewFile(3, "idemtest-report")
+	report := testkit.Report()
 	say := func(line string) {
 		if _, err := fmt.Fprintln(report, line); err != nil {
 			os.Exit(8)
@@ -149,118 +141,12 @@ func runChild[T any](t *testing.T, h Harness[T]) {
 	block()
 }
 
-// child is a child process of the test binary running one role.
-type child struct {
-	t      testing.TB
-	cmd    *exec.Cmd
-	out    *syncBuffer
-	lines  chan string
-	stdin  io.Closer
-	waited bool
-}
-
 // startChild starts a child in role on store, with the recovery policy p.
-func (s *suite[T]) startChild(t testing.TB, role, store string, p idemcore.RecoveryPolicy) *child {
+func (s *suite[T]) startChild(t testing.TB, role, store string, p idemcore.RecoveryPolicy) *testkit.Child {
 	t.Helper()
 	if !childMainCalled.Load() {
 		t.Fatal("idemtest: call idemtest.ChildMain() first in TestMain: the process cases re-execute the test binary")
 	}
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run="+childPattern(s.run), "-test.count=1")
-	cmd.Env = append(os.Environ(), envChild+"="+role, envRun+"="+s.run, envStore+"="+store,
-		envRecovery+"="+strconv.Itoa(int(p)))
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{w}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	_ = w.Close() // the child holds the write end now: EOF when it dies
-	c := &child{t: t, cmd: cmd, out: out, lines: make(chan string, 16), stdin: stdin}
-	go func() {
-		defer r.Close()
-		defer close(c.lines)
-		sc := bufio.NewScanner(r)
-		for sc.Scan() {
-			c.lines <- sc.Text()
-		}
-	}()
-	t.Cleanup(func() {
-		if !c.waited {
-			_ = cmd.Process.Kill()
-			c.wait()
-		}
-	})
-	return c
-}
-
-// await reads the child's reports until line; it fails the test if the child
-// ends first.
-func (c *child) await(line string) {
-	c.t.Helper()
-	timeout := time.After(time.Minute) // a bound on a hang, not a timing claim
-	for {
-		select {
-		case got, ok := <-c.lines:
-			if !ok {
-				c.t.Fatalf("the child ended before it reported %q; it said:\n%s", line, c.out.String())
-			}
-			if got == line {
-				return
-			}
-		case <-timeout:
-			c.t.Fatalf("the child did not report %q; it said:\n%s", line, c.out.String())
-		}
-	}
-}
-
-// kill kills the child with SIGKILL and checks that it died of it.
-func (c *child) kill() {
-	c.t.Helper()
-	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		c.t.Fatalf("kill the child: %v", err)
-	}
-	err := c.wait()
-	var exit *exec.ExitError
-	if !errors.As(err, &exit) {
-		c.t.Fatalf("the child: %v; it said:\n%s", err, c.out.String())
-	}
-	if ws, ok := exit.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
-		c.t.Fatalf("the child must die of SIGKILL; it ended with %v and said:\n%s", err, c.out.String())
-	}
-}
-
-func (c *child) wait() error {
-	c.waited = true
-	_ = c.stdin.Close()
-	err := c.cmd.Wait()
-	for range c.lines { // the reader ends at EOF
-	}
-	return err
-}
-
-// syncBuffer is a bytes.Buffer safe for the child's output copier and the
-// test reading it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+	return testkit.Start(t, os.Args[0], []string{"-test.run=" + testkit.Pattern(s.run), "-test.count=1"},
+		envChild+"="+role, envRun+"="+s.run, envStore+"="+store, envRecovery+"="+strconv.Itoa(int(p)))
 }

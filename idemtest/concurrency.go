@@ -157,18 +157,29 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			require.Equal(t, "out+in", string(res.Response))
 			require.Equal(t, "in", string(record(t, e, "inner").Response))
 		})
-		t.Run("with its own key and its ctx", func(t *testing.T) {
-			e, _ := s.fresh(t, Options{})
-			res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
-				_, err := e.Do(ctx, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-				if !errors.Is(err, idemcore.ErrReentrant) {
-					return nil, fmt.Errorf("inner call: %v, want ErrReentrant", err)
-				}
-				return []byte("ok"), nil
+		// With fn's ctx, and with a fresh one (a bound, so that the
+		// deadlock this refuses fails the test).
+		for name, inner := range map[string]func(ctx context.Context) (context.Context, context.CancelFunc){
+			"with its own key and its ctx": func(ctx context.Context) (context.Context, context.CancelFunc) { return ctx, func() {} },
+			"with its own key and a fresh ctx": func(context.Context) (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), 10*time.Second)
+			},
+		} {
+			t.Run(name, func(t *testing.T) {
+				e, _ := s.fresh(t, Options{})
+				res, err := e.Do(bg, "k", fp, func(ctx context.Context) ([]byte, error) {
+					ctx, cancel := inner(ctx)
+					defer cancel()
+					_, err := e.Do(ctx, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
+					if !errors.Is(err, idemcore.ErrReentrant) {
+						return nil, fmt.Errorf("inner call: %v, want ErrReentrant", err)
+					}
+					return []byte("ok"), nil
+				})
+				require.NoError(t, err)
+				require.Equal(t, "ok", string(res.Response))
 			})
-			require.NoError(t, err)
-			require.Equal(t, "ok", string(res.Response))
-		})
+		}
 		t.Run("the refusal of its own key says so", func(t *testing.T) {
 			e, _ := s.fresh(t, Options{})
 			var inner error
@@ -179,21 +190,6 @@ func (s *suite[T]) concurrency(t *testing.T) {
 			require.NoError(t, err)
 			require.ErrorIs(t, inner, idemcore.ErrReentrant)
 			require.NotContains(t, inner.Error(), "DoTx", "Do calling itself is not a call from inside DoTx")
-		})
-		t.Run("with its own key and a fresh ctx", func(t *testing.T) {
-			e, _ := s.fresh(t, Options{})
-			res, err := e.Do(bg, "k", fp, func(context.Context) ([]byte, error) {
-				// A bound, so that the deadlock this refuses fails the test.
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_, err := e.Do(ctx, "k", fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
-				if !errors.Is(err, idemcore.ErrReentrant) {
-					return nil, fmt.Errorf("inner call: %v, want ErrReentrant", err)
-				}
-				return []byte("ok"), nil
-			})
-			require.NoError(t, err)
-			require.Equal(t, "ok", string(res.Response))
 		})
 	})
 }

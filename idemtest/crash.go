@@ -1,14 +1,12 @@
 package idemtest
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // The crash matrix (issue 14): for every failpoint in the code (points.go)
@@ -441,7 +440,7 @@ func (s *suite[T]) matrix(t *testing.T) {
 func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	t.Helper()
 	store := s.h.New(t)
-	clk := &clock{now: start}
+	clk := newClock()
 	// Records that have expired by the child's time, for its Prune.
 	e := s.open(t, store, s.matrixOptions(r, clk.Now))
 	for i := range 8 {
@@ -494,7 +493,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 	if s.h.OwnedAcrossProcesses {
 		s.h.ExpireOwners(t, store)
 	}
-	clk.now = matrixNow
+	clk.Advance(matrixNow.Sub(clk.Now()))
 	e = s.open(t, store, s.matrixOptions(r, clk.Now))
 	doKeys, txKeys := r.keys()
 	ev := evidence{Policy: r.Policy, DoKeys: doKeys, TxKeys: txKeys, Before: before, Failed: failed, Final: map[string]report{}}
@@ -537,7 +536,7 @@ func (s *suite[T]) matrixCell(t *testing.T, r matrixRun, st *cellStats) {
 			want[key] = true
 		}
 	}
-	eventually(t, "the delivery of every committed message", func() { clk.Advance(50 * time.Millisecond) }, func() bool {
+	testkit.Eventually(t, "the delivery of every committed message", func() { clk.Advance(50 * time.Millisecond) }, func() bool {
 		lines, err := readLines(r.deliveryLedger())
 		if err != nil {
 			return false
@@ -737,70 +736,37 @@ func (s *suite[T]) runMatrixChild(t *testing.T, store string, r matrixRun) ([]re
 		t.Fatal("idemtest: call idemtest.ChildMain() first in TestMain: the crash matrix re-executes the test binary")
 	}
 	cfg, _ := json.Marshal(r)
-	rd, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(os.Args[0], "-test.run="+childPattern(s.run), "-test.count=1")
-	cmd.Env = append(os.Environ(), envChild+"="+childMatrix, envRun+"="+s.run, envStore+"="+store, envMatrix+"="+string(cfg))
-	out := &syncBuffer{}
-	cmd.Stdout, cmd.Stderr = out, out
-	cmd.ExtraFiles = []*os.File{w}
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	_ = w.Close()
-	var reps []report
-	var bad error
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		defer rd.Close()
-		sc := bufio.NewScanner(rd)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var rep report
-			if err := json.Unmarshal(sc.Bytes(), &rep); err != nil && bad == nil {
-				bad = fmt.Errorf("report %q: %v", sc.Text(), err)
-			}
-			reps = append(reps, rep)
-		}
-	}()
+	c := testkit.Start(t, os.Args[0], []string{"-test.run=" + testkit.Pattern(s.run), "-test.count=1"},
+		envChild+"="+childMatrix, envRun+"="+s.run, envStore+"="+store, envMatrix+"="+string(cfg))
 	waited := make(chan error, 1)
-	go func() { waited <- cmd.Wait() }()
+	go func() { waited <- c.Wait() }()
 	var werr error
 	select {
 	case werr = <-waited:
 	case <-time.After(2 * time.Minute): // a bound on a hang (a deadlock is a finding), not a timing claim
-		_ = cmd.Process.Signal(syscall.SIGQUIT) // its goroutines' stacks, for the report
-		werr = <-waited
-		_ = stdin.Close()
-		<-read
-		t.Fatalf("%s=%s: the child hung; it said:\n%s", r.Point, r.Action, out.String())
+		_ = c.Signal(syscall.SIGQUIT) // its goroutines' stacks, for the report
+		<-waited
+		t.Fatalf("%s=%s: the child hung; it said:\n%s", r.Point, r.Action, c.Output())
 	}
-	_ = stdin.Close()
-	<-read
-	if bad != nil {
-		t.Fatal(bad)
+	var reps []report
+	for _, line := range c.Reports() {
+		var rep report
+		if err := json.Unmarshal([]byte(line), &rep); err != nil {
+			t.Fatalf("report %q: %v", line, err)
+		}
+		reps = append(reps, rep)
 	}
-	var exit *exec.ExitError
+	out := c.Output()
 	ended := len(reps) > 0 && reps[len(reps)-1].Ev == "end"
+	status, exited := testkit.ExitStatus(werr)
 	switch {
 	case werr == nil && ended:
-		return reps, "exited", out.String()
-	case errors.As(werr, &exit):
-		ws, _ := exit.Sys().(syscall.WaitStatus)
-		if ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-			return reps, "killed", out.String()
-		}
-		if ws.ExitStatus() == 2 && strings.Contains(out.String(), (&fault.Panic{Point: r.Point}).Error()) {
-			return reps, "died", out.String()
-		}
+		return reps, "exited", out
+	case testkit.Killed(werr):
+		return reps, "killed", out
+	case exited && status == 2 && strings.Contains(out, (&fault.Panic{Point: r.Point}).Error()):
+		return reps, "died", out
 	}
-	t.Fatalf("%s=%s: the child ended with %v; it said:\n%s", r.Point, r.Action, werr, out.String())
+	t.Fatalf("%s=%s: the child ended with %v; it said:\n%s", r.Point, r.Action, werr, out)
 	return nil, "", ""
 }

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/anishathalye/porcupine"
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idemcore"
@@ -54,11 +53,9 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 	}
 	e, _ := s.fresh(t, Options{})
 	var (
-		clock   atomic.Int64
 		issued  atomic.Int64
+		history testkit.History
 		mu      sync.Mutex
-		history = make([]porcupine.Operation, 0, total)
-		counts  = map[string]int{}
 		keys    = map[string]bool{}
 		wg      sync.WaitGroup
 	)
@@ -81,7 +78,7 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 				}
 				hold := time.Duration(r.IntN(1500)) * time.Microsecond
 				var ranResp atomic.Value // a DoTx fn may run again on a backend without savepoints
-				begin := clock.Add(1)
+				begin := history.Stamp()
 				res, err := e.DoTx(ctx, key, fp, func(ctx context.Context, tx T) ([]byte, error) {
 					if err := s.h.PutEffect(tx, key+"#"+own, own); err != nil {
 						return nil, err
@@ -97,13 +94,11 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 					ranResp.Store(own)
 					return []byte(own), nil
 				})
-				end := clock.Add(1)
+				end := history.Stamp()
 				cancel()
 				ran, _ := ranResp.Load().(string)
-				in := testkit.HistOf(t, key, own, res, err, ran)
+				history.Add(client, begin, end, testkit.HistOf(t, key, own, res, err, ran))
 				mu.Lock()
-				history = append(history, porcupine.Operation{ClientId: client, Input: in, Call: begin, Return: end})
-				counts[in.Op]++
 				keys[key] = true
 				mu.Unlock()
 			}
@@ -111,14 +106,7 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 	}
 	wg.Wait()
 
-	res, info := porcupine.CheckOperationsVerbose(testkit.ContractModel, history, 5*time.Minute)
-	if res != porcupine.Ok {
-		f := t.TempDir() + "/history.html"
-		if err := porcupine.VisualizePath(testkit.ContractModel, info, f); err == nil {
-			t.Logf("visualization: %s", f)
-		}
-	}
-	require.Equal(t, porcupine.Ok, res, "the DoTx history is not linearizable against the contract")
+	history.Check(t, "the DoTx history")
 
 	// Effects: one row per done key, the done execution's; none otherwise.
 	effects := s.effects(t, e)
@@ -138,8 +126,7 @@ func (s *suite[T]) dotxHistory(t *testing.T) {
 			require.Empty(t, perKey[key], "%s: not done (%+v), yet effects committed", key, r)
 		}
 	}
-	t.Logf("DoTx calls checked: %d on %d keys (exec %d, replay %d, free %d, unknown %d); effect rows %d",
-		len(history), len(keys), counts["exec"], counts["replay"], counts["free"], counts["unknown"], len(effects))
+	t.Logf("DoTx history checked: %v on %d keys; effect rows %d", &history, len(keys), len(effects))
 }
 
 // outboxHistory enqueues messages in DoTx calls from 6 clients (1 to 3 per
@@ -236,7 +223,7 @@ func (s *suite[T]) outboxHistory(t *testing.T) {
 		committed[key] = ps
 		total += len(ps)
 	}
-	eventually(t, "every committed message delivered", func() { c.Advance(time.Second) }, func() bool {
+	testkit.Eventually(t, "every committed message delivered", func() { c.Advance(time.Second) }, func() bool {
 		_, ok := rec.Log()
 		n := 0
 		for _, o := range ok {

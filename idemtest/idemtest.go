@@ -52,6 +52,18 @@
 //	             the idemfail build (testkit.Failpoints) and the source tree
 //	logs         keys, responses and payloads never logged
 //
+// RunBackend is the seam suite: it drives a Backend directly, without an
+// engine, for the backend's side of the contract as the core relies on it
+// (claims and fencing, completion, lookups, DoTx's transaction, prune, the
+// outbox, waiting), as River's riverdrivertest.Exercise drives a driver:
+//
+//	func TestBackend(t *testing.T) {
+//		idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[MyTx] { ... })
+//	}
+//
+// Both take only idemcore's public types, so a backend written outside this
+// module runs them: its engine is idemcore.New over its Backend.
+//
 // Subtests of behaviour that the contract promises but a known defect still
 // breaks are skipped with a reason naming their issue, "pending fix: issue 8
 // item N" (grep for pendingFix). Setting IDEMTEST_PENDING=run runs them
@@ -62,14 +74,13 @@ import (
 	"context"
 	"log/slog"
 	"os"
-	"regexp"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/testkit"
 )
 
 // Options are the contract's settings the suite opens engines with: each field
@@ -230,6 +241,11 @@ type Harness[T any] struct {
 	// are skipped with a message.
 	OpenWrapped func(t testing.TB, store string, opts Options, wrap func(idemcore.Backend[T]) idemcore.Backend[T]) (Engine[T], error)
 
+	// InProcess says that a store lives in this process only (an in-memory
+	// backend), so no child process can reach it: the process and crash
+	// matrix groups are skipped.
+	InProcess bool
+
 	// Check, if set, checks the store's consistency after the suite closed
 	// its engines (bbolt's Tx.Check).
 	Check func(t testing.TB, store string)
@@ -263,9 +279,15 @@ func Run[T any](t *testing.T, h Harness[T]) {
 	t.Run("restart", s.restart)
 	t.Run("outbox", s.outbox)
 	t.Run("histories", s.histories)
-	t.Run("process", s.process)
+	if h.InProcess {
+		t.Log("idemtest: Harness.InProcess: the process and crash matrix groups need a store a child process reaches; skipped")
+	} else {
+		t.Run("process", s.process)
+	}
 	t.Run("shared", s.shared)
-	t.Run("crash matrix", s.matrix)
+	if !h.InProcess {
+		t.Run("crash matrix", s.matrix)
+	}
 	t.Run("logs", s.logs)
 }
 
@@ -292,10 +314,23 @@ func pendingFix(t *testing.T, issue string) {
 // open opens an engine on store with opts and closes it when t ends.
 func (s *suite[T]) open(t testing.TB, store string, opts Options) Engine[T] {
 	t.Helper()
+	return s.openWith(t, store, opts, nil)
+}
+
+// openWith is open over the engine's backend wrapped by wrap
+// (Harness.OpenWrapped), or as it is if wrap is nil.
+func (s *suite[T]) openWith(t testing.TB, store string, opts Options, wrap func(idemcore.Backend[T]) idemcore.Backend[T]) Engine[T] {
+	t.Helper()
 	if opts.Now == nil {
 		opts.Now = newClock().Now
 	}
-	e, err := s.h.Open(t, store, opts)
+	var e Engine[T]
+	var err error
+	if wrap == nil {
+		e, err = s.h.Open(t, store, opts)
+	} else {
+		e, err = s.h.OpenWrapped(t, store, opts, wrap)
+	}
 	if err != nil {
 		t.Fatalf("open %s: %v", store, err)
 	}
@@ -369,38 +404,10 @@ func (s *suite[T]) waitersIn(t testing.TB, n int, start func()) {
 	}
 }
 
-// childPattern is the -test.run pattern that selects exactly the test named
-// name (a path of subtests).
-func childPattern(name string) string {
-	parts := strings.Split(name, "/")
-	for i, p := range parts {
-		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
-	}
-	return strings.Join(parts, "/")
-}
-
-// clock is a fake clock for Options.Now: the suite moves it, it never sleeps.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-// start is the fake clock's first reading: a fixed wall-clock time, no
+// start is the suite's clock's first reading: a fixed wall-clock time, no
 // monotonic reading.
 var start = time.Date(2026, 3, 2, 10, 0, 0, 0, time.UTC)
 
-func newClock() *clock { return &clock{now: start} }
-
-// Now returns the clock's time.
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock forward by d.
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
+// newClock returns a fake clock for Options.Now, stopped at start: the
+// suite moves it, it never sleeps.
+func newClock() *testkit.Clock { return testkit.NewClock(start) }

@@ -1,7 +1,6 @@
 package idemtest
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -12,32 +11,15 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/internal/testkit"
 )
-
-// logBuffer is a slog handler's output, safe for the engine's goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // logs holds DESIGN.md's rule that keys and responses are user data: the
 // engine's log (every level) never carries them, on the paths that log
 // (recovery, pruning, outbox failures and panics).
 func (s *suite[T]) logs(t *testing.T) {
 	const key, resp, payload = "secret-key-4242", "secret-resp-9191", "secret-payload-7373"
-	var out logBuffer
+	var out testkit.SyncBuffer
 	c := newClock()
 	var failed sync.Once
 	handler := func(ctx context.Context, m idemcore.Message) error {
@@ -63,7 +45,7 @@ func (s *suite[T]) logs(t *testing.T) {
 		return []byte(resp), s.h.Enqueue(tx, "charge", []byte(payload))
 	})
 	require.NoError(t, err)
-	eventually(t, "a dead letter", func() { c.Advance(time.Minute) }, func() bool {
+	testkit.Eventually(t, "a dead letter", func() { c.Advance(time.Minute) }, func() bool {
 		ms := messages(t, e)
 		return len(ms) == 1 && ms[0].Dead
 	})

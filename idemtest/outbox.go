@@ -16,27 +16,6 @@ import (
 	"github.com/idemkit/idem/internal/testkit"
 )
 
-// eventually polls cond every millisecond until it holds, for at most 30 s
-// (a bound on a hang for asynchronous delivery, not a timing claim). tick,
-// if not nil, runs before every poll: a fake-clock advance, so that messages
-// waiting for their backoff fall due.
-func eventually(t testing.TB, what string, tick func(), cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if tick != nil {
-			tick()
-		}
-		if cond() {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // messages returns the outbox's messages, pending then dead.
 func messages[T any](t testing.TB, e Engine[T]) []*idemcore.Message {
 	t.Helper()
@@ -54,7 +33,7 @@ func messages[T any](t testing.TB, e Engine[T]) []*idemcore.Message {
 }
 
 // outboxOptions runs the dispatcher with handlers, polling every millisecond.
-func outboxOptions(c *clock, handlers map[string]idemcore.Handler, o idemcore.OutboxOptions) Options {
+func outboxOptions(c *testkit.Clock, handlers map[string]idemcore.Handler, o idemcore.OutboxOptions) Options {
 	o.Dispatch, o.Handlers, o.PollInterval = true, handlers, time.Millisecond
 	return Options{Now: c.Now, Outbox: o}
 }
@@ -95,8 +74,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 			return []byte("ord_1"), nil
 		})
 		require.NoError(t, err)
-		eventually(t, "3 deliveries", nil, func() bool { return len(rec.Delivered()) == 3 })
-		eventually(t, "their removal", nil, func() bool { return len(messages(t, e)) == 0 })
+		testkit.Eventually(t, "3 deliveries", nil, func() bool { return len(rec.Delivered()) == 3 })
+		testkit.Eventually(t, "their removal", nil, func() bool { return len(messages(t, e)) == 0 })
 		got := rec.Delivered()
 		for i, m := range got {
 			require.Equal(t, "order-1", m.Key)
@@ -152,7 +131,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h},
 			idemcore.OutboxOptions{BaseBackoff: time.Second, MaxBackoff: time.Minute, MaxAttempts: 10}))
 		s.enqueue(t, e, "order-1", "charge", []byte("1200"))
-		eventually(t, "the first failure recorded", nil, func() bool {
+		testkit.Eventually(t, "the first failure recorded", nil, func() bool {
 			ms := messages(t, e)
 			return len(ms) == 1 && ms[0].Failures == 1
 		})
@@ -162,14 +141,14 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.False(t, m.NextAttemptAt.After(start.Add(time.Second)), "the backoff is at most BaseBackoff")
 		require.Len(t, rec.Attempts(), 1, "the clock has not moved: no retry yet")
 
-		eventually(t, "delivery", func() { c.Advance(time.Minute) }, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "delivery", func() { c.Advance(time.Minute) }, func() bool { return len(rec.Delivered()) == 1 })
 		got := rec.Attempts()
 		require.Len(t, got, 3)
 		for i, m := range got {
 			require.Equal(t, i+1, m.Attempt)
 			require.Equal(t, idemcore.DownstreamKey("order-1", 0), m.DownstreamKey, "every attempt passes the same key on")
 		}
-		eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 0 })
+		testkit.Eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 0 })
 	})
 
 	t.Run("dead letters: listed, retried, dropped", func(t *testing.T) {
@@ -195,7 +174,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 			}
 			return out
 		}
-		eventually(t, "two dead letters", func() { c.Advance(time.Minute) }, func() bool { return len(dead()) == 2 })
+		testkit.Eventually(t, "two dead letters", func() { c.Advance(time.Minute) }, func() bool { return len(dead()) == 2 })
 		require.Len(t, rec.Attempts(), 4, "MaxAttempts each, then no more")
 		ds := dead()
 		require.Equal(t, "gateway down", ds[0].LastError)
@@ -205,8 +184,8 @@ func (s *suite[T]) outbox(t *testing.T) {
 		healthy.Store(true)
 		require.NoError(t, e.DropDead(ds[1].Seq))
 		require.NoError(t, e.RetryDead(ds[0].Seq))
-		eventually(t, "the retried letter's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
-		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, e)) == 0 })
+		testkit.Eventually(t, "the retried letter's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, e)) == 0 })
 		d := rec.Delivered()[0]
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, idemcore.DownstreamKey("order-1", 0), d.DownstreamKey)
@@ -239,7 +218,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 			}
 			return out
 		}
-		eventually(t, "three dead letters", nil, func() bool { return len(dead()) == 3 })
+		testkit.Eventually(t, "three dead letters", nil, func() bool { return len(dead()) == 3 })
 		got := dead()
 		require.Equal(t, errs["nul"], got["nul"])
 		require.Equal(t, errs["invalid"], got["invalid"])
@@ -257,9 +236,9 @@ func (s *suite[T]) outbox(t *testing.T) {
 		})
 		e, _ := s.fresh(t, outboxOptions(c, map[string]idemcore.Handler{"charge": h}, idemcore.OutboxOptions{MaxAttempts: 1}))
 		s.enqueue(t, e, "order-1", "charge", []byte("poison"), []byte("next"))
-		eventually(t, "the next message's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "the next message's delivery", nil, func() bool { return len(rec.Delivered()) == 1 })
 		require.Equal(t, []byte("next"), rec.Delivered()[0].Payload)
-		eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 1 })
+		testkit.Eventually(t, "its removal", nil, func() bool { return len(messages(t, e)) == 1 })
 		ms := messages(t, e)
 		require.True(t, ms[0].Dead)
 		require.Equal(t, []byte("poison"), ms[0].Payload)
@@ -275,7 +254,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		}
 		s.enqueue(t, e, "saga-1", "step", payloads...)
 		s.enqueue(t, e, "saga-2", "step", payloads...)
-		eventually(t, "16 deliveries", nil, func() bool { return len(rec.Delivered()) == 16 })
+		testkit.Eventually(t, "16 deliveries", nil, func() bool { return len(rec.Delivered()) == 16 })
 		next := map[string]int{}
 		for _, m := range rec.Delivered() {
 			require.Equal(t, next[m.OrderingKey], m.Index, "%s delivered out of order", m.OrderingKey)
@@ -299,7 +278,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.NoError(t, e.Close(), "Close returns once the handler it cancelled returned")
 		var rec testkit.Recorder
 		e = s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
-		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
 		require.Equal(t, 1, m.Attempt, "the cancelled attempt is not counted")
 		require.Equal(t, idemcore.DownstreamKey("order-1", 0), m.DownstreamKey)
@@ -313,7 +292,7 @@ func (s *suite[T]) outbox(t *testing.T) {
 		require.Len(t, messages(t, e), 1)
 		var rec testkit.Recorder
 		e = s.reopen(t, e, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
-		eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
 		require.Equal(t, idemcore.DownstreamKey("order-1", 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)

@@ -64,17 +64,8 @@ func (s *suite[T]) owned(t *testing.T) {
 		require.NoError(t, e.Close())
 		elsewhere := new(atomic.Bool)
 		elsewhere.Store(true)
-		if opts.Now == nil {
-			opts.Now = newClock().Now
-		}
-		e, err := s.h.OpenWrapped(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
+		e = s.openWith(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
 			return OwnedElsewhere(b, func(key string) bool { return key == "k" && elsewhere.Load() })
-		})
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			if err := e.Close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
 		})
 		return e, elsewhere
 	}
@@ -158,17 +149,8 @@ func (s *suite[T]) owned(t *testing.T) {
 		require.NoError(t, e.Close())
 		elsewhere := new(atomic.Bool)
 		elsewhere.Store(true)
-		if opts.Now == nil {
-			opts.Now = newClock().Now
-		}
-		e, err := s.h.OpenWrapped(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
+		e = s.openWith(t, store, opts, func(b idemcore.Backend[T]) idemcore.Backend[T] {
 			return OwnedElsewhere(b, func(key string) bool { return key == "free" && elsewhere.Load() })
-		})
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			if err := e.Close(); err != nil {
-				t.Errorf("close: %v", err)
-			}
 		})
 		return e, elsewhere
 	}

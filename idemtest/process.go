@@ -24,8 +24,8 @@ func (s *suite[T]) process(t *testing.T) {
 			t.Cleanup(func() { s.h.Check(t, store) })
 		}
 		c := s.startChild(t, role, store, p)
-		c.await(line)
-		c.kill()
+		c.Await(line)
+		c.Kill()
 		if s.h.OwnedAcrossProcesses {
 			s.h.ExpireOwners(t, store)
 		}
@@ -84,7 +84,7 @@ func (s *suite[T]) process(t *testing.T) {
 		var rec testkit.Recorder
 		c := newClock()
 		e := s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": rec.Handler(nil)}, idemcore.OutboxOptions{}))
-		eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "the delivery after the restart", nil, func() bool { return len(rec.Delivered()) == 1 })
 		m := rec.Delivered()[0]
 		require.Equal(t, idemcore.DownstreamKey(crashKey, 0), m.DownstreamKey)
 		require.Equal(t, []byte("1200"), m.Payload)
@@ -98,7 +98,7 @@ func (s *suite[T]) process(t *testing.T) {
 	t.Run("a store held by a live process", func(t *testing.T) {
 		store := s.h.New(t)
 		c := s.startChild(t, childDo, store, idemcore.RecoverReexecute)
-		c.await("in-fn")
+		c.Await("in-fn")
 		if !s.h.OwnedAcrossProcesses {
 			// One process holds the store: a second Open fails, it does not
 			// hang, and it takes nothing over.
@@ -107,7 +107,7 @@ func (s *suite[T]) process(t *testing.T) {
 				_ = e.Close()
 			}
 			require.Error(t, err, "a second process must not open a store another one holds")
-			c.kill()
+			c.Kill()
 			return
 		}
 		// Shared stores: the live owner's started record is never recovered;
@@ -120,6 +120,6 @@ func (s *suite[T]) process(t *testing.T) {
 		defer cancel()
 		_, err = w.Do(ctx, crashKey, fp, func(context.Context) ([]byte, error) { return nil, errMustNotRun })
 		require.ErrorIs(t, err, context.DeadlineExceeded, "waits for the live owner")
-		c.kill()
+		c.Kill()
 	})
 }

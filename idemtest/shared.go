@@ -54,27 +54,31 @@ func (s *suite[T]) shared(t *testing.T) {
 		require.Equal(t, resp, string(res.Response), msg)
 	}
 
-	t.Run("Forget on one engine: the other's next call runs fn as new", func(t *testing.T) {
-		both(t, func(t *testing.T, v via) {
-			a, b, _ := pair(t, Options{})
-			runs(t, a, v, "k", "A-run1", "A's first call")
-			replays(t, a, v, "k", "A-run1", "A's replay")
-			require.NoError(t, b.Forget("k"))
-			runs(t, a, v, "k", "A-run2", "A's call right after B's Forget")
-			replays(t, b, v, "k", "A-run2", "B replays A's new outcome")
+	// After B's Forget, the next call (A's, or B's own) runs fn as new, and
+	// the other engine replays that new outcome, never its memory of the old.
+	for _, c := range []struct {
+		name           string
+		next           bool // B makes the next call
+		resp, run, rep string
+	}{
+		{"Forget on one engine: the other's next call runs fn as new", false, "A-run2", "A's call right after B's Forget", "B replays A's new outcome"},
+		{"Forget on one engine, a new outcome stored there: the other replays it", true, "B-run2", "B's call after its Forget", "A replays what the store holds"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			both(t, func(t *testing.T, v via) {
+				a, b, _ := pair(t, Options{})
+				runs(t, a, v, "k", "A-run1", "A's first call")
+				replays(t, a, v, "k", "A-run1", "A's replay")
+				require.NoError(t, b.Forget("k"))
+				next, other := a, b
+				if c.next {
+					next, other = b, a
+				}
+				runs(t, next, v, "k", c.resp, c.run)
+				replays(t, other, v, "k", c.resp, c.rep)
+			})
 		})
-	})
-
-	t.Run("Forget on one engine, a new outcome stored there: the other replays it", func(t *testing.T) {
-		both(t, func(t *testing.T, v via) {
-			a, b, _ := pair(t, Options{})
-			runs(t, a, v, "k", "A-run1", "A's first call")
-			replays(t, a, v, "k", "A-run1", "A's replay")
-			require.NoError(t, b.Forget("k"))
-			runs(t, b, v, "k", "B-run2", "B's call after its Forget")
-			replays(t, a, v, "k", "B-run2", "A replays what the store holds")
-		})
-	})
+	}
 
 	t.Run("Forget on one engine: a stored error is not replayed by the other", func(t *testing.T) {
 		both(t, func(t *testing.T, v via) {
@@ -129,8 +133,8 @@ func (s *suite[T]) shared(t *testing.T) {
 		runs(t, a, viaDo, crashKey, "A-run1", "A's first call")
 		replays(t, a, viaDo, crashKey, "A-run1", "A's replay")
 		c := s.startChild(t, childForget, store, idemcore.RecoverReexecute)
-		c.await("forgotten")
-		c.kill()
+		c.Await("forgotten")
+		c.Kill()
 		runs(t, a, viaDo, crashKey, "A-run2", "A's call right after the child's Forget")
 	})
 
@@ -151,7 +155,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		for i := range n {
 			s.enqueue(t, a, "order-"+string(rune('1'+i)), "charge", []byte{byte('a' + i)})
 		}
-		eventually(t, "the dead letters", nil, func() bool {
+		testkit.Eventually(t, "the dead letters", nil, func() bool {
 			letters = letters[:0]
 			for _, m := range messages(t, b) {
 				if m.Dead {
@@ -167,11 +171,11 @@ func (s *suite[T]) shared(t *testing.T) {
 		a, b, rec, healthy, letters := dead(t, 1)
 		healthy.Store(true)
 		require.NoError(t, b.RetryDead(letters[0].Seq))
-		eventually(t, "the retried letter's delivery by A", nil, func() bool { return len(rec.Delivered()) == 1 })
+		testkit.Eventually(t, "the retried letter's delivery by A", nil, func() bool { return len(rec.Delivered()) == 1 })
 		d := rec.Delivered()[0]
 		require.Equal(t, []byte("a"), d.Payload)
 		require.Equal(t, 1, d.Attempt, "its attempt count starts again")
-		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, a)) == 0 && len(messages(t, b)) == 0 })
+		testkit.Eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, a)) == 0 && len(messages(t, b)) == 0 })
 		require.ErrorIs(t, a.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound, "retried and delivered: no longer a dead letter")
 		require.ErrorIs(t, b.RetryDead(letters[0].Seq), idemcore.ErrMessageNotFound)
 	})
@@ -218,7 +222,7 @@ func (s *suite[T]) shared(t *testing.T) {
 		failing := func(context.Context, idemcore.Message) error { return errors.New("gateway down") }
 		b := s.open(t, store, outboxOptions(c, map[string]idemcore.Handler{"charge": failing}, idemcore.OutboxOptions{MaxAttempts: 1}))
 		var letter *idemcore.Message
-		eventually(t, "B's dead letter", nil, func() bool {
+		testkit.Eventually(t, "B's dead letter", nil, func() bool {
 			ms := messages(t, b)
 			if len(ms) == 1 && ms[0].Dead {
 				letter = ms[0]
@@ -237,12 +241,12 @@ func (s *suite[T]) shared(t *testing.T) {
 			}
 			return false
 		}
-		eventually(t, "the retried letter's delivery, or its return to the dead letters", nil, func() bool {
+		testkit.Eventually(t, "the retried letter's delivery, or its return to the dead letters", nil, func() bool {
 			return len(rec.Delivered()) == 1 || deadAgain()
 		})
 		require.False(t, deadAgain(), "A's late failure sent the retried letter back to the dead letters")
 		require.Len(t, rec.Delivered(), 1)
 		require.Equal(t, 1, rec.Delivered()[0].Attempt, "the retry's count of failures starts again; A's late failure is not counted")
-		eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, op)) == 0 })
+		testkit.Eventually(t, "an empty outbox", nil, func() bool { return len(messages(t, op)) == 0 })
 	})
 }

@@ -18,7 +18,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // sentinels are the errors a child reports its error matches, by name.
@@ -84,7 +84,7 @@ func TestDiskFull(t *testing.T) {
 	require.ErrorIs(t, err, idem.ErrStorageFailed, "failed closed")
 	_ = e.Close()
 
-	testkit.Check(t, path)
+	boltkit.Check(t, path)
 	e, err = idem.Open(path, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err, "a full disk does not stop a reopen")
 	for _, k := range acked {
@@ -111,7 +111,7 @@ func TestDiskFull(t *testing.T) {
 	require.NoError(t, os.Remove(ballast))
 	// The file grows in doubling steps: give the disk room for the next.
 	require.NoError(t, syscall.Mount("tmpfs", dir, "tmpfs", syscall.MS_REMOUNT, "size=16m"))
-	testkit.Check(t, path)
+	boltkit.Check(t, path)
 	e, err = idem.Open(path, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err)
 	defer e.Close()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkit/idem"
 	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // historyKind classifies a call's answer for testkit.ContractModel.
@@ -209,7 +210,7 @@ func checkHistory(t testing.TB, a afterCut) histStats {
 		history = append(history, porcupine.Operation{ClientId: 0, Input: in, Call: o.call, Return: ret})
 	}
 
-	testkit.Check(t, a.DB)
+	boltkit.Check(t, a.DB)
 	e, err := idem.Open(a.DB, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err, "the file opens after the power cut")
 	defer func() { require.NoError(t, e.Close()) }()

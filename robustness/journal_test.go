@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // The journal's own power cuts (issue 20): the workload's Do calls alone
@@ -92,7 +92,7 @@ func TestPowerCutInTheJournal(t *testing.T) {
 				st.add(f.powerCut(t, r, []cut{cutAll, cutSuffix, cutHarsh}[round%3]))
 
 				path := filepath.Join(f.under, "idem.db")
-				testkit.Check(t, path)
+				boltkit.Check(t, path)
 				e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 				require.NoError(t, err, "round %d: the file opens after the power cut", round)
 				replayed += e.Stats().Replayed
@@ -100,7 +100,7 @@ func TestPowerCutInTheJournal(t *testing.T) {
 				require.NoError(t, err)
 				checkWorkload(t, e, l, ledgerPath, readAcks(t, ackPath), n)
 				require.NoError(t, e.Close())
-				testkit.Check(t, path)
+				boltkit.Check(t, path)
 				if t.Failed() {
 					t.Fatalf("round %d failed", round)
 				}

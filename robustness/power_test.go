@@ -20,7 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/idemkit/idem"
-	"github.com/idemkit/idem/internal/testkit"
+	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
 // rounds is n, or IDEM_ROBUST_ROUNDS when set (the long run).
@@ -218,14 +218,14 @@ func powerCutRound(t *testing.T, r *rand.Rand, c cut, nosync bool) (afterCut, cu
 // set.
 func checkPowerCut(t testing.TB, a afterCut) verdict {
 	t.Helper()
-	testkit.Check(t, a.DB)
+	boltkit.Check(t, a.DB)
 	e, err := idem.Open(a.DB, &idem.Options{PruneInterval: -1})
 	require.NoError(t, err, "the file opens after the power cut")
 	l, err := openLedger(a.Ledger)
 	require.NoError(t, err)
 	v := checkWorkload(t, e, l, a.Ledger, readAcks(t, a.Acks), a.Keys)
 	require.NoError(t, e.Close())
-	testkit.Check(t, a.DB)
+	boltkit.Check(t, a.DB)
 	return v
 }
 
@@ -285,7 +285,7 @@ func TestFsyncAndWriteErrorsFailClosed(t *testing.T) {
 
 			f.powerCut(t, r, tc.mode.cuts[0])
 			path := filepath.Join(f.under, "idem.db")
-			testkit.Check(t, path)
+			boltkit.Check(t, path)
 			ctx := context.Background()
 			e, err := idem.Open(path, &idem.Options{PruneInterval: -1})
 			require.NoError(t, err)

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -155,11 +154,7 @@ func Failpoints(t *testing.T) bool {
 	if fault.Enabled {
 		return true
 	}
-	parts := strings.Split(t.Name(), "/")
-	for i, p := range parts {
-		parts[i] = "^" + regexp.QuoteMeta(p) + "$"
-	}
-	args := []string{"-test.run=" + strings.Join(parts, "/"), "-test.count=1", "-test.v"}
+	args := []string{"-test.run=" + Pattern(t.Name()), "-test.count=1", "-test.v"}
 	if testing.Short() {
 		args = append(args, "-test.short")
 	}

@@ -3,11 +3,15 @@ package testkit
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/anishathalye/porcupine"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // The contract of one idempotency key, as a nondeterministic sequential
@@ -93,7 +97,7 @@ var ContractModel = (&porcupine.NondeterministicModel{
 // outcome (ran: fn's response if it returned one in this call, else "").
 // A fresh answer that is not own, or a permanent error (fn never returns
 // one here), fails t.
-func HistOf(t testing.TB, key, own string, res idem.Result, err error, ran string) HistIn {
+func HistOf(t testing.TB, key, own string, res idemcore.Result, err error, ran string) HistIn {
 	t.Helper()
 	in := HistIn{Key: key}
 	switch {
@@ -104,14 +108,62 @@ func HistOf(t testing.TB, key, own string, res idem.Result, err error, ran strin
 		if in.Resp != own {
 			t.Errorf("%s: a fresh answer %q that is not this call's fn's %q", key, in.Resp, own)
 		}
-	case errors.Is(err, idem.ErrRetryable):
+	case errors.Is(err, idemcore.ErrRetryable):
 		in.Op = "free"
 	default:
-		var perm *idem.Error
+		var perm *idemcore.Error
 		if errors.As(err, &perm) {
 			t.Errorf("%s: unexpected permanent error %v", key, err)
 		}
 		in.Op, in.Resp = "unknown", ran
 	}
 	return in
+}
+
+// History collects the calls of a history checked against ContractModel,
+// from concurrent clients: Stamp before and after each call, Add its
+// classified answer (HistOf), Check at the end. The zero value is ready.
+type History struct {
+	clock  atomic.Int64
+	mu     sync.Mutex
+	ops    []porcupine.Operation
+	counts map[string]int
+}
+
+// Stamp returns the history's next logical time, for a call's start or end.
+func (h *History) Stamp() int64 { return h.clock.Add(1) }
+
+// Add records a call of client between the stamps begin and end.
+func (h *History) Add(client int, begin, end int64, in HistIn) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.counts == nil {
+		h.counts = map[string]int{}
+	}
+	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: begin, Return: end})
+	h.counts[in.Op]++
+}
+
+// Check fails t unless the history is linearizable against ContractModel
+// (what names it), logging where a visualization of a failing one is.
+func (h *History) Check(t testing.TB, what string) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	res, info := porcupine.CheckOperationsVerbose(ContractModel, h.ops, 5*time.Minute)
+	if res != porcupine.Ok {
+		f := filepath.Join(t.TempDir(), "history.html")
+		if err := porcupine.VisualizePath(ContractModel, info, f); err == nil {
+			t.Logf("visualization: %s", f)
+		}
+		t.Fatalf("%s is not linearizable against the contract", what)
+	}
+}
+
+// String sums the history up: its calls and how many of each kind.
+func (h *History) String() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return fmt.Sprintf("%d calls (exec %d, replay %d, free %d, unknown %d)",
+		len(h.ops), h.counts["exec"], h.counts["replay"], h.counts["free"], h.counts["unknown"])
 }

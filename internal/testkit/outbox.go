@@ -3,7 +3,7 @@ package testkit
 import (
 	"fmt"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // OutboxHistory checks a dispatcher's history against what committed, for
@@ -20,8 +20,8 @@ import (
 //   - out of order: an attempt of a message while an earlier message of
 //     its ordering key had no successful attempt yet;
 //   - a lost message: a committed message without a successful attempt;
-//   - a wrong downstream key (not idem.DownstreamKey(Key, Index)).
-func OutboxHistory(committed map[string][]string, attempts []idem.Message, ok []bool) []string {
+//   - a wrong downstream key (not idemcore.DownstreamKey(Key, Index)).
+func OutboxHistory(committed map[string][]string, attempts []idemcore.Message, ok []bool) []string {
 	var bad []string
 	delivered := map[string]int{} // per ordering key: how many delivered, in order
 	seen := map[string]map[int]bool{}
@@ -31,7 +31,7 @@ func OutboxHistory(committed map[string][]string, attempts []idem.Message, ok []
 			bad = append(bad, fmt.Sprintf("attempt %d: %s[%d] %q never committed", i, m.OrderingKey, m.Index, m.Payload))
 			continue
 		}
-		if m.DownstreamKey != idem.DownstreamKey(m.Key, m.Index) {
+		if m.DownstreamKey != idemcore.DownstreamKey(m.Key, m.Index) {
 			bad = append(bad, fmt.Sprintf("attempt %d: %s[%d] has downstream key %q", i, m.OrderingKey, m.Index, m.DownstreamKey))
 		}
 		if seen[m.OrderingKey] == nil {

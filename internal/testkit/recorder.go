@@ -4,7 +4,7 @@ import (
 	"context"
 	"sync"
 
-	"github.com/idemkit/idem"
+	"github.com/idemkit/idem/idemcore"
 )
 
 // Recorder records every delivery attempt an outbox handler sees, in order,
@@ -12,13 +12,13 @@ import (
 // concurrent handlers.
 type Recorder struct {
 	mu  sync.Mutex
-	got []idem.Message
+	got []idemcore.Message
 	ok  []bool
 }
 
 // Handler records each message and returns fail(m) (nil fail: success).
-func (r *Recorder) Handler(fail func(m idem.Message) error) idem.Handler {
-	return func(ctx context.Context, m idem.Message) error {
+func (r *Recorder) Handler(fail func(m idemcore.Message) error) idemcore.Handler {
+	return func(ctx context.Context, m idemcore.Message) error {
 		var err error
 		if fail != nil {
 			err = fail(m)
@@ -31,17 +31,17 @@ func (r *Recorder) Handler(fail func(m idem.Message) error) idem.Handler {
 }
 
 // Attempts returns every message handed to the handler, in order.
-func (r *Recorder) Attempts() []idem.Message {
+func (r *Recorder) Attempts() []idemcore.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]idem.Message(nil), r.got...)
+	return append([]idemcore.Message(nil), r.got...)
 }
 
 // Delivered returns the messages whose attempt succeeded, in order.
-func (r *Recorder) Delivered() []idem.Message {
+func (r *Recorder) Delivered() []idemcore.Message {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []idem.Message
+	var out []idemcore.Message
 	for i, m := range r.got {
 		if r.ok[i] {
 			out = append(out, m)
@@ -52,8 +52,8 @@ func (r *Recorder) Delivered() []idem.Message {
 
 // Log returns every attempt in order and, beside each, whether it
 // succeeded.
-func (r *Recorder) Log() ([]idem.Message, []bool) {
+func (r *Recorder) Log() ([]idemcore.Message, []bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]idem.Message(nil), r.got...), append([]bool(nil), r.ok...)
+	return append([]idemcore.Message(nil), r.got...), append([]bool(nil), r.ok...)
 }
