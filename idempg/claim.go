@@ -50,7 +50,7 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 			started_ns = {now_ns}, retention_ns = GREATEST(retention_ns, $5::bigint),
 			kept_until_resolved = kept_until_resolved OR $6::boolean,
 			expires_ns = CASE WHEN kept_until_resolved OR $6::boolean THEN 0 ELSE {now_ns} + GREATEST(retention_ns, $5::bigint) END
-		WHERE key = $1::text AND state = 1 AND attempt = $7::integer AND started_ns = $8::bigint AND (lease_until <= {now} OR owner = $4::text)
+		WHERE key = $1::text AND state <> 2 AND attempt = $7::integer AND started_ns = $8::bigint AND (lease_until <= {now} OR owner = $4::text)
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
 		var startedNs int64
 		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,

@@ -40,7 +40,7 @@ func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Own
 		before = time.Now()
 	)
 	err := b.pool.QueryRow(ctx, b.sql(`SELECT owner, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint
-		FROM {schema}.idem_records WHERE key = $1::text AND state = 1 AND attempt = $2::integer AND started_ns = $3::bigint`),
+		FROM {schema}.idem_records WHERE key = $1::text AND state <> 2 AND attempt = $2::integer AND started_ns = $3::bigint`),
 		b.s.args(rec.Key, rec.Attempt, toNs(rec.StartedAt))...).Scan(&owner, &left)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The record changed since it was read: Claim says how.
