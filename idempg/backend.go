@@ -43,6 +43,10 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	// fixed holds the statements of Do, made once (statement.go); nil while
+	// the tests move the database's clock.
+	fixed *statements
+
 	// outboxClaims holds the outbox claims this engine's dispatcher holds, by
 	// seq (uint64 → outboxClaim): the token that fences Failed (delivery.go).
 	outboxClaims sync.Map
@@ -74,6 +78,9 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
 	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch}
 	b.dotx = batcher[*txReq]{run: b.runBatch, max: max(2, conns/txBatchShare), limit: maxTxBatch}
+	if b.offset == nil && b.fake == nil {
+		b.fixed = b.makeStatements()
+	}
 	if !s.PollOnly {
 		b.l = newListener(pool, s, b.notifiedOutbox)
 	}

@@ -9,16 +9,20 @@ import (
 	"github.com/idemkit/idem/idemcore"
 )
 
-// Record columns, in the order scanRecord reads them.
-const recordColumns = `key, fingerprint, state, attempt, fence, owner, lease_until, started_ns, completed_ns,
+// Record columns, in the order scanned.dest reads them: the columns of an
+// idemcore.Record and no more (the fencing token, the owner and the lease
+// are read by the statements that judge them: Owner, the claims), so that
+// a replay decodes what it answers with.
+const recordColumns = `key, ` + recordValues
+
+// recordValues are recordColumns without the key, for a lookup by key
+// (scanned.values).
+const recordValues = `fingerprint, state, attempt, started_ns, completed_ns,
 	retention_ns, kept_until_resolved, response, has_error, error_code, error_message`
 
 // scanned is one record row as read.
 type scanned struct {
 	rec         idemcore.Record
-	fence       int64
-	owner       *string
-	leaseUntil  *time.Time
 	hasError    bool
 	code, msg   []byte // bytea: any bytes (migration 3)
 	fp          int64
@@ -27,10 +31,13 @@ type scanned struct {
 	retentionNs int64
 }
 
-func (r *scanned) dest() []any {
-	return []any{&r.rec.Key, &r.fp, &r.rec.State, &r.rec.Attempt, &r.fence, &r.owner, &r.leaseUntil,
-		&r.startedNs, &r.completedNs, &r.retentionNs, &r.rec.KeptUntilResolved, &r.rec.Response,
-		&r.hasError, &r.code, &r.msg}
+// dest are the destinations of recordColumns.
+func (r *scanned) dest() []any { return append([]any{&r.rec.Key}, r.values()...) }
+
+// values are the destinations of recordValues.
+func (r *scanned) values() []any {
+	return []any{&r.fp, &r.rec.State, &r.rec.Attempt, &r.startedNs, &r.completedNs, &r.retentionNs,
+		&r.rec.KeptUntilResolved, &r.rec.Response, &r.hasError, &r.code, &r.msg}
 }
 
 // record finishes r's Record.
