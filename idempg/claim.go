@@ -33,7 +33,9 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 	)
 	if req.Prev == nil {
 		r := &claimReq{st: st, done: make(chan struct{})}
-		b.claims.do(r, r.done)
+		if err := b.claims.do(ctx, r, r.done); err != nil {
+			return idemcore.ClaimResult{}, err // not sent: nothing stored
+		}
 		fence, left, err, found = r.fence, r.left, r.err, r.found
 		before = r.before
 		if err == nil {

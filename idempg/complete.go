@@ -99,7 +99,9 @@ func stamped(done *idemcore.Record, startedNs, completedNs int64) {
 func (b *backend) Complete(ctx context.Context, c *idemcore.Claim, done *idemcore.Record) error {
 	return b.again(ctx, func() error {
 		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
-		b.completes.do(r, r.done)
+		if err := b.completes.do(ctx, r, r.done); err != nil {
+			return err // not sent (the engine's ctx does not end: WithoutCancel)
+		}
 		if r.err == nil && !r.found {
 			return fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
 		}

@@ -75,7 +75,9 @@ type txReq struct {
 // no outcome, and the calls before it in the batch are read back.
 func (b *backend) RunTx(ctx context.Context, c *idemcore.Claim, fn func(tx pgx.Tx) (*idemcore.Record, error)) error {
 	r := &txReq{c: c, fn: fn, token: c.Token, done: make(chan struct{})}
-	b.dotx.do(r, r.done)
+	if err := b.dotx.do(ctx, r, r.done); err != nil {
+		return err // not sent (the engine's ctx does not end: WithoutCancel)
+	}
 	return r.err
 }
 
