@@ -43,6 +43,9 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	// commitAvg is the moving average of DoTx's COMMITs, ns (commitTime).
+	commitAvg atomic.Int64
+
 	// fixed holds the statements of Do, made once (statement.go); nil while
 	// the tests move the database's clock.
 	fixed *statements

@@ -124,11 +124,14 @@ func (b *backend) limit(ctx context.Context, tx pgx.Tx) error {
 // limitXid is limit, returning the transaction's id (txid_current) from
 // the same statement: one round trip.
 func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error) {
-	err = tx.QueryRow(ctx, `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
-		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`,
-		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...).Scan(&xid)
+	err = tx.QueryRow(ctx, limitXidSQL, b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...).Scan(&xid)
 	return xid, err
 }
+
+// limitXidSQL is limitXid's statement: $1 lock_timeout and $2
+// idle_in_transaction_session_timeout (ms, as text), $3 the schema.
+const limitXidSQL = `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
+		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`
 
 // ms is d in whole milliseconds (at least 1), as a setting's text.
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }
