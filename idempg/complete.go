@@ -39,23 +39,24 @@ func doneArgs(done *idemcore.Record) []any {
 // completeStmt is the fenced write q (completeSQL and its conditions),
 // answering the row's stored times (started_ns, completed_ns) and a column
 // to ignore (its notification of the key's waiters, unless PollOnly).
-func (b *backend) completeStmt(q string) string { return b.completeWith("", q) }
+func (b *backend) completeStmt(q string) string { return b.completeWith("", q, "") }
 
 // completeWith is completeStmt with the CTEs with (each followed by a comma)
-// before the write's.
-func (b *backend) completeWith(with, q string) string {
+// before the write's, and the columns extra (each after a comma) after its
+// answer's.
+func (b *backend) completeWith(with, q, extra string) string {
 	if b.s.PollOnly {
-		return `WITH ` + with + `w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL FROM w`
+		return `WITH ` + with + `w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL` + extra + ` FROM w`
 	}
 	return `WITH ` + with + `w AS (` + q + ` RETURNING key, waiters, started_ns, completed_ns)
-		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END` + extra + ` FROM w`
 }
 
 // completeOneSQL is a lone completion's statement (completeSQL, answering
 // as completeStmt), lock_timeout in its own parameter $9 (limitCTE).
 func (b *backend) completeOneSQL() string {
 	return b.completeWith(fmt.Sprintf(limitCTE, 9)+", ",
-		completeSetSQL+` FROM idem_limit WHERE idem_limit.v IS NOT NULL AND `+heldSQL)
+		completeSetSQL+` FROM idem_limit WHERE idem_limit.v IS NOT NULL AND `+heldSQL, "")
 }
 
 // completeManySQL completes a batch from the unnest of its arrays ($1 to

@@ -15,7 +15,14 @@ type txState struct {
 	b    *backend
 	key  string
 	next int
+	note *outboxNote // the transaction's
 }
+
+// outboxNote records whether a transaction of DoTx calls already notifies
+// the dispatchers of other processes of its messages: one notification per
+// transaction wakes them (they claim whatever is due), so the calls after
+// the first that enqueued notify no more (runOne).
+type outboxNote struct{ sent bool }
 
 // txs maps each DoTx transaction running fn to its call.
 var txs sync.Map // pgx.Tx → *txState

@@ -114,6 +114,7 @@ func (b *backend) runSegment(reqs []*txReq) (rest []*txReq) {
 	// the first call's round trip.
 	var (
 		xid    int64
+		note   = &outboxNote{}
 		stored []*txReq
 		start  = time.Now()
 		alone  = len(reqs) == 1
@@ -131,7 +132,7 @@ func (b *backend) runSegment(reqs []*txReq) (rest []*txReq) {
 		if i == 0 {
 			xp = &xid
 		}
-		err := b.runOne(ctx, tx, sp, r, xp)
+		err := b.runOne(ctx, tx, sp, r, xp, note)
 		var broken *batchBroken
 		if errors.As(err, &broken) {
 			// The transaction is lost: nothing of it commits.
@@ -235,8 +236,9 @@ func (e *batchBroken) Error() string { return e.cause.Error() }
 // the transaction to be rolled back (its caller commits nothing without a
 // call stored). With xid set (the transaction's first call), the
 // transaction's settings (limitXidSQL) go in the claim's round trip and
-// xid gets its id.
-func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xid *int64) error {
+// xid gets its id. note is the transaction's outbox notification, which
+// the done write of its first call that enqueued sends.
+func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xid *int64, note *outboxNote) error {
 	fail := func(err error) error {
 		if sp == "" {
 			return err
@@ -297,7 +299,8 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		return fail(err)
 	}
 	ft := &fnTx{Tx: tx}
-	txs.Store(ft, &txState{b: b, key: r.c.Key})
+	st := &txState{b: b, key: r.c.Key, note: note}
+	txs.Store(ft, st)
 	done, err := b.runFn(ft, r.fn)
 	txs.Delete(ft)
 	ft.end()
@@ -309,10 +312,18 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 	}
 	var (
 		startedNs, completedNs int64
-		ignored                any
+		ignored, notified      any
 	)
-	err = tx.QueryRow(ctx, b.sql(b.completeStmt(completeSQL+txLiveSQL)), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).
-		Scan(&startedNs, &completedNs, &ignored)
+	q, dest := b.completeStmt(completeSQL+txLiveSQL), []any{&startedNs, &completedNs, &ignored}
+	wake := st.next > 0 && !note.sent && !b.s.PollOnly // its messages wake the other processes' dispatchers
+	if wake {
+		q = b.completeWith("", completeSQL+txLiveSQL, `, pg_notify('`+b.s.channel()+`_outbox', '')`)
+		dest = append(dest, &notified)
+	}
+	err = tx.QueryRow(ctx, b.sql(q), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).Scan(dest...)
+	if err == nil && wake {
+		note.sent = true
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if ended := b.txEnded(ctx, tx, true); ended != nil {
 			return ended
