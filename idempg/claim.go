@@ -190,8 +190,10 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	}
 	for _, r := range reqs {
 		st := r.st
-		r.err = b.claimRows(ctx, b.stmts().claimOne, []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt,
-			int64(st.Retention), st.KeptUntilResolved, lock}, []*claimReq{r})
+		if err := b.claimRows(ctx, b.stmts().claimOne, []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt,
+			int64(st.Retention), st.KeptUntilResolved, lock}, []*claimReq{r}); err != nil {
+			r.err = err
+		}
 		close(r.done)
 	}
 }
@@ -218,7 +220,7 @@ func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*c
 			f           scanned
 			at          int64
 		)
-		if err := rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.rec.State, &f.rec.Attempt,
+		if err := rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
 			&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at); err != nil {
 			return err
 		}

@@ -77,15 +77,12 @@ func testClaimAnswersTheRowFound(t *testing.T, env string) {
 		b.claimBatch(reqs)
 		return reqs
 	}
-	for _, keys := range [][]string{{"done"}, {"held"}} {
-		r := claim(keys...)
-		if keys[0] == "done" {
-			d := r[0]
-			if d.found == nil || d.found.rec.State != idemcore.StateDone {
-				t.Errorf("a lone claim of a done key: %v, found %+v", d.err, d.found)
-			}
-		} else if h := r[0]; h.found == nil || h.found.rec.State != idemcore.StateStarted {
-			t.Errorf("a lone claim of a held key: %v, found %+v", h.err, h.found)
+	for key, want := range map[string]idemcore.State{"done": idemcore.StateDone, "held": idemcore.StateStarted} {
+		// A lone claim is not made either: no token (a claim of token 0
+		// would complete nothing), the row found.
+		r := claim(key)[0]
+		if !errors.Is(r.err, pgx.ErrNoRows) || r.fence != 0 || r.found == nil || r.found.rec.State != want {
+			t.Errorf("a lone claim of key %s: %v (fence %d), found %+v; want not claimed, the record found", key, r.err, r.fence, r.found)
 		}
 	}
 	check(t, claim("done", "held", "free1"))

@@ -26,6 +26,7 @@ type scanned struct {
 	hasError    bool
 	code, msg   []byte // bytea: any bytes (migration 3)
 	fp          int64
+	state       int16 // smallint; a plain type, which pgx decodes without reflection
 	startedNs   int64
 	completedNs int64
 	retentionNs int64
@@ -36,7 +37,7 @@ func (r *scanned) dest() []any { return append([]any{&r.rec.Key}, r.values()...)
 
 // values are the destinations of recordValues.
 func (r *scanned) values() []any {
-	return []any{&r.fp, &r.rec.State, &r.rec.Attempt, &r.startedNs, &r.completedNs, &r.retentionNs,
+	return []any{&r.fp, &r.state, &r.rec.Attempt, &r.startedNs, &r.completedNs, &r.retentionNs,
 		&r.rec.KeptUntilResolved, &r.rec.Response, &r.hasError, &r.code, &r.msg}
 }
 
@@ -44,14 +45,15 @@ func (r *scanned) values() []any {
 func (r *scanned) record() (*idemcore.Record, error) {
 	rec := r.rec
 	rec.Fingerprint = uint64(r.fp)
+	if r.state != int16(idemcore.StateStarted) && r.state != int16(idemcore.StateDone) {
+		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, r.state)
+	}
+	rec.State = idemcore.State(r.state)
 	rec.StartedAt = fromNs(r.startedNs)
 	rec.CompletedAt = fromNs(r.completedNs)
 	rec.Retention = time.Duration(r.retentionNs)
 	if r.hasError {
 		rec.Err = &idemcore.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
-	}
-	if rec.State != idemcore.StateStarted && rec.State != idemcore.StateDone {
-		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, rec.State)
 	}
 	return &rec, nil
 }
