@@ -43,6 +43,13 @@ type backend struct {
 
 	l *listener // LISTEN/NOTIFY; nil in PollOnly mode
 
+	// commitAvg is the moving average of DoTx's COMMITs, ns (commitTime).
+	commitAvg atomic.Int64
+
+	// fixed holds the statements of Do, made once (statement.go); nil while
+	// the tests move the database's clock.
+	fixed *statements
+
 	// outboxClaims holds the outbox claims this engine's dispatcher holds, by
 	// seq (uint64 → outboxClaim): the token that fences Failed (delivery.go).
 	outboxClaims sync.Map
@@ -71,9 +78,17 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 		commits: make(chan struct{}, 1)}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
-	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
-	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch}
+	// Do's statements run alone while the pool has an idle connection; DoTx
+	// batches hold theirs while fns run, so they take at most their share
+	// (txBatchShare), idle connections or not, and leave the rest to Do's
+	// statements and the lease renewals.
+	idle := func() int { return int(pool.Stat().IdleConns()) }
+	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch, idle: idle}
+	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch, idle: idle}
 	b.dotx = batcher[*txReq]{run: b.runBatch, max: max(2, conns/txBatchShare), limit: maxTxBatch}
+	if b.offset == nil && b.fake == nil {
+		b.fixed = b.makeStatements()
+	}
 	if !s.PollOnly {
 		b.l = newListener(pool, s, b.notifiedOutbox)
 	}

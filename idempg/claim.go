@@ -29,11 +29,14 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 		fence int64
 		left  int64
 		err   error
+		found *foundRow
 	)
 	if req.Prev == nil {
 		r := &claimReq{st: st, done: make(chan struct{})}
-		b.claims.do(r, r.done)
-		fence, left, err = r.fence, r.left, r.err
+		if err := b.claims.do(ctx, r, r.done); err != nil {
+			return idemcore.ClaimResult{}, err // not sent: nothing stored
+		}
+		fence, left, err, found = r.fence, r.left, r.err, r.found
 		before = r.before
 		if err == nil {
 			st.StartedAt = fromNs(r.started)
@@ -50,7 +53,7 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 			started_ns = {now_ns}, retention_ns = GREATEST(retention_ns, $5::bigint),
 			kept_until_resolved = kept_until_resolved OR $6::boolean,
 			expires_ns = CASE WHEN kept_until_resolved OR $6::boolean THEN 0 ELSE {now_ns} + GREATEST(retention_ns, $5::bigint) END
-		WHERE key = $1::text AND state = 1 AND attempt = $7::integer AND started_ns = $8::bigint AND (lease_until <= {now} OR owner = $4::text)
+		WHERE key = $1::text AND state <> 2 AND attempt = $7::integer AND started_ns = $8::bigint AND (lease_until <= {now} OR owner = $4::text)
 		RETURNING fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
 		var startedNs int64
 		err = b.writeRow(ctx, q, []any{st.Key, int64(st.Fingerprint), st.Attempt, b.owner,
@@ -74,6 +77,13 @@ func (b *backend) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcor
 		return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true, Owner: txOwner}}, nil
 	case !errors.Is(err, pgx.ErrNoRows):
 		return idemcore.ClaimResult{}, err
+	}
+	if req.Prev == nil && found != nil {
+		// Not claimed: the claim's statement read the row stored.
+		if found.err != nil {
+			return idemcore.ClaimResult{}, found.err
+		}
+		return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: found.rec, At: found.at}, nil
 	}
 	// Not claimed: say why, from the row now stored.
 	cur, at, err := b.Lookup(ctx, idemcore.Lookup{Key: st.Key})
@@ -101,26 +111,52 @@ type claimReq struct {
 	left    int64 // µs of lease left, by the database's clock
 	started int64 // the database's stamp, ns
 	err     error // pgx.ErrNoRows when not claimed
+	found   *foundRow
 	done    chan struct{}
 }
 
-// claimInsertSQL inserts started rows, or replaces rows that have expired
-// but are not pruned yet, from the rows of src: a VALUES row of one claim's
-// parameters, or an unnest of a batch's arrays, with the columns key, fp,
-// attempt, ret, kept (the owner is $1). The database stamps their start.
-func (b *backend) claimInsertSQL(src string) string {
-	return `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+// foundRow is the row a claim found instead of claiming: the record as the
+// claim's statement read it (its snapshot), at the database's clock then.
+type foundRow struct {
+	rec *idemcore.Record
+	at  time.Time
+	err error // the record does not decode (ErrCorrupt)
+}
+
+// claimSQL claims the free keys of src in one statement, which also answers,
+// for each key it does not claim, the row stored as its snapshot saw it:
+// one round trip whether the key is free or not (the engine decides again
+// from the row found, without a Lookup of its own). src is a VALUES row of
+// one claim's parameters or an unnest of a batch's arrays, with the columns
+// key, fp, attempt, ret, kept; keys is the array of src's keys; the owner
+// is $1, lock_timeout $7. It inserts started rows, or replaces rows that
+// have expired but are not pruned yet; the database stamps their start.
+//
+// The rows answered are: claimed, key, fence, µs of lease left, started_ns,
+// then the columns of recordValues after started_ns and the database's
+// clock (zero for a claimed row). A row another process inserted after the
+// statement's snapshot (a race) blocks the claim and is not read: neither
+// claimed nor found, the key is looked up (Claim).
+func (b *backend) claimSQL(src, keys string) string {
+	return `WITH ` + fmt.Sprintf(limitCTE, 7) + `,
+	c AS (INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
 		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
 			{now_ns}, 0, u.ret, u.kept, CASE WHEN u.kept THEN 0 ELSE {now_ns} + u.ret END
-		FROM ` + src + ` AS u(key, fp, attempt, ret, kept) ORDER BY u.key
+		FROM ` + src + ` AS u(key, fp, attempt, ret, kept), idem_limit WHERE idem_limit.v IS NOT NULL ORDER BY u.key
 		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
 			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
 			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
 			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
 			response = NULL, has_error = false, error_code = '', error_message = '', waiters = false
 		WHERE ` + fmt.Sprintf(expiredSQL, "r", "EXCLUDED.retention_ns", "EXCLUDED.started_ns", "$1::text") + `
-		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
+		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint AS left_us, started_ns)
+	SELECT true, key, fence, left_us, started_ns, 0::bigint, 0::smallint, 0::integer, 0::bigint, 0::bigint, false,
+		NULL::bytea, false, ''::bytea, ''::bytea, 0::bigint FROM c
+	UNION ALL
+	SELECT false, f.key, 0::bigint, 0::bigint, f.started_ns, f.fingerprint, f.state, f.attempt, f.completed_ns, f.retention_ns,
+		f.kept_until_resolved, f.response, f.has_error, f.error_code, f.error_message, {now_ns}
+	FROM {schema}.idem_records AS f WHERE f.key = ANY(` + keys + `) AND NOT EXISTS (SELECT 1 FROM c WHERE c.key = f.key)`
 }
 
 // claimBatch claims the free keys of reqs: one statement for all (one
@@ -131,48 +167,21 @@ func (b *backend) claimInsertSQL(src string) string {
 // learns whether its own key is held.
 func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
+	lock := ms(b.s.LockTimeout)
 	if len(reqs) > 1 {
 		n := len(reqs)
 		keys, fps, attempts := make([]string, n), make([]int64, n), make([]int32, n)
 		rets, kept := make([]int64, n), make([]bool, n)
-		byKey := make(map[string]*claimReq, n)
 		for i, r := range reqs {
 			st := r.st
 			keys[i], fps[i], attempts[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt)
 			rets[i], kept[i] = int64(st.Retention), st.KeptUntilResolved
-			byKey[st.Key] = r
 		}
-		before := time.Now()
-		var err error
-		err = b.write(ctx, b.claimInsertSQL(`unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::boolean[])`),
-			[]any{b.owner, keys, fps, attempts, rets, kept}, func(br pgx.BatchResults) error {
-				rows, err := br.Query()
-				if err != nil {
-					return err
-				}
-				defer rows.Close()
-				for rows.Next() {
-					var (
-						key                  string
-						fence, left, started int64
-					)
-					if err := rows.Scan(&key, &fence, &left, &started); err != nil {
-						return err
-					}
-					if r := byKey[key]; r != nil {
-						r.fence, r.left, r.before, r.started = fence, left, before, started
-						delete(byKey, key)
-					}
-				}
-				return rows.Err()
-			})
+		err := b.claimRows(ctx, b.stmts().claimMany, []any{b.owner, keys, fps, attempts, rets, kept, lock}, reqs)
 		if !isLockWait(err) {
 			for _, r := range reqs {
-				switch {
-				case err != nil:
+				if err != nil {
 					r.err = err
-				case byKey[r.st.Key] != nil:
-					r.err = pgx.ErrNoRows // not claimed: a live record is there
 				}
 				close(r.done)
 			}
@@ -181,11 +190,51 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	}
 	for _, r := range reqs {
 		st := r.st
-		r.before = time.Now()
-		var key string
-		r.err = b.writeRow(ctx, b.claimInsertSQL(`(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::boolean))`),
-			[]any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, int64(st.Retention), st.KeptUntilResolved},
-			&key, &r.fence, &r.left, &r.started)
+		if err := b.claimRows(ctx, b.stmts().claimOne, []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt,
+			int64(st.Retention), st.KeptUntilResolved, lock}, []*claimReq{r}); err != nil {
+			r.err = err
+		}
 		close(r.done)
 	}
+}
+
+// claimRows runs the claim statement q (claimSQL) with args and answers
+// each of reqs from its rows: claimed (fence, lease, stamp), or err
+// pgx.ErrNoRows with the row found, if read. The error is the statement's.
+func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*claimReq) error {
+	byKey := make(map[string]*claimReq, len(reqs))
+	for _, r := range reqs {
+		r.fence, r.left, r.started, r.found, r.err = 0, 0, 0, nil, pgx.ErrNoRows
+		byKey[r.st.Key] = r
+	}
+	before := time.Now()
+	rows, err := b.pool.Query(ctx, q, b.s.args(args...)...)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			claimed     bool
+			fence, left int64
+			f           scanned
+			at          int64
+		)
+		if err := rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
+			&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at); err != nil {
+			return err
+		}
+		r := byKey[f.rec.Key]
+		if r == nil {
+			continue
+		}
+		r.before = before
+		if claimed {
+			r.fence, r.left, r.started, r.err = fence, left, f.startedNs, nil
+			continue
+		}
+		rec, err := f.record()
+		r.found = &foundRow{rec: rec, at: fromNs(at), err: err}
+	}
+	return rows.Err()
 }

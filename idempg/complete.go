@@ -14,11 +14,21 @@ import (
 // outcome, its completion stamped by the database's clock; the row keeps
 // the start its claim stamped. completeStmt makes it answer both and notify
 // the waiters of the key.
-const completeSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, lease_until = NULL,
+const completeSQL = completeSetSQL + ` WHERE ` + heldSQL
+
+// completeSetSQL is completeSQL without its WHERE.
+const completeSetSQL = `UPDATE {schema}.idem_records SET state = 2, owner = NULL, lease_until = NULL,
 	attempt = $3::integer, completed_ns = {now_ns}, retention_ns = $4::bigint,
 	kept_until_resolved = false, expires_ns = {now_ns} + $4::bigint, response = $5::bytea, has_error = $6::boolean,
-	error_code = $7::bytea, error_message = $8::bytea
-WHERE key = $1::text AND fence = $2::bigint AND state = 1`
+	error_code = $7::bytea, error_message = $8::bytea`
+
+// heldSQL finds the started row of key $1 held by fencing token $2, by the
+// primary key: state <> 2 (a started row: the CHECK allows 1 and 2 only),
+// not state = 1, which is the lease index's predicate, so that the planner
+// never scans that index for the key (statistics taken before a burst of
+// claims show it empty, while every claim since the last vacuum left an
+// entry in it: TestKeyedWritesUseThePrimaryKey).
+const heldSQL = `key = $1::text AND fence = $2::bigint AND state <> 2`
 
 // doneArgs are completeSQL's arguments $3 on.
 func doneArgs(done *idemcore.Record) []any {
@@ -29,12 +39,45 @@ func doneArgs(done *idemcore.Record) []any {
 // completeStmt is the fenced write q (completeSQL and its conditions),
 // answering the row's stored times (started_ns, completed_ns) and a column
 // to ignore (its notification of the key's waiters, unless PollOnly).
-func (b *backend) completeStmt(q string) string {
+func (b *backend) completeStmt(q string) string { return b.completeWith("", q, "") }
+
+// completeWith is completeStmt with the CTEs with (each followed by a comma)
+// before the write's, and the columns extra (each after a comma) after its
+// answer's.
+func (b *backend) completeWith(with, q, extra string) string {
 	if b.s.PollOnly {
-		return `WITH w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL FROM w`
+		return `WITH ` + with + `w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL` + extra + ` FROM w`
 	}
-	return `WITH w AS (` + q + ` RETURNING key, waiters, started_ns, completed_ns)
-		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+	return `WITH ` + with + `w AS (` + q + ` RETURNING key, waiters, started_ns, completed_ns)
+		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END` + extra + ` FROM w`
+}
+
+// completeOneSQL is a lone completion's statement (completeSQL, answering
+// as completeStmt), lock_timeout in its own parameter $9 (limitCTE).
+func (b *backend) completeOneSQL() string {
+	return b.completeWith(fmt.Sprintf(limitCTE, 9)+", ",
+		completeSetSQL+` FROM idem_limit WHERE idem_limit.v IS NOT NULL AND `+heldSQL, "")
+}
+
+// completeManySQL completes a batch from the unnest of its arrays ($1 to
+// $8: key, fence, attempt, retention, response, has_error, code, message),
+// lock_timeout in $9 (limitCTE), answering key, started_ns, completed_ns and
+// a column to ignore (the notification of the key's waiters, unless
+// PollOnly) per row completed.
+func (b *backend) completeManySQL() string {
+	q := `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
+			attempt = u.attempt, completed_ns = {now_ns}, retention_ns = u.ret,
+			kept_until_resolved = false, expires_ns = {now_ns} + u.ret, response = u.resp, has_error = u.has,
+			error_code = u.code, error_message = u.msg
+		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bytea[], $6::boolean[], $7::bytea[], $8::bytea[])
+			AS u(key, fence, attempt, ret, resp, has, code, msg), idem_limit
+		WHERE idem_limit.v IS NOT NULL AND r.key = u.key AND r.fence = u.fence AND r.state <> 2
+		RETURNING r.key, r.waiters, r.started_ns, r.completed_ns`
+	notify := "NULL"
+	if !b.s.PollOnly {
+		notify = `CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END`
+	}
+	return `WITH ` + fmt.Sprintf(limitCTE, 9) + `, w AS (` + q + `) SELECT key, started_ns, completed_ns, ` + notify + ` FROM w`
 }
 
 // stamped sets done's times to the row's, as the database stamped them.
@@ -57,7 +100,9 @@ func stamped(done *idemcore.Record, startedNs, completedNs int64) {
 func (b *backend) Complete(ctx context.Context, c *idemcore.Claim, done *idemcore.Record) error {
 	return b.again(ctx, func() error {
 		r := &completeReq{c: c, rec: done, done: make(chan struct{})}
-		b.completes.do(r, r.done)
+		if err := b.completes.do(ctx, r, r.done); err != nil {
+			return err // not sent (the engine's ctx does not end: WithoutCancel)
+		}
 		if r.err == nil && !r.found {
 			return fmt.Errorf("%w: completing the call", idemcore.ErrFenced)
 		}
@@ -83,7 +128,8 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 			started, completed int64
 			ignored            any
 		)
-		err := b.writeRow(ctx, b.completeStmt(completeSQL), append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...), &started, &completed, &ignored)
+		args := append(append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...), ms(b.s.LockTimeout))
+		err := b.pool.QueryRow(ctx, b.stmts().complete, b.s.args(args...)...).Scan(&started, &completed, &ignored)
 		if err == nil {
 			r.found = true
 			stamped(r.rec, started, completed)
@@ -105,21 +151,8 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 		has[i], codes[i], msgs[i] = errFields(d)
 		byKey[r.c.Key] = r
 	}
-	q := `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
-			attempt = u.attempt, completed_ns = {now_ns}, retention_ns = u.ret,
-			kept_until_resolved = false, expires_ns = {now_ns} + u.ret, response = u.resp, has_error = u.has,
-			error_code = u.code, error_message = u.msg
-		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bytea[], $6::boolean[], $7::bytea[], $8::bytea[])
-			AS u(key, fence, attempt, ret, resp, has, code, msg)
-		WHERE r.key = u.key AND r.fence = u.fence AND r.state = 1
-		RETURNING r.key, r.waiters, r.started_ns, r.completed_ns`
-	if !b.s.PollOnly {
-		q = `WITH w AS (` + q + `) SELECT key, started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
-	} else {
-		q = `WITH w AS (` + q + `) SELECT key, started_ns, completed_ns, NULL FROM w`
-	}
-	err := b.write(ctx, q, []any{keys, fences, attempts, rets, resps, has, codes, msgs}, func(br pgx.BatchResults) error {
-		rows, err := br.Query()
+	err := func() error {
+		rows, err := b.pool.Query(ctx, b.stmts().completeMany, b.s.args(keys, fences, attempts, rets, resps, has, codes, msgs, ms(b.s.LockTimeout))...)
 		if err != nil {
 			return err
 		}
@@ -139,7 +172,7 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 			}
 		}
 		return rows.Err()
-	})
+	}()
 	for _, r := range reqs {
 		r.err = err
 		close(r.done)

@@ -18,7 +18,14 @@ type txState struct {
 	// trace is the call's trace context, stored with each message
 	// (idemcore.Claim.Trace).
 	trace []byte
+	note  *outboxNote // the transaction's
 }
+
+// outboxNote records whether a transaction of DoTx calls already notifies
+// the dispatchers of other processes of its messages: one notification per
+// transaction wakes them (they claim whatever is due), so the calls after
+// the first that enqueued notify no more (runOne).
+type outboxNote struct{ sent bool }
 
 // txs maps each DoTx transaction running fn to its call.
 var txs sync.Map // pgx.Tx → *txState

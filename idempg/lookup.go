@@ -10,8 +10,9 @@ import (
 	"github.com/idemkit/idem/idemcore"
 )
 
-// Lookup implements idemcore.Backend: one SELECT by key, which reads the
-// database's clock too (at), by which the engine judges the record.
+// Lookup implements idemcore.Backend: one SELECT by key of the record's
+// columns and no more (recordValues), which reads the database's clock too
+// (at), by which the engine judges the record.
 func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, time.Time, error) {
 	if !storable(q.Key) {
 		return nil, time.Time{}, nil
@@ -20,16 +21,20 @@ func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Reco
 		r  scanned
 		at int64
 	)
-	err := b.pool.QueryRow(ctx, b.sql(`SELECT `+recordColumns+`, {now_ns} FROM {schema}.idem_records WHERE key = $1::text`), b.s.args(q.Key)...).Scan(append(r.dest(), &at)...)
+	err := b.pool.QueryRow(ctx, b.stmts().lookup, b.s.args(q.Key)...).Scan(append(r.values(), &at)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, nil
 	}
 	if err != nil {
 		return nil, time.Time{}, err
 	}
+	r.rec.Key = q.Key
 	rec, err := r.record()
 	return rec, fromNs(at), err
 }
+
+// lookupSQL is Lookup's statement.
+const lookupSQL = `SELECT ` + recordValues + `, {now_ns} FROM {schema}.idem_records WHERE key = $1::text`
 
 // Owner implements idemcore.Backend: a started record is owned while its lease
 // has not lapsed by the database's clock.
@@ -40,7 +45,7 @@ func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Own
 		before = time.Now()
 	)
 	err := b.pool.QueryRow(ctx, b.sql(`SELECT owner, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint
-		FROM {schema}.idem_records WHERE key = $1::text AND state = 1 AND attempt = $2::integer AND started_ns = $3::bigint`),
+		FROM {schema}.idem_records WHERE key = $1::text AND state <> 2 AND attempt = $2::integer AND started_ns = $3::bigint`),
 		b.s.args(rec.Key, rec.Attempt, toNs(rec.StartedAt))...).Scan(&owner, &left)
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The record changed since it was read: Claim says how.

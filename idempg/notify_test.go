@@ -104,3 +104,70 @@ func TestNotifyOnlyWaitedRecords(t *testing.T) {
 		t.Fatalf("notified %q, want the waited key once", n)
 	}
 }
+
+// TestOutboxNotifiesPerTransaction: a DoTx call that enqueues wakes the
+// dispatchers of other processes with one notification on the outbox
+// channel at its commit, also when the first message it enqueued was
+// rolled back with a savepoint of fn's own; a call that enqueues nothing
+// sends none.
+func TestOutboxNotifiesPerTransaction(t *testing.T) {
+	st := newStore(t, pgtest.Env)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	channel := "idem_" + st.opts.Schema + "_outbox"
+	conn, err := pgx.Connect(ctx, pgtest.DSN(t, pgtest.Env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	notified := func() int {
+		t.Helper()
+		if _, err := st.pool.Exec(ctx, "SELECT pg_notify($1, 'sentinel')", channel); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for {
+			m, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Payload == "sentinel" {
+				return n
+			}
+			n++
+		}
+	}
+	a := st.open(t, nil)
+	if _, err := a.DoTx(ctx, "none", nil, func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if n := notified(); n != 0 {
+		t.Errorf("a call that enqueued nothing: %d outbox notifications, want none", n)
+	}
+	if _, err := a.DoTx(ctx, "some", nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := idempg.Enqueue(tx, "t", []byte("rolled back")); err != nil {
+			return nil, err
+		}
+		if err := sp.Rollback(ctx); err != nil {
+			return nil, err
+		}
+		for _, p := range []string{"one", "two", "three"} {
+			if err := idempg.Enqueue(tx, "t", []byte(p)); err != nil {
+				return nil, err
+			}
+		}
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n := notified(); n != 1 {
+		t.Errorf("a call that enqueued (its first message rolled back): %d outbox notifications, want one", n)
+	}
+}

@@ -9,13 +9,18 @@ import (
 )
 
 // Enqueue implements idemcore.Backend: an INSERT in fn's transaction, stamped
-// by the database's clock, and a notification (at its commit) that wakes
-// the dispatchers of other processes.
+// by the database's clock. The notification that wakes the dispatchers of
+// other processes (at the commit) is sent once per transaction, not per
+// message: by the done write of the transaction's first call that enqueued
+// (runOne), outside fn's own savepoints, which fn may roll back. A tx that
+// is not a RunTx fn's notifies here.
 func (b *backend) Enqueue(tx pgx.Tx, m *idemcore.Message) error {
 	ctx := context.Background()
+	_, inRunTx := txs.Load(tx)
+	notify := !b.s.PollOnly && !inRunTx
 	q := `INSERT INTO {schema}.idem_outbox (key, idx, ordering_key, topic, payload, enqueued_ns, next_attempt_ns, trace)
 		VALUES ($1::text, $2::integer, $3::text, $4::text, $5::bytea, {now_ns}, $6::bigint, $7::bytea) RETURNING seq, enqueued_ns`
-	if !b.s.PollOnly {
+	if notify {
 		q = `WITH m AS (` + q + `) SELECT seq, enqueued_ns, pg_notify('` + b.s.channel() + `_outbox', '') FROM m`
 	} else {
 		q = `WITH m AS (` + q + `) SELECT seq, enqueued_ns, NULL FROM m`

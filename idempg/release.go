@@ -25,14 +25,14 @@ func (b *backend) release(ctx context.Context, c *idemcore.Claim, restore *idemc
 		err error
 	)
 	if restore == nil {
-		tag, err = b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE key = $1::text AND fence = $2::bigint AND state = 1`), c.Key, int64(c.Token))
+		tag, err = b.exec(ctx, b.notifying(`DELETE FROM {schema}.idem_records WHERE `+heldSQL), c.Key, int64(c.Token))
 	} else {
 		// Back to the interrupted execution, with a lapsed lease and a
 		// token nobody holds.
 		tag, err = b.exec(ctx, b.notifying(`UPDATE {schema}.idem_records SET fingerprint = $3::bigint, attempt = $4::integer,
 			fence = nextval('{schema}.idem_fence'), lease_until = 'epoch', started_ns = $5::bigint,
 			retention_ns = $6::bigint, kept_until_resolved = $7::boolean, expires_ns = $8::bigint
-		WHERE key = $1::text AND fence = $2::bigint AND state = 1`), c.Key, int64(c.Token), int64(restore.Fingerprint),
+		WHERE `+heldSQL), c.Key, int64(c.Token), int64(restore.Fingerprint),
 			restore.Attempt, toNs(restore.StartedAt), int64(restore.Retention), restore.KeptUntilResolved, expiresNs(restore))
 	}
 	if err != nil {

@@ -19,7 +19,7 @@ func (b *backend) Renew(ctx context.Context, c *idemcore.Claim) error {
 		before := time.Now()
 		var left int64
 		err := b.writeRow(ctx, `UPDATE {schema}.idem_records SET lease_until = `+b.leaseSQL()+`
-			WHERE key = $1::text AND fence = $2::bigint AND state = 1
+			WHERE `+heldSQL+`
 			RETURNING (extract(epoch FROM lease_until - {now}) * 1000000)::bigint`, []any{c.Key, int64(c.Token)}, &left)
 		if err == nil {
 			c.LeaseUntil = before.Add(time.Duration(left) * time.Microsecond)

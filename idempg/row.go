@@ -9,42 +9,51 @@ import (
 	"github.com/idemkit/idem/idemcore"
 )
 
-// Record columns, in the order scanRecord reads them.
-const recordColumns = `key, fingerprint, state, attempt, fence, owner, lease_until, started_ns, completed_ns,
+// Record columns, in the order scanned.dest reads them: the columns of an
+// idemcore.Record and no more (the fencing token, the owner and the lease
+// are read by the statements that judge them: Owner, the claims), so that
+// a replay decodes what it answers with.
+const recordColumns = `key, ` + recordValues
+
+// recordValues are recordColumns without the key, for a lookup by key
+// (scanned.values).
+const recordValues = `fingerprint, state, attempt, started_ns, completed_ns,
 	retention_ns, kept_until_resolved, response, has_error, error_code, error_message`
 
 // scanned is one record row as read.
 type scanned struct {
 	rec         idemcore.Record
-	fence       int64
-	owner       *string
-	leaseUntil  *time.Time
 	hasError    bool
 	code, msg   []byte // bytea: any bytes (migration 3)
 	fp          int64
+	state       int16 // smallint; a plain type, which pgx decodes without reflection
 	startedNs   int64
 	completedNs int64
 	retentionNs int64
 }
 
-func (r *scanned) dest() []any {
-	return []any{&r.rec.Key, &r.fp, &r.rec.State, &r.rec.Attempt, &r.fence, &r.owner, &r.leaseUntil,
-		&r.startedNs, &r.completedNs, &r.retentionNs, &r.rec.KeptUntilResolved, &r.rec.Response,
-		&r.hasError, &r.code, &r.msg}
+// dest are the destinations of recordColumns.
+func (r *scanned) dest() []any { return append([]any{&r.rec.Key}, r.values()...) }
+
+// values are the destinations of recordValues.
+func (r *scanned) values() []any {
+	return []any{&r.fp, &r.state, &r.rec.Attempt, &r.startedNs, &r.completedNs, &r.retentionNs,
+		&r.rec.KeptUntilResolved, &r.rec.Response, &r.hasError, &r.code, &r.msg}
 }
 
 // record finishes r's Record.
 func (r *scanned) record() (*idemcore.Record, error) {
 	rec := r.rec
 	rec.Fingerprint = uint64(r.fp)
+	if r.state != int16(idemcore.StateStarted) && r.state != int16(idemcore.StateDone) {
+		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, r.state)
+	}
+	rec.State = idemcore.State(r.state)
 	rec.StartedAt = fromNs(r.startedNs)
 	rec.CompletedAt = fromNs(r.completedNs)
 	rec.Retention = time.Duration(r.retentionNs)
 	if r.hasError {
 		rec.Err = &idemcore.Error{Code: string(r.code), Message: string(r.msg), Replayed: true} // a stored error is a replay's
-	}
-	if rec.State != idemcore.StateStarted && rec.State != idemcore.StateDone {
-		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, rec.State)
 	}
 	return &rec, nil
 }

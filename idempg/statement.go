@@ -10,6 +10,47 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
+// statements are the SQL texts of the statements every Do sends, with the
+// schema, the clock and the channel substituted once per backend, so that
+// a call neither builds nor substitutes them again and pgx's statement
+// cache (prepared once per connection) finds them by the same text.
+type statements struct {
+	lookup                 string // Lookup
+	claimOne, claimMany    string // a lone claim of a free key, a batch's (claim.go)
+	complete, completeMany string // a lone completion, a batch's (complete.go)
+}
+
+// stmts returns the backend's statements: made once, or per call while the
+// tests move the database's clock (export_test.go), whose SQL then changes
+// from call to call.
+func (b *backend) stmts() *statements {
+	if b.fixed != nil {
+		return b.fixed
+	}
+	return b.makeStatements()
+}
+
+// makeStatements makes the backend's statements.
+func (b *backend) makeStatements() *statements {
+	return &statements{
+		lookup:       b.sql(lookupSQL),
+		claimOne:     b.sql(b.claimSQL(`(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::boolean))`, `ARRAY[$2::text]`)),
+		claimMany:    b.sql(b.claimSQL(`unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::boolean[])`, `$2::text[]`)),
+		complete:     b.sql(b.completeOneSQL()),
+		completeMany: b.sql(b.completeManySQL()),
+	}
+}
+
+// limitCTE sets lock_timeout for the statement's own (implicit) transaction,
+// from the statement's parameter $%d (milliseconds, as text): a CTE the
+// statement's rows join (FROM idem_limit WHERE idem_limit.v IS NOT NULL),
+// so that it is set before any row is written or locked, with no statement
+// of its own (a round trip's parse, bind and execute, and no session state,
+// which PgBouncer in transaction pooling mode does not keep). A statement
+// alone in its transaction is never idle in it:
+// idle_in_transaction_session_timeout has nothing to bound there.
+const limitCTE = `idem_limit AS MATERIALIZED (SELECT set_config('lock_timeout', $%d::text, true) AS v)`
+
 // sql returns q with {schema}, {now} and {now_ns} replaced.
 func (b *backend) sql(q string) string {
 	q = b.s.sql(q)
@@ -83,11 +124,14 @@ func (b *backend) limit(ctx context.Context, tx pgx.Tx) error {
 // limitXid is limit, returning the transaction's id (txid_current) from
 // the same statement: one round trip.
 func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error) {
-	err = tx.QueryRow(ctx, `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
-		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`,
-		b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...).Scan(&xid)
+	err = tx.QueryRow(ctx, limitXidSQL, b.s.args(ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)...).Scan(&xid)
 	return xid, err
 }
+
+// limitXidSQL is limitXid's statement: $1 lock_timeout and $2
+// idle_in_transaction_session_timeout (ms, as text), $3 the schema.
+const limitXidSQL = `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
+		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`
 
 // ms is d in whole milliseconds (at least 1), as a setting's text.
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -75,37 +76,63 @@ type txReq struct {
 // no outcome, and the calls before it in the batch are read back.
 func (b *backend) RunTx(ctx context.Context, c *idemcore.Claim, fn func(tx pgx.Tx) (*idemcore.Record, error)) error {
 	r := &txReq{c: c, fn: fn, token: c.Token, done: make(chan struct{})}
-	b.dotx.do(r, r.done)
+	if err := b.dotx.do(ctx, r, r.done); err != nil {
+		return err // not sent (the engine's ctx does not end: WithoutCancel)
+	}
 	return r.err
 }
 
-// runBatch runs reqs in one transaction and answers each.
+// runBatch runs reqs in transactions and answers each: as many calls in
+// one as run within about a commit's time (segment), so that a call
+// stored early is not held for long behind the fns of the calls after it.
 func (b *backend) runBatch(reqs []*txReq) {
+	for len(reqs) > 0 {
+		reqs = b.runSegment(reqs)
+	}
+}
+
+// runSegment runs the first calls of reqs in one transaction and answers
+// them, and returns the calls it left for the next: it commits once the
+// calls it stored have run longer than a commit takes (commitTime), as a
+// commit then costs less than their answers' wait for more fns.
+func (b *backend) runSegment(reqs []*txReq) (rest []*txReq) {
 	ctx := context.Background()
 	answer := func(r *txReq, err error) {
 		r.err = err
 		close(r.done)
 	}
-	// xid is the transaction's id (txid_current), by which an ambiguous
-	// COMMIT is resolved (commitOutcome); it comes with the settings, in
-	// one round trip.
-	var xid int64
 	tx, err := b.pool.Begin(ctx)
-	if err == nil {
-		if xid, err = b.limitXid(ctx, tx); err != nil {
-			_ = tx.Rollback(ctx)
-		}
-	}
 	if err != nil {
 		for _, r := range reqs {
 			answer(r, err)
 		}
-		return
+		return nil
 	}
 	defer func() { _ = tx.Rollback(ctx) }() // after Commit: a no-op
-	var stored []*txReq
+	// xid is the transaction's id (txid_current), by which an ambiguous
+	// COMMIT is resolved (commitOutcome); it comes with the settings, in
+	// the first call's round trip.
+	var (
+		xid    int64
+		note   = &outboxNote{}
+		stored []*txReq
+		start  = time.Now()
+		alone  = len(reqs) == 1
+	)
 	for i, r := range reqs {
-		err := b.runOne(ctx, tx, "idem_fn_"+strconv.Itoa(i), r)
+		if len(stored) > 0 && time.Since(start) > b.commitTime() {
+			rest = reqs[i:]
+			break
+		}
+		sp := "idem_fn_" + strconv.Itoa(i)
+		if alone {
+			sp = "" // the transaction is the call's: no savepoint
+		}
+		var xp *int64
+		if i == 0 {
+			xp = &xid
+		}
+		err := b.runOne(ctx, tx, sp, r, xp, note)
 		var broken *batchBroken
 		if errors.As(err, &broken) {
 			// The transaction is lost: nothing of it commits.
@@ -120,7 +147,7 @@ func (b *backend) runBatch(reqs []*txReq) {
 			for _, r := range reqs[i+1:] {
 				answer(r, broken.cause)
 			}
-			return
+			return nil
 		}
 		if err != nil {
 			answer(r, err)
@@ -129,11 +156,13 @@ func (b *backend) runBatch(reqs []*txReq) {
 		stored = append(stored, r)
 	}
 	if len(stored) == 0 {
-		return
+		return rest
 	}
+	before := time.Now()
 	err = tx.Commit(ctx)
 	if err == nil {
 		b.committed()
+		b.commitTook(time.Since(before))
 	}
 	for _, r := range stored {
 		rerr := err
@@ -142,7 +171,36 @@ func (b *backend) runBatch(reqs []*txReq) {
 		}
 		answer(r, rerr)
 	}
+	return rest
 }
+
+// commitTime is how long a DoTx COMMIT takes, a moving average of the last
+// ones (initialCommitTime before the first).
+func (b *backend) commitTime() time.Duration {
+	if d := b.commitAvg.Load(); d > 0 {
+		return time.Duration(d)
+	}
+	return initialCommitTime
+}
+
+// commitTook adds a COMMIT's duration d to commitTime's average (weight
+// 1/8, as TCP's smoothed round-trip time).
+func (b *backend) commitTook(d time.Duration) {
+	for {
+		old := b.commitAvg.Load()
+		avg := int64(d)
+		if old > 0 {
+			avg = old + (int64(d)-old)/8
+		}
+		if b.commitAvg.CompareAndSwap(old, avg) {
+			return
+		}
+	}
+}
+
+// initialCommitTime is commitTime before a COMMIT was timed: a WAL flush on
+// a disk that syncs (fsync on).
+const initialCommitTime = 2 * time.Millisecond
 
 // readBackDone answers a call stored in a batch whose transaction another
 // call's fn ended: nil if its done record (its token) committed with the
@@ -173,16 +231,30 @@ func (e *batchBroken) Error() string { return e.cause.Error() }
 
 // runOne runs r in tx under savepoint sp: claim (Token zero), fn, done
 // record. On an error the savepoint is rolled back to, so that nothing of r
-// stays in tx; if that fails too, the error is a *batchBroken.
-func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) error {
+// stays in tx; if that fails too, the error is a *batchBroken. With sp
+// empty the transaction is r's alone: no savepoint, and an error leaves
+// the transaction to be rolled back (its caller commits nothing without a
+// call stored). With xid set (the transaction's first call), the
+// transaction's settings (limitXidSQL) go in the claim's round trip and
+// xid gets its id. note is the transaction's outbox notification, which
+// the done write of its first call that enqueued sends.
+func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xid *int64, note *outboxNote) error {
 	fail := func(err error) error {
+		if sp == "" {
+			return err
+		}
 		if _, rerr := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+sp); rerr != nil {
 			return &batchBroken{err: err, cause: fmt.Errorf("rolling back a DoTx call in a shared transaction: %w", rerr)}
 		}
 		return err
 	}
 	batch := &pgx.Batch{}
-	batch.Queue("SAVEPOINT " + sp)
+	if xid != nil {
+		batch.Queue(limitXidSQL, ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)
+	}
+	if sp != "" {
+		batch.Queue("SAVEPOINT " + sp)
+	}
 	if r.token == 0 {
 		// Stamped by the database's clock, which judges the row it may
 		// replace too (expired, by the longer window of its and the
@@ -198,7 +270,16 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 			RETURNING fence`), r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention))
 	}
 	br := tx.SendBatch(ctx, batch)
-	_, err := br.Exec()
+	var err error
+	if xid != nil {
+		if err = br.QueryRow().Scan(xid); err != nil {
+			_ = br.Close()
+			return &batchBroken{err: err, cause: err} // the transaction has no settings: nothing runs in it
+		}
+	}
+	if sp != "" {
+		_, err = br.Exec()
+	}
 	if err == nil && r.token == 0 {
 		var fence int64
 		err = br.QueryRow().Scan(&fence)
@@ -218,7 +299,8 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 		return fail(err)
 	}
 	ft := &fnTx{Tx: tx}
-	txs.Store(ft, &txState{b: b, key: r.c.Key, trace: r.c.Trace})
+	st := &txState{b: b, key: r.c.Key, trace: r.c.Trace, note: note}
+	txs.Store(ft, st)
 	done, err := b.runFn(ft, r.fn)
 	txs.Delete(ft)
 	ft.end()
@@ -230,10 +312,18 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq) er
 	}
 	var (
 		startedNs, completedNs int64
-		ignored                any
+		ignored, notified      any
 	)
-	err = tx.QueryRow(ctx, b.sql(b.completeStmt(completeSQL+txLiveSQL)), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).
-		Scan(&startedNs, &completedNs, &ignored)
+	q, dest := b.completeStmt(completeSQL+txLiveSQL), []any{&startedNs, &completedNs, &ignored}
+	wake := st.next > 0 && !note.sent && !b.s.PollOnly // its messages wake the other processes' dispatchers
+	if wake {
+		q = b.completeWith("", completeSQL+txLiveSQL, `, pg_notify('`+b.s.channel()+`_outbox', '')`)
+		dest = append(dest, &notified)
+	}
+	err = tx.QueryRow(ctx, b.sql(q), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).Scan(dest...)
+	if err == nil && wake {
+		note.sent = true
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		if ended := b.txEnded(ctx, tx, true); ended != nil {
 			return ended

@@ -38,6 +38,9 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = e.Close() })
 			q := &e.b.dotx
+			// Each batch is one transaction, however long its fns take
+			// (TestDoTxSlowFnHoldsNoAnswer tests the commits in between).
+			e.b.commitAvg.Store(int64(time.Hour))
 
 			// Every fn waits at the gate, so that the calls beyond the
 			// transactions allowed at once queue for a shared one.
@@ -144,5 +147,82 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 				t.Errorf("no failed call shared a transaction with a committed one (txids %v)", shared)
 			}
 		})
+	}
+}
+
+// TestDoTxSlowFnHoldsNoAnswer: in a batch of DoTx calls, a call stored
+// before a fn that runs longer than a commit takes is committed and
+// answered without waiting for that fn: the slow fn here waits for the
+// answer of the call before it in its batch, which it would never get if
+// the batch held it to one COMMIT.
+func TestDoTxSlowFnHoldsNoAnswer(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Env)
+	o := &Options{Schema: pgtest.Schema(t, pool)}
+	if _, err := Migrate(ctx, pool, o); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	q := &e.b.dotx
+	e.b.commitAvg.Store(1) // every fn is slower than a commit
+	gate := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range q.max {
+		wg.Go(func() {
+			_, _ = e.DoTx(ctx, fmt.Sprintf("block%d", i), nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				<-gate
+				return nil, nil
+			})
+		})
+	}
+	queued := func(n int) {
+		for {
+			q.mu.Lock()
+			ok := q.running == q.max && len(q.queue) == n
+			q.mu.Unlock()
+			if ok {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	queued(0)
+	fastDone := make(chan error, 1)
+	go func() {
+		_, err := e.DoTx(ctx, "fast", nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) { return []byte("fast"), nil })
+		fastDone <- err
+	}()
+	queued(1)
+	sawFast := make(chan bool, 1)
+	slowDone := make(chan error, 1)
+	go func() {
+		_, err := e.DoTx(ctx, "slow", nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			select {
+			case err := <-fastDone:
+				sawFast <- err == nil
+			case <-time.After(time.Minute): // the fast call's answer is held behind this fn
+				sawFast <- false
+			}
+			return []byte("slow"), nil
+		})
+		slowDone <- err
+	}()
+	queued(2)
+	close(gate)
+	if !<-sawFast {
+		t.Error("the slow fn did not see the fast call of its batch answered (held behind it, or failed)")
+	}
+	if err := <-slowDone; err != nil {
+		t.Error(err)
+	}
+	wg.Wait()
+	for _, key := range []string{"fast", "slow"} {
+		if rec, err := e.Get(key); err != nil || rec.State != idemcore.StateDone {
+			t.Errorf("%s: %+v, %v: want it done", key, rec, err)
+		}
 	}
 }

@@ -20,7 +20,7 @@ func (b *backend) WaitChange(ctx context.Context, key string) error {
 		var unsub func()
 		ch, unsub = b.l.subscribe(key)
 		defer unsub()
-		tag, err := b.exec(ctx, `UPDATE {schema}.idem_records SET waiters = true WHERE key = $1::text AND state = 1`, key)
+		tag, err := b.exec(ctx, `UPDATE {schema}.idem_records SET waiters = true WHERE key = $1::text AND state <> 2`, key)
 		switch {
 		case err == nil && tag.RowsAffected() == 0:
 			return nil // changed already: read it again

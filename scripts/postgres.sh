@@ -27,6 +27,13 @@
 # (which the package creates; neither runs as root); otherwise as the current
 # user. The script downloads nothing: install the packages first
 # (apt-get install postgresql pgbouncer; .ci/run does).
+#
+# The server preloads pg_stat_statements (Debian's postgresql ships it), for
+# profiles of the statements the tests and benchmarks send:
+#   psql "$IDEM_TEST_PG" -c 'CREATE EXTENSION IF NOT EXISTS pg_stat_statements'
+#   psql "$IDEM_TEST_PG" -c 'SELECT calls, mean_exec_time, query FROM pg_stat_statements ORDER BY total_exec_time DESC'
+# A server already running without it is restarted in place (same data
+# directory, same port: its clients see their connections end once).
 set -euo pipefail
 
 port="${IDEM_TEST_PG_PORT:-54329}"
@@ -70,11 +77,31 @@ bouncer_running() {
 	[[ -f "$dir/pgbouncer.pid" ]] && kill -0 "$(cat "$dir/pgbouncer.pid")" 2>/dev/null
 }
 
+# options are the server's settings, on pg_ctl's command line.
+options() {
+	printf '%s' "-c listen_addresses=127.0.0.1 -p $port -k $dir \
+		-c fsync=on -c synchronous_commit=on -c full_page_writes=on \
+		-c max_connections=300 -c shared_buffers=256MB \
+		-c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all"
+}
+
+# preloaded reports whether the running server has pg_stat_statements loaded.
+preloaded() {
+	as "$1/psql" -h "$dir" -p "$port" -U postgres -d postgres -Atqc 'SHOW shared_preload_libraries' 2>/dev/null |
+		grep -q pg_stat_statements
+}
+
 start_postgres() {
 	local bin
 	bin="$(bindir)" || { log "PostgreSQL is not installed: apt-get install -y postgresql"; exit 1; }
 	if running; then
-		log "PostgreSQL already running in $dir"
+		if preloaded "$bin"; then
+			log "PostgreSQL already running in $dir"
+			return
+		fi
+		log "PostgreSQL running in $dir without pg_stat_statements: restarting it in place"
+		as "$bin/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 60 -m fast restart -o "$(options)" >&2 ||
+			{ cat "$dir/server.log" >&2; exit 1; }
 		return
 	fi
 	rm -rf "$dir"
@@ -85,10 +112,7 @@ start_postgres() {
 	as "$bin/initdb" -D "$data" -U postgres -A trust -E UTF8 --no-locale >"$dir/initdb.log" 2>&1 ||
 		{ cat "$dir/initdb.log" >&2; exit 1; }
 	# Sockets in the cluster's own directory: /var/run/postgresql may not exist.
-	as "$bin/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 30 start -o "\
-		-c listen_addresses=127.0.0.1 -p $port -k $dir \
-		-c fsync=on -c synchronous_commit=on -c full_page_writes=on \
-		-c max_connections=300 -c shared_buffers=256MB" >&2 ||
+	as "$bin/pg_ctl" -D "$data" -l "$dir/server.log" -w -t 30 start -o "$(options)" >&2 ||
 		{ cat "$dir/server.log" >&2; exit 1; }
 	log "PostgreSQL running in $dir, port $port; stop with: $0 stop"
 }

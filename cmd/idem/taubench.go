@@ -130,7 +130,7 @@ crashed call: DoTx (a kill before the commit leaves nothing, the server rolls
 back) or Do, where the tool commits in a transaction of its own inside fn
 together with its answer under the key, and the child is killed before or
 after that commit holding the key's claim. This program, a second process,
-then waits out the claim's lease (2 s), takes the key over (fn sees
+then waits out the claim's lease (1 s), takes the key over (fn sees
 Recovered) and answers the recorded answer or runs the tool; the report
 counts these takeovers. With --via mcp-proxy the proxy keeps its own records
 in a bbolt file; the tool server behind it uses Postgres.

@@ -1,0 +1,150 @@
+package idempg
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+)
+
+// waitFor returns once cond, called under q's lock, holds.
+func (q *batcher[R]) waitFor(cond func() bool) {
+	for {
+		q.mu.Lock()
+		ok := cond()
+		q.mu.Unlock()
+		if ok {
+			return
+		}
+		runtime.Gosched()
+	}
+}
+
+// batchReq is a request of the batcher tests.
+type batchReq struct {
+	id   int
+	done chan struct{}
+}
+
+// TestBatcherHonoursContext: a request queued behind a running batch whose
+// context ends leaves the queue unsent and gets its context's error; the
+// others queued with it run in the next batch.
+func TestBatcherHonoursContext(t *testing.T) {
+	release := make(chan struct{})
+	var (
+		mu  sync.Mutex
+		ran []int
+	)
+	q := &batcher[*batchReq]{max: 1, limit: 8}
+	q.run = func(rs []*batchReq) {
+		if rs[0].id == 0 {
+			<-release
+		}
+		mu.Lock()
+		for _, r := range rs {
+			ran = append(ran, r.id)
+			close(r.done)
+		}
+		mu.Unlock()
+	}
+	first := &batchReq{id: 0, done: make(chan struct{})}
+	firstDone := make(chan error, 1)
+	go func() { firstDone <- q.do(context.Background(), first, first.done) }()
+	q.waitFor(func() bool { return q.running > 0 })
+
+	ctx, cancel := context.WithCancelCause(context.Background())
+	gone := &batchReq{id: 1, done: make(chan struct{})}
+	kept := &batchReq{id: 2, done: make(chan struct{})}
+	goneErr, keptErr := make(chan error, 1), make(chan error, 1)
+	go func() { goneErr <- q.do(ctx, gone, gone.done) }()
+	go func() { keptErr <- q.do(context.Background(), kept, kept.done) }()
+	q.waitFor(func() bool { return len(q.queue) == 2 })
+	cause := errors.New("the caller gave up")
+	cancel(cause)
+	if err := <-goneErr; !errors.Is(err, cause) {
+		t.Fatalf("a queued request whose context ended: %v, want its cause", err)
+	}
+	close(release)
+	if err := <-firstDone; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-keptErr; err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(ran) != 2 || ran[0] != 0 || ran[1] != 2 {
+		t.Errorf("requests run: %v, want [0 2] (the one whose context ended never sent)", ran)
+	}
+}
+
+// TestBatcherRunsAloneWithIdleConnection: with every batch slot taken but
+// a connection idle, a request runs at once, alone, instead of waiting for
+// a batch to form.
+func TestBatcherRunsAloneWithIdleConnection(t *testing.T) {
+	release := make(chan struct{})
+	q := &batcher[*batchReq]{max: 1, limit: 8, idle: func() int { return 1 }}
+	q.run = func(rs []*batchReq) {
+		if rs[0].id == 0 {
+			<-release
+		}
+		for _, r := range rs {
+			close(r.done)
+		}
+	}
+	first := &batchReq{id: 0, done: make(chan struct{})}
+	go func() { _ = q.do(context.Background(), first, first.done) }()
+	q.waitFor(func() bool { return q.running > 0 })
+	second := &batchReq{id: 1, done: make(chan struct{})}
+	if err := q.do(context.Background(), second, second.done); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-first.done
+}
+
+// TestBatcherSharesQueueAmongIdleConnections: the queue that a batch's end
+// hands on is shared among one batch and one more per idle connection.
+func TestBatcherSharesQueueAmongIdleConnections(t *testing.T) {
+	release := make(chan struct{})
+	idle := 0
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	q := &batcher[*batchReq]{max: 1, limit: 8}
+	q.idle = func() int { return idle } // read under q.mu
+	q.run = func(rs []*batchReq) {
+		if rs[0].id == 0 {
+			<-release
+		}
+		mu.Lock()
+		if rs[0].id != 0 {
+			sizes = append(sizes, len(rs))
+		}
+		mu.Unlock()
+		for _, r := range rs {
+			close(r.done)
+		}
+	}
+	first := &batchReq{id: 0, done: make(chan struct{})}
+	go func() { _ = q.do(context.Background(), first, first.done) }()
+	q.waitFor(func() bool { return q.running > 0 })
+	var wg sync.WaitGroup
+	for i := 1; i <= 6; i++ {
+		r := &batchReq{id: i, done: make(chan struct{})}
+		wg.Go(func() { _ = q.do(context.Background(), r, r.done) })
+	}
+	q.waitFor(func() bool { return len(q.queue) == 6 })
+	q.mu.Lock()
+	idle = 2
+	q.mu.Unlock()
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) != 3 || sizes[0] != 2 || sizes[1] != 2 || sizes[2] != 2 {
+		t.Errorf("batch sizes %v, want [2 2 2]: the queue of 6 shared among 1 + 2 idle connections", sizes)
+	}
+}
