@@ -1,0 +1,371 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Tests written while trying to break the journal (branch break20).
+
+// openNoCheckpointOpts is openNoCheckpoint with the engine's options o.
+func openNoCheckpointOpts(t *testing.T, path string, f *BoltOptions, o *Options) *Engine {
+	t.Helper()
+	e, err := OpenFile(path, f, o)
+	require.NoError(t, err)
+	if e.b.j != nil {
+		e.b.j.delay.Store(int64(time.Hour))
+	}
+	return e
+}
+
+var bigOpts = &Options{PruneInterval: -1, MaxResponseSize: 16 << 20}
+
+// Concurrent duplicates, failures, panics, mismatches and huge responses in
+// the same journal groups: each caller gets its own answer, nothing is run
+// twice, and a crash copy replays every answer.
+func TestBreakJournalMixedGroup(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpointOpts(t, path, nil, bigOpts)
+	ctx := context.Background()
+	huge := bytes.Repeat([]byte("h"), 3<<20) // larger than a segment: a direct commit
+	var runs sync.Map
+	count := func(k string) int {
+		v, _ := runs.LoadOrStore(k, new(atomic.Int32))
+		return int(v.(*atomic.Int32).Add(1))
+	}
+	type answer struct {
+		resp []byte
+		err  error
+	}
+	answers := make([]answer, 64)
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			defer func() {
+				if v := recover(); v != nil {
+					answers[i] = answer{err: fmt.Errorf("panicked: %v", v)}
+				}
+			}()
+			k := "k" + strconv.Itoa(i%16) // four callers per key
+			fp := []byte("fp")
+			if i%16 == 3 && i >= 16 {
+				fp = []byte("other") // a mismatch
+			}
+			res, err := e.Do(ctx, k, fp, func(context.Context) ([]byte, error) {
+				count(k)
+				switch i % 16 {
+				case 5:
+					return nil, errors.New("permanent")
+				case 7:
+					panic("boom")
+				case 9:
+					return huge, nil
+				}
+				return []byte("r-" + k), nil
+			})
+			answers[i] = answer{res.Response, err}
+		})
+	}
+	wg.Wait()
+	runs.Range(func(k, v any) bool {
+		if k != "k7" {
+			require.EqualValues(t, 1, v.(*atomic.Int32).Load(), "%s ran once", k)
+		}
+		return true
+	})
+	for i, a := range answers {
+		switch i % 16 {
+		case 3:
+			if i >= 16 {
+				require.ErrorIs(t, a.err, ErrFingerprintMismatch, i)
+			} else {
+				require.NoError(t, a.err)
+			}
+		case 5:
+			require.Error(t, a.err)
+		case 7:
+		case 9:
+			require.NoError(t, a.err, i)
+			require.Equal(t, len(huge), len(a.resp))
+		default:
+			require.NoError(t, a.err, i)
+			require.Equal(t, "r-k"+strconv.Itoa(i%16), string(a.resp))
+		}
+	}
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	e2, err := OpenFile(cp, nil, bigOpts)
+	require.NoError(t, err)
+	defer e2.Close()
+	for i := range 16 {
+		k := "k" + strconv.Itoa(i)
+		res, err := e2.Do(ctx, k, []byte("fp"), func(ctx context.Context) ([]byte, error) {
+			c, _ := CallFrom(ctx)
+			if k != "k7" || !c.Recovered {
+				t.Errorf("%s ran again after the crash (recovered %v)", k, c.Recovered)
+			}
+			return []byte("again"), nil
+		})
+		switch i {
+		case 5:
+			require.Error(t, err)
+		case 7:
+			require.NoError(t, err)
+		case 9:
+			require.NoError(t, err)
+			require.Equal(t, huge, res.Response)
+		default:
+			require.NoError(t, err)
+			require.Equal(t, "r-"+k, string(res.Response))
+		}
+	}
+}
+
+func TestBreakJournalKeys(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, nil)
+	ctx := context.Background()
+	k255 := strings.Repeat("é", 127) + "a" // 255 bytes
+	require.Len(t, k255, 255)
+	_, err := e.Do(ctx, k255, nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+	require.NoError(t, err)
+	_, err = e.Do(ctx, k255+"b", nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+	require.ErrorIs(t, err, ErrInvalidKey)
+	_, err = e.Do(ctx, "", nil, func(context.Context) ([]byte, error) { return []byte("x"), nil })
+	require.ErrorIs(t, err, ErrInvalidKey)
+	r, err := e.Get(k255)
+	require.NoError(t, err)
+	require.Equal(t, "x", string(r.Response))
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	e2, err := OpenFile(cp, nil, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer e2.Close()
+	res, err := e2.Do(ctx, k255, nil, func(context.Context) ([]byte, error) { return []byte("again"), nil })
+	require.NoError(t, err)
+	require.True(t, res.Replayed)
+}
+
+// The operator calls right after Do see the journal's writes.
+func TestBreakJournalOperatorsAfterDo(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, &BoltOptions{JournalSize: 2 * segmentSize})
+	defer e.Close()
+	ctx := context.Background()
+	for i := range 30 {
+		k := "k" + strconv.Itoa(i)
+		_, err := e.Do(ctx, k, nil, func(context.Context) ([]byte, error) { return []byte("r" + k), nil })
+		require.NoError(t, err)
+		switch i % 3 {
+		case 0:
+			require.NoError(t, e.Forget(k))
+			_, err = e.Get(k)
+			require.ErrorIs(t, err, ErrNotFound)
+			res, err := e.Do(ctx, k, nil, func(context.Context) ([]byte, error) { return []byte("new"), nil })
+			require.NoError(t, err)
+			require.False(t, res.Replayed)
+			require.Equal(t, "new", string(res.Response))
+		case 1:
+			n, err := e.Prune(ctx)
+			require.NoError(t, err)
+			require.Zero(t, n)
+			r, err := e.Get(k)
+			require.NoError(t, err)
+			require.Equal(t, "r"+k, string(r.Response))
+		case 2:
+			seen := 0
+			require.NoError(t, e.Records(func(r *Record, err error) error {
+				if r != nil && r.Key == k {
+					seen++
+				}
+				return err
+			}))
+			require.Equal(t, 1, seen)
+		}
+	}
+	// Resolve of a panicked key right after it.
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = e.Do(ctx, "p", nil, func(context.Context) ([]byte, error) { panic("x") })
+	}()
+	r, err := e.Get("p")
+	require.NoError(t, err)
+	require.Equal(t, StateStarted, r.State)
+	require.NoError(t, e.Resolve("p", []byte("fixed"), nil))
+	res, err := e.Do(ctx, "p", nil, func(context.Context) ([]byte, error) { return []byte("ran"), nil })
+	require.NoError(t, err)
+	require.Equal(t, "fixed", string(res.Response))
+	_ = os.Remove
+}
+
+// pendingJournal leaves n keys' records in the journal of a crash copy and
+// returns its path and its segment holding them, with the frames' offsets.
+func pendingJournal(t *testing.T, n int) (cp, seg string, offs []int) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, nil)
+	for i := range n {
+		k := "k" + strconv.Itoa(i)
+		_, err := e.Do(context.Background(), k, nil, func(context.Context) ([]byte, error) { return []byte("r" + k), nil })
+		require.NoError(t, err)
+	}
+	cp = crashCopy(t, path)
+	require.NoError(t, e.Close())
+	ents, err := os.ReadDir(journalDir(cp))
+	require.NoError(t, err)
+	require.Len(t, ents, 1)
+	seg = filepath.Join(journalDir(cp), ents[0].Name())
+	data, err := os.ReadFile(seg)
+	require.NoError(t, err)
+	for off := 0; ; {
+		n := int(binary.LittleEndian.Uint32(data[off:]))
+		if n == 0 {
+			break
+		}
+		offs = append(offs, off)
+		off += frameSize(n)
+	}
+	require.Len(t, offs, 2*n)
+	return cp, seg, offs
+}
+
+func flip(t *testing.T, path string, at int) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	data[at] ^= 0x40
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+}
+
+func TestBreakJournalDamage(t *testing.T) {
+	ctx := context.Background()
+	t.Run("a flipped byte before the last frame is ErrCorrupt", func(t *testing.T) {
+		for _, where := range []struct {
+			name  string
+			frame int
+			delta int
+		}{{"length", 0, 0}, {"crc", 1, 5}, {"seq", 2, 9}, {"payload", 3, frameHeader + 2}} {
+			t.Run(where.name, func(t *testing.T) {
+				cp, seg, offs := pendingJournal(t, 3)
+				flip(t, seg, offs[where.frame]+where.delta)
+				for _, ro := range []bool{false, true} {
+					_, err := OpenFile(cp, &BoltOptions{ReadOnly: ro}, &Options{PruneInterval: -1})
+					require.ErrorIs(t, err, ErrCorrupt, "read-only %v", ro)
+				}
+			})
+		}
+	})
+	t.Run("a torn last frame is the tail", func(t *testing.T) {
+		for _, how := range []string{"flip", "truncate", "zero"} {
+			t.Run(how, func(t *testing.T) {
+				cp, seg, offs := pendingJournal(t, 3)
+				last := offs[len(offs)-1]
+				switch how {
+				case "flip":
+					flip(t, seg, last+frameHeader+1)
+				case "truncate":
+					require.NoError(t, os.Truncate(seg, int64(last+frameHeader+3)))
+				case "zero":
+					data, err := os.ReadFile(seg)
+					require.NoError(t, err)
+					clear(data[last:])
+					require.NoError(t, os.WriteFile(seg, data, 0o600))
+				}
+				e, err := OpenFile(cp, nil, &Options{PruneInterval: -1})
+				require.NoError(t, err)
+				r, err := e.Get("k1")
+				require.NoError(t, err)
+				require.Equal(t, "rk1", string(r.Response))
+				r, err = e.Get("k2")
+				require.NoError(t, err, "k2's started record survives")
+				require.Equal(t, StateStarted, r.State)
+				res, err := e.Do(ctx, "k2", nil, func(ctx context.Context) ([]byte, error) {
+					c, _ := CallFrom(ctx)
+					require.True(t, c.Recovered)
+					return []byte("again"), nil
+				})
+				require.NoError(t, err)
+				require.Equal(t, "again", string(res.Response))
+				require.NoError(t, e.Close())
+				e, err = OpenFile(cp, nil, &Options{PruneInterval: -1})
+				require.NoError(t, err)
+				r, err = e.Get("k2")
+				require.NoError(t, err)
+				require.Equal(t, "again", string(r.Response))
+				require.NoError(t, e.Close())
+			})
+		}
+	})
+}
+
+// A backup restored over a file whose journal is left beside it (the
+// remedy the ErrCorrupt message names: "restore from a backup").
+func TestBreakRestoredBackupBesideItsFilesJournal(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, &BoltOptions{JournalSize: 2 * segmentSize})
+	_, err := e.Do(ctx, "before", nil, func(context.Context) ([]byte, error) { return []byte("b"), nil })
+	require.NoError(t, err)
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	require.NoError(t, e.BackupFile(backup))
+	// Enough traffic after the backup that the journal recycles its
+	// segments (the frames right after the backup's checkpoint are gone).
+	resp := bytes.Repeat([]byte("x"), 16<<10)
+	for i := range 200 {
+		_, err := e.Do(ctx, "after"+strconv.Itoa(i), nil, func(context.Context) ([]byte, error) { return resp, nil })
+		require.NoError(t, err)
+	}
+	cp := crashCopy(t, path) // the process dies
+	require.NoError(t, e.Close())
+
+	copyFile(t, backup, cp) // restore the backup; the journal directory stays
+	e2, err := OpenFile(cp, nil, &Options{PruneInterval: -1})
+	require.NoError(t, err, "the restored backup needs no journal, so a stale one beside it must not stop it")
+	defer e2.Close()
+	r, err := e2.Get("before")
+	require.NoError(t, err)
+	require.Equal(t, "b", string(r.Response))
+}
+
+// The same, before the journal recycles: the restored backup silently takes
+// in the Do records written after it (and none of the direct writes, such
+// as a Forget, made between them).
+func TestBreakRestoredBackupTakesInLaterFrames(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, nil)
+	_, err := e.Do(ctx, "before", nil, func(context.Context) ([]byte, error) { return []byte("b"), nil })
+	require.NoError(t, err)
+	backup := filepath.Join(t.TempDir(), "backup.db")
+	require.NoError(t, e.BackupFile(backup))
+	_, err = e.Do(ctx, "after", nil, func(context.Context) ([]byte, error) { return []byte("a"), nil })
+	require.NoError(t, err)
+	require.NoError(t, e.Forget("after")) // a direct write: bbolt, not the journal
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	ro, err := OpenFile(cp, &BoltOptions{ReadOnly: true}, nil) // the crash copy lacks "after"
+	require.NoError(t, err)
+	_, err = ro.Get("after")
+	require.ErrorIs(t, err, ErrNotFound)
+	require.NoError(t, ro.Close())
+
+	copyFile(t, backup, cp) // restore the backup; the journal directory stays
+	e2, err := OpenFile(cp, nil, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer e2.Close()
+	_, err = e2.Get("after")
+	require.ErrorIs(t, err, ErrNotFound, "neither the backup nor the file it replaced holds \"after\"")
+}
