@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	bbolterrors "go.etcd.io/bbolt/errors"
 )
 
 // Tests written while trying to break the journal (branch break20).
@@ -88,11 +89,11 @@ func TestBreakJournalMixedGroup(t *testing.T) {
 	})
 	for i, a := range answers {
 		switch i % 16 {
-		case 3:
-			if i >= 16 {
+		case 3: // whichever fingerprint came first wins; the others mismatch
+			if a.err != nil {
 				require.ErrorIs(t, a.err, ErrFingerprintMismatch, i)
 			} else {
-				require.NoError(t, a.err)
+				require.Equal(t, "r-k3", string(a.resp))
 			}
 		case 5:
 			require.Error(t, a.err)
@@ -119,6 +120,9 @@ func TestBreakJournalMixedGroup(t *testing.T) {
 			}
 			return []byte("again"), nil
 		})
+		if i == 3 {
+			continue // either fingerprint may have won
+		}
 		switch i {
 		case 5:
 			require.Error(t, err)
@@ -368,4 +372,154 @@ func TestBreakRestoredBackupTakesInLaterFrames(t *testing.T) {
 	defer e2.Close()
 	_, err = e2.Get("after")
 	require.ErrorIs(t, err, ErrNotFound, "neither the backup nor the file it replaced holds \"after\"")
+}
+
+// A small journal, many callers with large responses (some larger than a
+// segment), and Close while they run: no deadlock, and every answer a
+// caller got replays after a reopen.
+func TestBreakJournalFullAndCloseInFlight(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e, err := OpenFile(path, &BoltOptions{JournalSize: 1}, bigOpts)
+	require.NoError(t, err)
+	var (
+		mu   sync.Mutex
+		got  = map[string]string{}
+		ran  = map[string]int{}
+		wg   sync.WaitGroup
+		half = make(chan struct{})
+		once sync.Once
+		n    atomic.Int32
+	)
+	for g := range 24 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				k := fmt.Sprintf("k%d-%d", g, i%40)
+				size := 100 << 10
+				if i%17 == 0 {
+					size = 1200 << 10
+				}
+				res, err := e.Do(ctx, k, nil, func(context.Context) ([]byte, error) {
+					mu.Lock()
+					ran[k]++
+					mu.Unlock()
+					return bytes.Repeat([]byte{byte(i)}, size), nil
+				})
+				if errors.Is(err, ErrClosed) {
+					return
+				}
+				if err != nil {
+					t.Errorf("%s: %v", k, err)
+					return
+				}
+				mu.Lock()
+				sum := fmt.Sprintf("%d:%x", len(res.Response), res.Response[:1])
+				if old, ok := got[k]; ok && old != sum {
+					t.Errorf("%s: answered %s, then %s", k, old, sum)
+				}
+				got[k] = sum
+				mu.Unlock()
+				if n.Add(1) == 600 {
+					once.Do(func() { close(half) })
+				}
+			}
+		})
+	}
+	<-half
+	require.NoError(t, e.Close())
+	wg.Wait()
+	for k, c := range ran {
+		require.Equal(t, 1, c, "%s ran %d times", k, c)
+	}
+	e, err = OpenFile(path, nil, bigOpts)
+	require.NoError(t, err)
+	defer e.Close()
+	for k, want := range got {
+		res, err := e.Do(ctx, k, nil, func(context.Context) ([]byte, error) { return nil, errors.New("ran again") })
+		require.NoError(t, err, k)
+		require.Equal(t, want, fmt.Sprintf("%d:%x", len(res.Response), res.Response[:1]), k)
+	}
+}
+
+// Prune right after Do, with the records in the journal: the expired ones go,
+// the crash copy does not bring them back, the live ones stay.
+func TestBreakJournalPruneAfterDo(t *testing.T) {
+	ctx := context.Background()
+	var now atomic.Int64
+	now.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	o := &Options{PruneInterval: -1, Retention: time.Minute, Now: func() time.Time { return time.Unix(0, now.Load()) }}
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpointOpts(t, path, nil, o)
+	for i := range 20 {
+		_, err := e.Do(ctx, "old"+strconv.Itoa(i), nil, func(context.Context) ([]byte, error) { return []byte("o"), nil })
+		require.NoError(t, err)
+	}
+	now.Add(int64(2 * time.Hour))
+	for i := range 20 {
+		_, err := e.Do(ctx, "new"+strconv.Itoa(i), nil, func(context.Context) ([]byte, error) { return []byte("n"), nil })
+		require.NoError(t, err)
+	}
+	n, err := e.Prune(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 20, n)
+	for i := range 5 {
+		_, err := e.Do(ctx, "later"+strconv.Itoa(i), nil, func(context.Context) ([]byte, error) { return []byte("l"), nil })
+		require.NoError(t, err)
+	}
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	for _, ro := range []bool{true, false} {
+		e, err := OpenFile(cp, &BoltOptions{ReadOnly: ro}, o)
+		require.NoError(t, err)
+		keys := map[string]bool{}
+		require.NoError(t, e.Records(func(r *Record, err error) error {
+			if r != nil {
+				keys[r.Key] = true
+			}
+			return err
+		}))
+		require.Len(t, keys, 25, "read-only %v", ro)
+		for k := range keys {
+			require.False(t, strings.HasPrefix(k, "old"), k)
+		}
+		st, err := e.ScanFile()
+		require.NoError(t, err)
+		require.Equal(t, 25, st.Done, "read-only %v", ro)
+		require.NoError(t, e.Close())
+	}
+}
+
+// A read-only open over a journal holding writes: replays come from it, and
+// every write is refused with ErrDatabaseReadOnly, nothing run.
+func TestBreakJournalReadOnlyDo(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, nil)
+	_, err := e.Do(ctx, "done", nil, func(context.Context) ([]byte, error) { return []byte("d"), nil })
+	require.NoError(t, err)
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = e.Do(ctx, "started", nil, func(context.Context) ([]byte, error) { panic("x") })
+	}()
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	ro1, err := OpenFile(cp, &BoltOptions{ReadOnly: true}, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer ro1.Close()
+	ro2, err := OpenFile(cp, &BoltOptions{ReadOnly: true}, &Options{PruneInterval: -1})
+	require.NoError(t, err, "a second read-only open shares the file")
+	defer ro2.Close()
+	for _, ro := range []*Engine{ro1, ro2} {
+		res, err := ro.Do(ctx, "done", nil, func(context.Context) ([]byte, error) { panic("ran") })
+		require.NoError(t, err)
+		require.Equal(t, "d", string(res.Response))
+		for _, k := range []string{"started", "new"} {
+			_, err = ro.Do(ctx, k, nil, func(context.Context) ([]byte, error) { panic("ran " + k) })
+			require.ErrorIs(t, err, bbolterrors.ErrDatabaseReadOnly, k)
+		}
+		require.ErrorIs(t, ro.Forget("done"), bbolterrors.ErrDatabaseReadOnly)
+		r, err := ro.Get("started")
+		require.NoError(t, err)
+		require.Equal(t, StateStarted, r.State)
+	}
 }
