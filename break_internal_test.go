@@ -523,3 +523,37 @@ func TestBreakJournalReadOnlyDo(t *testing.T) {
 		require.Equal(t, StateStarted, r.State)
 	}
 }
+
+// The file reached through a symbolic link (a common deployment layout:
+// app/idem.db -> /data/idem.db): the journal goes beside the link, so an
+// open of the file by its own path, after a crash, misses every write the
+// journal held, and the keys run again as new.
+func TestBreakJournalBesideASymlinkNotTheFile(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	real := filepath.Join(dir, "data", "idem.db")
+	require.NoError(t, os.Mkdir(filepath.Dir(real), 0o700))
+	link := filepath.Join(dir, "idem.db")
+	e := openNoCheckpoint(t, real, nil)
+	require.NoError(t, e.Close()) // the file exists
+	require.NoError(t, os.Symlink(real, link))
+	e = openNoCheckpoint(t, link, nil)
+	_, err := e.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("charged"), nil })
+	require.NoError(t, err)
+	// The process dies: the crash copy keeps the same layout.
+	dir2 := t.TempDir()
+	real2 := filepath.Join(dir2, "data", "idem.db")
+	require.NoError(t, os.Mkdir(filepath.Dir(real2), 0o700))
+	copyFile(t, real, real2)
+	require.NoError(t, os.Symlink(real2, filepath.Join(dir2, "idem.db")))
+	copied := crashCopy(t, link) // copy.db and copy.db.journal
+	require.NoError(t, os.Rename(journalDir(copied), journalDir(filepath.Join(dir2, "idem.db"))))
+	require.NoError(t, e.Close())
+
+	e2, err := OpenFile(real2, nil, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer e2.Close()
+	res, err := e2.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("charged again"), nil })
+	require.NoError(t, err)
+	require.Equal(t, "charged", string(res.Response), "the answer given before the crash replays, whichever path names the file")
+}
