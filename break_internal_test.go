@@ -6,6 +6,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -556,4 +558,86 @@ func TestBreakJournalBesideASymlinkNotTheFile(t *testing.T) {
 	res, err := e2.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("charged again"), nil })
 	require.NoError(t, err)
 	require.Equal(t, "charged", string(res.Response), "the answer given before the crash replays, whichever path names the file")
+}
+
+// A random mix of Do, Forget, Resolve, Prune and big responses, with crash
+// copies taken along the way: each copy, opened read-only and then for
+// writing, holds exactly the answers given before it was taken.
+func TestBreakJournalModelAcrossCrashes(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(20, 26))
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpointOpts(t, path, &BoltOptions{JournalSize: 2 * segmentSize}, bigOpts)
+	model := map[string]string{}
+	type snap struct {
+		path  string
+		model map[string]string
+	}
+	var snaps []snap
+	for op := range 400 {
+		k := "k" + strconv.Itoa(rng.IntN(30))
+		switch r := rng.IntN(20); {
+		case r < 12:
+			resp := fmt.Sprintf("r%d", op)
+			if rng.IntN(10) == 0 {
+				resp += strings.Repeat("x", rng.IntN(1500<<10))
+			}
+			res, err := e.Do(ctx, k, nil, func(context.Context) ([]byte, error) { return []byte(resp), nil })
+			require.NoError(t, err)
+			if want, ok := model[k]; ok {
+				require.Equal(t, want, string(res.Response), "op %d %s", op, k)
+			} else {
+				model[k] = resp
+			}
+		case r < 15:
+			err := e.Forget(k)
+			if _, ok := model[k]; ok {
+				require.NoError(t, err)
+			}
+			delete(model, k)
+		case r < 16:
+			if _, ok := model[k]; !ok {
+				func() {
+					defer func() { _ = recover() }()
+					_, _ = e.Do(ctx, k, nil, func(context.Context) ([]byte, error) { panic("interrupted") })
+				}()
+				require.NoError(t, e.Resolve(k, []byte("resolved"), nil), "op %d", op)
+				model[k] = "resolved"
+			}
+		case r < 17:
+			_, err := e.Prune(ctx)
+			require.NoError(t, err)
+		case r < 18:
+			if rng.IntN(2) == 0 {
+				e.b.j.delay.Store(int64(time.Millisecond)) // let a checkpoint run
+			} else {
+				e.b.j.delay.Store(int64(time.Hour))
+			}
+		default:
+			if _, err := os.Stat(journalDir(path)); err != nil {
+				continue // no journal yet
+			}
+			snaps = append(snaps, snap{crashCopy(t, path), maps.Clone(model)})
+		}
+	}
+	require.NoError(t, e.Close())
+	require.NotEmpty(t, snaps)
+	for i, s := range snaps {
+		for _, ro := range []bool{true, false} {
+			e, err := OpenFile(s.path, &BoltOptions{ReadOnly: ro}, bigOpts)
+			require.NoError(t, err)
+			got := map[string]string{}
+			require.NoError(t, e.Records(func(r *Record, err error) error {
+				require.NoError(t, err)
+				require.Equal(t, StateDone, r.State, r.Key)
+				got[r.Key] = string(r.Response)
+				return nil
+			}))
+			require.Equal(t, len(s.model), len(got), "snapshot %d, read-only %v", i, ro)
+			for k, v := range s.model {
+				require.Equal(t, v, got[k], "snapshot %d, read-only %v, %s", i, ro, k)
+			}
+			require.NoError(t, e.Close())
+		}
+	}
 }
