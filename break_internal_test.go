@@ -641,3 +641,50 @@ func TestBreakJournalModelAcrossCrashes(t *testing.T) {
 		}
 	}
 }
+
+// Backup while callers write through the journal: the copy holds every
+// answer given before Backup began, and needs no journal.
+func TestBreakJournalBackupUnderLoad(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, &BoltOptions{JournalSize: 2 * segmentSize})
+	defer e.Close()
+	var (
+		mu    sync.Mutex
+		acked = map[string]bool{}
+		stop  atomic.Bool
+		wg    sync.WaitGroup
+	)
+	for g := range 8 {
+		wg.Go(func() {
+			for i := 0; !stop.Load(); i++ {
+				k := fmt.Sprintf("g%d-%d", g, i)
+				_, err := e.Do(ctx, k, nil, func(context.Context) ([]byte, error) { return bytes.Repeat([]byte("v"), 2000), nil })
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				acked[k] = true
+				mu.Unlock()
+			}
+		})
+	}
+	for round := range 5 {
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		before := maps.Clone(acked)
+		mu.Unlock()
+		dst := filepath.Join(t.TempDir(), fmt.Sprintf("b%d.db", round))
+		require.NoError(t, e.BackupFile(dst))
+		b, err := OpenFile(dst, &BoltOptions{ReadOnly: true}, nil)
+		require.NoError(t, err)
+		for k := range before {
+			_, err := b.Get(k)
+			require.NoError(t, err, "round %d: %s was answered before the backup began", round, k)
+		}
+		require.NoError(t, b.Close())
+	}
+	stop.Store(true)
+	wg.Wait()
+}
