@@ -688,3 +688,27 @@ func TestBreakJournalBackupUnderLoad(t *testing.T) {
 	stop.Store(true)
 	wg.Wait()
 }
+
+// A file whose journal directory cannot be made (in a directory the program
+// may not create entries in: a pre-created file in a root-owned directory, a
+// single-file mount; here, as a stand-in any user can build, a dangling
+// symlink in its place): Open succeeds, then the first Do fails the engine
+// closed, and every later call, Get included, fails; reopening does not help.
+// Expected: Open fails with the journal's error (or the engine runs without
+// the journal), not a fail-closed engine.
+func TestBreakJournalDirCannotBeMade(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "idem.db")
+	e, err := Open(path, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	require.NoError(t, e.Close())
+	require.NoError(t, os.Symlink(filepath.Join(dir, "nowhere", "journal"), journalDir(path)))
+
+	e, err = Open(path, &Options{PruneInterval: -1})
+	if err != nil {
+		return // refused at Open: the expected behaviour
+	}
+	defer e.Close()
+	_, err = e.Do(context.Background(), "a", nil, func(context.Context) ([]byte, error) { return []byte("r"), nil })
+	require.NoError(t, err, "Open succeeded, so Do should work")
+}
