@@ -712,3 +712,61 @@ func TestBreakJournalDirCannotBeMade(t *testing.T) {
 	_, err = e.Do(context.Background(), "a", nil, func(context.Context) ([]byte, error) { return []byte("r"), nil })
 	require.NoError(t, err, "Open succeeded, so Do should work")
 }
+
+// RecoverRefuse with the interrupted execution only in the journal: after
+// the crash, the key is refused until resolved.
+func TestBreakJournalRefuseAcrossCrash(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpointOpts(t, path, nil, &Options{PruneInterval: -1, Recovery: RecoverRefuse})
+	func() {
+		defer func() { _ = recover() }()
+		_, _ = e.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { panic("x") })
+	}()
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	e2, err := OpenFile(cp, nil, &Options{PruneInterval: -1, Recovery: RecoverRefuse})
+	require.NoError(t, err)
+	defer e2.Close()
+	r, err := e2.Get("k")
+	require.NoError(t, err)
+	require.True(t, r.KeptUntilResolved)
+	_, err = e2.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("ran"), nil })
+	require.ErrorIs(t, err, ErrIncomplete)
+	require.NoError(t, e2.Resolve("k", []byte("resolved"), nil))
+	res, err := e2.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { return []byte("ran"), nil })
+	require.NoError(t, err)
+	require.Equal(t, "resolved", string(res.Response))
+}
+
+// InFlightFail: duplicates of a running key fail at once, whatever group
+// they share with it.
+func TestBreakJournalInFlightFail(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpointOpts(t, path, nil, &Options{PruneInterval: -1, InFlight: InFlightFail})
+	defer e.Close()
+	release := make(chan struct{})
+	started := make(chan struct{})
+	var runs atomic.Int32
+	go func() {
+		_, _ = e.Do(ctx, "k", nil, func(context.Context) ([]byte, error) {
+			runs.Add(1)
+			close(started)
+			<-release
+			return []byte("r"), nil
+		})
+	}()
+	<-started
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			_, err := e.Do(ctx, "k", nil, func(context.Context) ([]byte, error) { runs.Add(1); return nil, nil })
+			require.ErrorIs(t, err, ErrInProgress)
+		})
+	}
+	wg.Wait()
+	close(release)
+	require.Eventually(t, func() bool { r, err := e.Get("k"); return err == nil && r.State == StateDone }, 5*time.Second, time.Millisecond)
+	require.EqualValues(t, 1, runs.Load())
+}
