@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.etcd.io/bbolt"
 	bbolterrors "go.etcd.io/bbolt/errors"
 )
 
@@ -769,4 +770,64 @@ func TestBreakJournalInFlightFail(t *testing.T) {
 	close(release)
 	require.Eventually(t, func() bool { r, err := e.Get("k"); return err == nil && r.State == StateDone }, 5*time.Second, time.Millisecond)
 	require.EqualValues(t, 1, runs.Load())
+}
+
+// Frames at a segment's size, either side of it: each is durable (in a
+// segment or committed directly), a crash copy replays them all.
+func TestBreakJournalFrameAtSegmentSize(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, &BoltOptions{JournalSize: 2 * segmentSize})
+	bucket := timeSlot{Start: 0, End: 1}.Name()
+	overhead := len(appendBatch(nil, []mutation{{bucket: bucket, key: []byte("k00"), value: nil}}))
+	want := map[string]int{}
+	i := 0
+	for _, frame := range []int{segmentSize, segmentSize - 8, segmentSize + 8, segmentSize, 100, segmentSize - frameHeader, segmentSize} {
+		n := frame - frameHeader - overhead - 4 // the value's uvarint length grows to 3 bytes
+		for frameSize(len(appendBatch(nil, []mutation{{bucket: bucket, key: []byte("k00"), value: make([]byte, n)}}))) < frame {
+			n++
+		}
+		k := fmt.Sprintf("k%02d", i)
+		i++
+		want[k] = n
+		v := bytes.Repeat([]byte{byte(i)}, n)
+		require.NoError(t, e.b.j.do(func(w *jtx) error { return w.put(bucket, []byte(k), v) }), "frame of %d bytes", frame)
+	}
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	e2, err := OpenFile(cp, nil, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	defer e2.Close()
+	require.NoError(t, e2.b.db.View(func(tx *bbolt.Tx) error {
+		for k, n := range want {
+			require.Len(t, boltGet(tx, bucket, []byte(k)), n, k)
+		}
+		return nil
+	}))
+}
+
+// Damage to the last frame of the first of two segments is damage (the
+// second holds later frames), not a torn tail.
+func TestBreakJournalDamageAcrossSegments(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "j.db")
+	e := openNoCheckpoint(t, path, &BoltOptions{JournalSize: 4 * segmentSize})
+	bucket := timeSlot{Start: 0, End: 1}.Name()
+	v := make([]byte, 100<<10)
+	for i := range 14 { // 1.4 MiB: two segments
+		require.NoError(t, e.b.j.do(func(w *jtx) error { return w.put(bucket, []byte{byte(i)}, v) }))
+	}
+	cp := crashCopy(t, path)
+	require.NoError(t, e.Close())
+	ents, err := os.ReadDir(journalDir(cp))
+	require.NoError(t, err)
+	require.Len(t, ents, 2)
+	first := filepath.Join(journalDir(cp), ents[0].Name())
+	data, err := os.ReadFile(first)
+	require.NoError(t, err)
+	last := 0
+	for off := 0; binary.LittleEndian.Uint32(data[off:]) != 0; off += frameSize(int(binary.LittleEndian.Uint32(data[off:]))) {
+		last = off
+	}
+	flip(t, first, last+frameHeader+50)
+	_, err = OpenFile(cp, nil, &Options{PruneInterval: -1})
+	require.ErrorIs(t, err, ErrCorrupt)
 }
