@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"runtime/debug"
 	"syscall"
 	"time"
@@ -134,6 +135,41 @@ func (j *journal) catchUp() error {
 	j.ov.mu.Unlock()
 	j.segs.release(upTo)
 	return nil
+}
+
+// backup writes a copy of the file that needs no journal to w: with no
+// group or direct write running (mode), every frame checkpointed into bbolt,
+// then, in one write transaction, the copy of the committed file (its
+// journal id the old one) and the file's new journal id, which the frames
+// after it carry (their salt): the copy, restored beside this journal,
+// finds none of them its own.
+func (j *journal) backup(w io.Writer) (n int64, err error) {
+	j.mode.Lock()
+	defer j.mode.Unlock()
+	if err := j.drain(); err != nil {
+		return 0, err
+	}
+	j.ckMu.Lock()
+	defer j.ckMu.Unlock()
+	fresh := newJournalID()
+	var copyErr error
+	err = update(j.db, func(tx *bbolt.Tx) error {
+		if n, copyErr = tx.WriteTo(w); copyErr != nil { // the committed file: this tx has changed nothing yet
+			return copyErr
+		}
+		return putJournalMeta(tx, fresh, j.ckpt.Load())
+	})
+	switch {
+	case copyErr != nil:
+		return n, copyErr // rolled back: the file keeps its journal id
+	case err != nil:
+		// The new id may or may not be on disk: which salt the next frame
+		// needs is unknown, so the engine fails closed, as after any
+		// failed commit.
+		return n, j.pipe.fail(err)
+	}
+	j.id, j.salt = fresh, journalSalt(fresh)
+	return n, nil
 }
 
 // update is db.Update, turning a panic of bbolt's (a damaged page) into an

@@ -147,9 +147,24 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 		return nil, 0, err // a file before version 3, read-only: no journal
 	}
 	dir := journalDir(path)
+	if !f.ReadOnly && f.journalOn() {
+		// Made here, not at the first write: a directory the program cannot
+		// write fails Open, naming it, instead of the first Do failing the
+		// engine closed.
+		if err := makeJournalDir(dir); err != nil {
+			return nil, 0, fmt.Errorf("journal: %w", err)
+		}
+	}
 	segs, err := openSegments(dir, f.ReadOnly)
 	if err != nil {
 		return nil, 0, fmt.Errorf("journal: %w", err)
+	}
+	if !f.ReadOnly && f.journalOn() && len(segs) == 0 {
+		s, err := createSegment(dir, 1, segmentSize)
+		if err != nil {
+			return nil, 0, fmt.Errorf("journal: %w", err)
+		}
+		segs = append(segs, s)
 	}
 	salt := journalSalt(id)
 	sc, err := scanJournal(segs, salt, ckpt)
@@ -169,7 +184,17 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 		return nil, sc.writes, nil
 	}
 	held := map[*segment]uint64(nil)
-	if len(sc.frames) > 0 {
+	// Each writable open gives the journal a new id (so a new salt): the
+	// frames it writes are this open's alone. A copy of the file made
+	// before (a backup, a copy while closed, idem compact's output),
+	// restored later beside this journal, does not take in frames written
+	// after it was made, which the writes it lacks (a Forget, DoTx's)
+	// would make wrong.
+	fresh := id
+	if f.journalOn() {
+		fresh = newJournalID()
+	}
+	if len(sc.frames) > 0 || fresh != id {
 		err := update(db, func(tx *bbolt.Tx) error {
 			for _, fr := range sc.frames {
 				for _, m := range fr.muts {
@@ -178,10 +203,11 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 					}
 				}
 			}
-			return putJournalMeta(tx, id, last)
+			return putJournalMeta(tx, fresh, last)
 		})
 		switch {
 		case err == nil:
+			id, salt = fresh, journalSalt(fresh)
 		case errors.Is(err, ErrCorrupt) || errors.As(err, new(*commitPanic)) || !f.journalOn():
 			closeSegments(segs)
 			return nil, 0, fmt.Errorf("journal: replay: %w", err)

@@ -47,8 +47,15 @@ type segment struct {
 	last uint64 // the highest sequence number written since its (re)use; 0 for none
 }
 
-// journalDir is the directory of the journal of the bbolt file at path.
-func journalDir(path string) string { return path + ".journal" }
+// journalDir is the directory of the journal of the bbolt file at path:
+// beside the file itself, its path's symbolic links resolved, so that every
+// path to one file (a link, a bind mount's target) finds one journal.
+func journalDir(path string) string {
+	if real, err := filepath.EvalSymlinks(path); err == nil {
+		path = real
+	}
+	return path + ".journal"
+}
 
 func segmentName(id uint64) string { return fmt.Sprintf("%08d", id) }
 
@@ -84,6 +91,28 @@ func createSegment(dir string, id uint64, size int64) (_ *segment, err error) {
 		return nil, err
 	}
 	return &segment{id: id, path: name, f: f, size: size}, nil
+}
+
+// makeJournalDir makes the journal's directory dir if it is missing, and
+// syncs its parent so the name is durable; an existing dir must be a
+// directory this process can write in.
+func makeJournalDir(dir string) error {
+	fi, err := os.Lstat(dir)
+	switch {
+	case err == nil && fi.IsDir():
+	case err == nil:
+		return fmt.Errorf("%s is not a directory (mode %s); move it away", dir, fi.Mode().Type())
+	case !os.IsNotExist(err):
+		return err
+	default:
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			return err
+		}
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // syncDir fsyncs directory dir, so the names made in it are durable.

@@ -121,7 +121,7 @@ func noPendingJournal(src string) error {
 		return fmt.Errorf("idem: %w", err)
 	}
 	if n > 0 {
-		return fmt.Errorf("idem: compact %s: its journal holds %d writes the file does not yet; open it for writing once (any command without --read-only), which replays them into the file, then compact", src, n)
+		return fmt.Errorf("idem: compact %s: its journal holds %d writes the file does not yet; open it for writing once (`idem prune --db FILE` does: every writable open replays the journal into the file), then compact", src, n)
 	}
 	return nil
 }
