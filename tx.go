@@ -25,8 +25,9 @@ type Tx struct {
 // Bucket returns the user's top-level bucket name, creating it if needed. The
 // engine's own bucket ("idem") is refused with ErrReservedBucket. The bucket
 // is valid only inside fn; write to it freely: the writes commit with the
-// record, or not at all.
-func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
+// record, or not at all. A nested bucket is the Bucket's (Bucket.Bucket,
+// CreateBucket, ...).
+func (t *Tx) Bucket(name []byte) (*Bucket, error) {
 	if t.tx == nil {
 		return nil, &OpError{Op: "bucket", Key: t.key, Err: ErrTxClosed}
 	}
@@ -37,7 +38,7 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 	if err != nil {
 		return nil, &OpError{Op: "bucket", Key: t.key, Err: err}
 	}
-	return b, nil
+	return &Bucket{t: t, b: b}, nil
 }
 
 // DoTx is Do for effects that live in the same file: fn writes its own data
@@ -58,9 +59,7 @@ func (t *Tx) Bucket(name []byte) (*bbolt.Bucket, error) {
 // should be short: it holds the file's single writer while it runs, and every
 // other call's commit waits for it. Calling the engine from inside fn returns
 // ErrReentrant. fn may return bytes it read from tx: they are copied before
-// the transaction ends. A bucket's Tx method reaches the raw bbolt
-// transaction: do not use it (to commit, roll back, or reach the engine's
-// bucket); the engine's records are not an API. A nil fn is refused with an
+// the transaction ends. A nil fn is refused with an
 // error, as in Do.
 func (e *Engine) DoTx(ctx context.Context, key string, fingerprint []byte, fn func(ctx context.Context, tx *Tx) ([]byte, error)) (Result, error) {
 	return e.c.DoTx(ctx, key, fingerprint, fn)

@@ -593,7 +593,11 @@ func TestDoTxToolCommitsItsEffectWithTheRecord(t *testing.T) {
 				if err != nil {
 					return nil, created{}, err
 				}
-				id := fmt.Sprintf("ord_%d", b.Stats().KeyN+1)
+				n, err := b.NextSequence()
+				if err != nil {
+					return nil, created{}, err
+				}
+				id := fmt.Sprintf("ord_%d", n)
 				if err := b.Put([]byte(id), []byte(in.SKU)); err != nil {
 					return nil, created{}, err
 				}

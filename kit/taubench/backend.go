@@ -217,7 +217,7 @@ func (boltEngineDB) write(context.Context, func(Store) error) error {
 
 func (d boltEngineDB) doTx(ctx context.Context, key string, fp []byte, fn func(context.Context, Store) ([]byte, error)) (idem.Result, error) {
 	return d.e.DoTx(ctx, key, fp, func(ctx context.Context, tx *idem.Tx) ([]byte, error) {
-		return fn(ctx, BoltStore{tx})
+		return fn(ctx, BoltStore{IdemTx{tx}})
 	})
 }
 
@@ -295,6 +295,6 @@ func (boltDB) addTxTool(*mcp.Server, *idemmcp.Middleware, *mcp.Tool, txToolHandl
 func (d boltEngineDB) addTxTool(s *mcp.Server, m *idemmcp.Middleware, def *mcp.Tool, h txToolHandler) {
 	idemmcp.AddTxTool(s, m, idem.TxDoer[*idem.Tx](d.e), def,
 		func(ctx context.Context, req *mcp.CallToolRequest, in map[string]any, tx *idem.Tx) (*mcp.CallToolResult, any, error) {
-			return h(ctx, req, in, BoltStore{tx})
+			return h(ctx, req, in, BoltStore{IdemTx{tx}})
 		}, nil)
 }

@@ -3,11 +3,14 @@ package taubench
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 
 	"go.etcd.io/bbolt"
+
+	"github.com/idemkit/idem"
 )
 
 // The bbolt buckets of the retail database. The record buckets map a record
@@ -25,10 +28,32 @@ const (
 )
 
 // Buckets is what BoltStore needs from a bbolt transaction: named top-level
-// buckets, created on first use. *idem.Tx satisfies it; BoltTx adapts a plain
-// *bbolt.Tx.
+// buckets, created on first use. IdemTx adapts a DoTx's *idem.Tx; BoltTx a
+// plain *bbolt.Tx.
 type Buckets interface {
-	Bucket(name []byte) (*bbolt.Bucket, error)
+	Bucket(name []byte) (Bucket, error)
+}
+
+// Bucket is what BoltStore needs from a bucket: *bbolt.Bucket and
+// *idem.Bucket both have it.
+type Bucket interface {
+	Get(key []byte) []byte
+	Put(key, value []byte) error
+	ForEach(fn func(k, v []byte) error) error
+}
+
+// IdemTx adapts a DoTx's *idem.Tx to Buckets.
+type IdemTx struct {
+	*idem.Tx
+}
+
+// Bucket returns the top-level bucket name, created if need be.
+func (t IdemTx) Bucket(name []byte) (Bucket, error) {
+	b, err := t.Tx.Bucket(name)
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // BoltTx adapts a *bbolt.Tx to Buckets. In a writable transaction a missing
@@ -38,9 +63,13 @@ type BoltTx struct {
 }
 
 // Bucket returns the top-level bucket name.
-func (t BoltTx) Bucket(name []byte) (*bbolt.Bucket, error) {
+func (t BoltTx) Bucket(name []byte) (Bucket, error) {
 	if t.Writable() {
-		return t.CreateBucketIfNotExists(name)
+		b, err := t.CreateBucketIfNotExists(name)
+		if err != nil {
+			return nil, err
+		}
+		return b, nil
 	}
 	if b := t.Tx.Bucket(name); b != nil {
 		return b, nil
@@ -107,7 +136,7 @@ func (d *Dataset) Put(b Buckets) error {
 		if err != nil {
 			return err
 		}
-		var idx *bbolt.Bucket
+		var idx Bucket
 		if t.order != "" {
 			if idx, err = b.Bucket([]byte(t.order)); err != nil {
 				return err
@@ -241,31 +270,41 @@ func (s BoltStore) Scan(name string, fn func(id string, data []byte) (bool, erro
 	if err != nil {
 		return err
 	}
-	c, viaIndex := bkt.Cursor(), false
+	walk, viaIndex := bkt, false
 	if t.order != "" {
 		idx, err := s.B.Bucket([]byte(t.order))
 		if err != nil {
 			return err
 		}
-		if k, _ := idx.Cursor().First(); k != nil {
-			c, viaIndex = idx.Cursor(), true
+		if err := idx.ForEach(func(_, _ []byte) error { return errStopScan }); err == errStopScan {
+			walk, viaIndex = idx, true
 		}
 	}
-	for k, v := c.First(); k != nil; k, v = c.Next() {
+	err = walk.ForEach(func(k, v []byte) error {
 		id, data := k, v
 		if viaIndex {
 			id, data = v, bkt.Get(v)
 			if data == nil {
-				continue
+				return nil
 			}
 		}
 		more, err := fn(string(id), data)
-		if err != nil || !more {
+		if err != nil {
 			return err
 		}
+		if !more {
+			return errStopScan
+		}
+		return nil
+	})
+	if err == errStopScan {
+		return nil
 	}
-	return nil
+	return err
 }
+
+// errStopScan ends a ForEach early; Scan never returns it.
+var errStopScan = errors.New("taubench: scan stopped")
 
 // getRaw returns the stored JSON of record id of t, or nil if there is none.
 // The slice is only valid during the transaction.
