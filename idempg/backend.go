@@ -26,6 +26,11 @@ type backend struct {
 	owner    string
 	ownsPool bool
 
+	// observer, if set, gets an EventCommit for each statement or
+	// transaction that committed records (Options.Observer; set by open
+	// before the engine's first call).
+	observer idemcore.Observer
+
 	// offset is added to the database's clock in every statement that
 	// reads it, and fake, if set, replaces that clock for the times of
 	// records and messages ({now_ns}; leases keep now() and the offset):
@@ -154,4 +159,13 @@ func (b *backend) Close() error {
 		}
 	})
 	return nil
+}
+
+// observeCommit reports a commit of n records that took since t0, as the
+// bbolt engine reports its commits: a claim's or a completion's statement
+// (one or a batch, each its own transaction) or a DoTx transaction.
+func (b *backend) observeCommit(t0 time.Time, n int) {
+	if b.observer != nil && n > 0 {
+		b.observer.Observe(idemcore.Event{Kind: idemcore.EventCommit, N: n, Duration: time.Since(t0)})
+	}
 }

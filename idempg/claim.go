@@ -167,6 +167,7 @@ func (b *backend) claimSQL(src, keys string) string {
 // learns whether its own key is held.
 func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
+	defer observeBatch(b, time.Now(), reqs)
 	lock := ms(b.s.LockTimeout)
 	if len(reqs) > 1 {
 		n := len(reqs)
@@ -237,4 +238,20 @@ func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*c
 		r.found = &foundRow{rec: rec, at: fromNs(at), err: err}
 	}
 	return rows.Err()
+}
+
+// failed reports whether the claim was not made: its statement failed, or
+// it found the key held (for observeBatch).
+func (r *claimReq) failed() bool { return r.err != nil || r.found != nil }
+
+// observeBatch reports the requests of a batch whose statement committed
+// as one EventCommit (observeCommit).
+func observeBatch[R interface{ failed() bool }](b *backend, t0 time.Time, reqs []R) {
+	n := 0
+	for _, r := range reqs {
+		if !r.failed() {
+			n++
+		}
+	}
+	b.observeCommit(t0, n)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -122,6 +123,7 @@ type completeReq struct {
 // completeBatch completes reqs in one statement, or a lone one alone.
 func (b *backend) completeBatch(reqs []*completeReq) {
 	ctx := context.Background()
+	defer observeBatch(b, time.Now(), reqs)
 	if len(reqs) == 1 {
 		r := reqs[0]
 		var (
@@ -178,3 +180,7 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 		close(r.done)
 	}
 }
+
+// failed reports whether the completion's statement failed or found no row
+// of its claim (for observeBatch).
+func (r *completeReq) failed() bool { return r.err != nil || !r.found }

@@ -61,6 +61,7 @@ func open(ctx context.Context, pool *pgxpool.Pool, opts *Options, eo *idemcore.O
 	if err != nil {
 		return nil, &idemcore.OpError{Op: "open", Err: err}
 	}
+	b.observer = o.Observer
 	var cb idemcore.Backend[pgx.Tx] = b
 	if wrap != nil {
 		cb = wrap(b)

@@ -163,6 +163,7 @@ func (b *backend) runSegment(reqs []*txReq) (rest []*txReq) {
 	if err == nil {
 		b.committed()
 		b.commitTook(time.Since(before))
+		b.observeCommit(before, len(stored))
 	}
 	for _, r := range stored {
 		rerr := err
