@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -30,20 +31,7 @@ func TestClaimAndCompleteBatches(t *testing.T) {
 
 func testClaimAndCompleteBatches(t *testing.T, env string) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t, env)
-	o := &Options{Schema: pgtest.Schema(t, pool), PollOnly: env == pgtest.BouncerEnv}
-	if _, err := Migrate(ctx, pool, o); err != nil {
-		t.Fatal(err)
-	}
-	s, err := resolve(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := newBackend(ctx, pool, s, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	b, _ := testBackend(t, env)
 	now := time.Now()
 	claim := func(keys ...string) []*claimReq {
 		t.Helper()
@@ -213,4 +201,26 @@ func deadlockAttempt(t *testing.T, ctx context.Context, b *backend, claim func(k
 		}
 	}
 	return true
+}
+
+// testBackend is a backend over a migrated schema of its own on the server
+// of env (PgBouncer's in poll-only mode), closed when the test ends, and its
+// pool.
+func testBackend(t *testing.T, env string) (*backend, *pgxpool.Pool) {
+	t.Helper()
+	pool := pgtest.Pool(t, env)
+	o := &Options{Schema: pgtest.Schema(t, pool), PollOnly: env == pgtest.BouncerEnv}
+	if _, err := Migrate(context.Background(), pool, o); err != nil {
+		t.Fatal(err)
+	}
+	s, err := resolve(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newBackend(context.Background(), pool, s, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b, pool
 }

@@ -167,7 +167,9 @@ func (b *backend) claimSQL(src, keys string) string {
 // learns whether its own key is held.
 func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
-	defer observeBatch(b, time.Now(), reqs)
+	if b.observer != nil {
+		defer observeBatch(b, time.Now(), reqs)
+	}
 	lock := ms(b.s.LockTimeout)
 	if len(reqs) > 1 {
 		n := len(reqs)

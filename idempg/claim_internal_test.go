@@ -24,20 +24,7 @@ func TestClaimAnswersTheRowFound(t *testing.T) {
 
 func testClaimAnswersTheRowFound(t *testing.T, env string) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t, env)
-	o := &Options{Schema: pgtest.Schema(t, pool), PollOnly: env == pgtest.BouncerEnv}
-	if _, err := Migrate(ctx, pool, o); err != nil {
-		t.Fatal(err)
-	}
-	s, err := resolve(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := newBackend(ctx, pool, s, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	b, pool := testBackend(t, env)
 	if _, err := pool.Exec(ctx, b.sql(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, expires_ns, response, has_error, error_code, error_message) VALUES
 		('done', 7, 2, 3, nextval('{schema}.idem_fence'), NULL, NULL, {now_ns} - 5000, {now_ns}, 3600000000000, {now_ns} + 3600000000000, 'resp', true, 'c', 'm'),
