@@ -3,8 +3,6 @@ package idem_test
 import (
 	"context"
 	"encoding/binary"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -39,10 +37,7 @@ func (f *fixedTrace) MessageTrace(context.Context) []byte               { return
 // moves the file to format version 3, and stores the trace context of the
 // messages it enqueues.
 func TestOpenFormatVersion2FileWithMessages(t *testing.T) {
-	src, err := os.ReadFile("testdata/file-v2-messages.db")
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "v2.db")
-	require.NoError(t, os.WriteFile(path, src, 0o600))
+	path := copyFixture(t, "testdata/file-v2-messages.db")
 	written := time.Date(2026, 6, 1, 12, 0, 0, 0, time.UTC)
 	now := func() time.Time { return written.Add(time.Hour) }
 	tr := &fixedTrace{trace: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), delivered: make(chan []byte, 4)}

@@ -208,10 +208,7 @@ func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 // execution is kept until resolved (version 1 did not record the policy, so
 // the engine keeps it), and its outbox message and DoTx data are intact.
 func TestOpenFormatVersion1File(t *testing.T) {
-	src, err := os.ReadFile("testdata/file-v1.db")
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "v1.db")
-	require.NoError(t, os.WriteFile(path, src, 0o600))
+	path := copyFixture(t, "testdata/file-v1.db")
 	written := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	clock := testkit.NewClock(written.Add(3 * day))
 	replays := func(t *testing.T, e *idem.Engine) {
@@ -252,15 +249,7 @@ func TestOpenFormatVersion1File(t *testing.T) {
 		}))
 	}
 
-	t.Run("read-only", func(t *testing.T) {
-		e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: clock.Now})
-		require.NoError(t, err)
-		defer e.Close()
-		replays(t, e)
-	})
-	after, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.Equal(t, src, after, "a read-only Open changes nothing")
+	readOnlyChangesNothing(t, path, clock.Now, replays)
 
 	t.Run("migrated", func(t *testing.T) {
 		e, err := idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
@@ -353,10 +342,7 @@ func TestDeadLetterKeepsTheRetentionItDiedUnder(t *testing.T) {
 // build must open it and replay it; a writable open migrates it to version
 // 3, which builds of version 2 refuse (they would not replay the journal).
 func TestOpenFormatVersion2File(t *testing.T) {
-	src, err := os.ReadFile("testdata/file-v2.db")
-	require.NoError(t, err)
-	path := filepath.Join(t.TempDir(), "v2.db")
-	require.NoError(t, os.WriteFile(path, src, 0o600))
+	path := copyFixture(t, "testdata/file-v2.db")
 	clock := testkit.NewClock(time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC).Add(3 * day))
 	replays := func(t *testing.T, e *idem.Engine) {
 		t.Helper()
@@ -367,7 +353,7 @@ func TestOpenFormatVersion2File(t *testing.T) {
 			require.True(t, res.Replayed)
 			require.Equal(t, want, string(res.Response), key)
 		}
-		_, err = e.Do(bg, "order-2", []byte("args-2"), mustNotRun(t))
+		_, err := e.Do(bg, "order-2", []byte("args-2"), mustNotRun(t))
 		require.Error(t, err, "its stored error replayed")
 		r, err := e.Get("order-3")
 		require.NoError(t, err)
@@ -379,15 +365,7 @@ func TestOpenFormatVersion2File(t *testing.T) {
 		require.GreaterOrEqual(t, st.Done, 5, "and the migrated open's own")
 		require.Equal(t, 1, st.Outbox.Pending)
 	}
-	t.Run("read-only", func(t *testing.T) {
-		e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: clock.Now})
-		require.NoError(t, err)
-		defer e.Close()
-		replays(t, e)
-	})
-	after, err := os.ReadFile(path)
-	require.NoError(t, err)
-	require.Equal(t, src, after, "a read-only Open changes nothing")
+	readOnlyChangesNothing(t, path, clock.Now, replays)
 	t.Run("migrated", func(t *testing.T) {
 		e, err := idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
 		require.NoError(t, err)
@@ -405,4 +383,33 @@ func TestOpenFormatVersion2File(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, "journaled", string(r.Response))
 	})
+}
+
+// copyFixture copies the file of an earlier format at fixture (testdata/)
+// into the test's directory and returns the copy's path: a test opens and
+// migrates the copy, never the fixture.
+func copyFixture(t *testing.T, fixture string) string {
+	t.Helper()
+	src, err := os.ReadFile(fixture)
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), filepath.Base(fixture))
+	require.NoError(t, os.WriteFile(path, src, 0o600))
+	return path
+}
+
+// readOnlyChangesNothing opens the file at path read-only at now's clock,
+// runs replays on it, and checks that the file's bytes are as before.
+func readOnlyChangesNothing(t *testing.T, path string, now func() time.Time, replays func(*testing.T, *idem.Engine)) {
+	t.Helper()
+	src, err := os.ReadFile(path)
+	require.NoError(t, err)
+	t.Run("read-only", func(t *testing.T) {
+		e, err := idem.OpenFile(path, &idem.BoltOptions{ReadOnly: true}, &idem.Options{Now: now})
+		require.NoError(t, err)
+		defer e.Close()
+		replays(t, e)
+	})
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, src, after, "a read-only Open changes nothing")
 }
