@@ -10,6 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
@@ -55,20 +56,8 @@ func TestApplyFailedVersionRollsBack(t *testing.T) {
 // execution is recovered, the messages are listed with their times, and the
 // time columns say whose clock they hold.
 func TestMigrateFromVersion3(t *testing.T) {
-	pool := pgtest.Pool(t, pgtest.Env)
-	s, err := resolve(&Options{Schema: pgtest.Schema(t, pool)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+s.schema+"; "+s.sql(migrationsTable)); err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range migrations[:3] {
-		if _, err := apply(ctx, pool, s, m); err != nil {
-			t.Fatalf("version %d: %v", m.version, err)
-		}
-	}
+	pool, s, _ := schemaAt(t, 3)
 	// Rows as a build at version 3 wrote them, a minute ago by its clock.
 	at := time.Now().Add(-time.Minute).UnixNano()
 	fp := int64(xxhash.Sum64([]byte("fp")))
@@ -150,4 +139,31 @@ func TestMigrateFromVersion3(t *testing.T) {
 	if comment == nil || !strings.Contains(*comment, "database's clock") {
 		t.Errorf("idem_records.completed_ns says %v, want whose clock it holds", comment)
 	}
+}
+
+// schemaAt makes a schema of its own with the migrations up to version
+// applied, as a build of that version left it, and returns the pool, its
+// settings and the versions above it that Migrate has yet to apply.
+func schemaAt(t *testing.T, version int) (*pgxpool.Pool, *settings, []int) {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.Env)
+	s, err := resolve(&Options{Schema: pgtest.Schema(t, pool)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+s.schema+"; "+s.sql(migrationsTable)); err != nil {
+		t.Fatal(err)
+	}
+	var above []int
+	for _, m := range migrations {
+		if m.version > version {
+			above = append(above, m.version)
+			continue
+		}
+		if _, err := apply(ctx, pool, s, m); err != nil {
+			t.Fatalf("version %d: %v", m.version, err)
+		}
+	}
+	return pool, s, above
 }

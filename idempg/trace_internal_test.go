@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/idemkit/idem/idemcore"
-	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
 // The loader takes versions in increasing order, with gaps (a version
@@ -70,25 +69,8 @@ func (f *traceTracer) MessageTrace(context.Context) []byte                   { r
 // listed without one, and a message enqueued after carries its call's, kept
 // when it dies and when it is retried.
 func TestMigrateFromVersion4WithMessages(t *testing.T) {
-	pool := pgtest.Pool(t, pgtest.Env)
-	s, err := resolve(&Options{Schema: pgtest.Schema(t, pool)})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+s.schema+"; "+s.sql(migrationsTable)); err != nil {
-		t.Fatal(err)
-	}
-	var above []int
-	for _, m := range migrations {
-		if m.version > 4 {
-			above = append(above, m.version)
-			continue
-		}
-		if _, err := apply(ctx, pool, s, m); err != nil {
-			t.Fatalf("version %d: %v", m.version, err)
-		}
-	}
+	pool, s, above := schemaAt(t, 4)
 	at := time.Now().Add(-time.Minute).UnixNano()
 	day := int64(24 * time.Hour)
 	for _, st := range []struct {
