@@ -370,6 +370,15 @@ type Info struct {
 	// Replayed is the writes the backend replayed from its journal when it
 	// opened (bbolt's write-ahead journal), for Stats.Replayed.
 	Replayed uint64
+	// ClaimFirst is set when Claim with a nil Prev reads the key's record
+	// itself, in the statement that claims: on a live record (of any state
+	// and fingerprint) it writes nothing and answers ClaimChanged with it,
+	// and a record outside its window it replaces. Do's leader then claims
+	// without a Lookup first: one round trip per fresh key instead of two
+	// (Postgres), and a replay is the claim's read. False: Do looks the key
+	// up first and claims only a key it found free (bbolt, whose Lookup is
+	// in memory).
+	ClaimFirst bool
 }
 
 // Due is the answer of a Backend.ClaimDue.

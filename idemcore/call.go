@@ -33,6 +33,9 @@ type leading struct {
 	trace callTrace
 	// runs counts fn's runs, for the Tracer.
 	runs int
+	// first: the call claims without having read the key's record
+	// (claimFirst); the claim reads it.
+	first bool
 }
 
 // executed is the outcome of a call whose fn runs.
@@ -132,15 +135,23 @@ func (e *Engine[T]) call(ctx context.Context, ct *callTrace, op, key string, fin
 		return e.replay(ct, op, rec, fp, true)
 	}
 	gen := e.locks.generation()
-	rec, err := e.lookup(ctx, key, fp, true, now)
-	if err != nil {
-		if err == ErrFingerprintMismatch {
-			return Result{}, e.conflict(op, key, nil)
+	var rec *Record
+	first := e.claimFirst(op)
+	if !first {
+		var err error
+		rec, err = e.lookup(ctx, key, fp, true, now)
+		if e.info.ClaimFirst && op == "do" {
+			e.found.add(rec != nil || err == ErrFingerprintMismatch)
 		}
-		return Result{}, err
-	}
-	if rec != nil && rec.State == StateDone {
-		return e.replay(ct, op, rec, fp, false)
+		if err != nil {
+			if err == ErrFingerprintMismatch {
+				return Result{}, e.conflict(op, key, nil)
+			}
+			return Result{}, err
+		}
+		if rec != nil && rec.State == StateDone {
+			return e.replay(ct, op, rec, fp, false)
+		}
 	}
 
 	for {
@@ -199,18 +210,21 @@ func (e *Engine[T]) call(ctx context.Context, ct *callTrace, op, key string, fin
 		// The record read above is still current if no call has released
 		// a key since (every write of a record happens under its key);
 		// otherwise the leader reads it again.
-		return e.lead(ctx, ct, op, key, fp, f, rec, e.locks.generation() != gen, exec)
+		// (With nothing read, as Do on a ClaimFirst backend, the claim reads.)
+		stale := !first && e.locks.generation() != gen
+		return e.lead(ctx, ct, op, key, fp, f, rec, stale, first, exec)
 	}
 }
 
 // lead runs the state machine for the leader and publishes its outcome to
 // the waiters, also when exec panics or calls runtime.Goexit. rec is the
-// key's record as read before the key was taken; stale asks to read it again.
+// key's record as read before the key was taken; stale asks to read it again;
+// first says nothing was read (claimFirst).
 // Everything after acquire runs here, under the deferred release, so no path
 // leaves the flight registered.
-func (e *Engine[T]) lead(ctx context.Context, ct *callTrace, op, key string, fp uint64, f *flight, rec *Record, stale bool,
+func (e *Engine[T]) lead(ctx context.Context, ct *callTrace, op, key string, fp uint64, f *flight, rec *Record, stale, first bool,
 	exec func(context.Context, *leading) (Result, error)) (res Result, err error) {
-	c := &leading{op: op, key: key, fp: fp, attempt: 1, flight: f}
+	c := &leading{op: op, key: key, fp: fp, attempt: 1, flight: f, first: first}
 	if ct != nil {
 		c.trace.t = ct.t
 	}
@@ -289,8 +303,19 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 		c.end = endAgain
 		return Result{}, err
 	}
-	c.flight.executing.Store(true) // the key is claimed with c.fp: others conflict at once
+	if !c.first || c.prev != nil {
+		c.flight.executing.Store(true) // the key is claimed with c.fp: others conflict at once
+	} // else: once Claim took the key (claim), not from a record unread
 	return exec(ctx, c)
+}
+
+// claimFirst reports whether op's leader is to claim the key without
+// reading its record first (Info.ClaimFirst): Do on such a backend, unless
+// most recent calls found a record (foundRate). DoTx reads first
+// everywhere: its claim of a free key is made inside RunTx's transaction,
+// which cannot answer the record it finds without a rollback.
+func (e *Engine[T]) claimFirst(op string) bool {
+	return e.info.ClaimFirst && op == "do" && !e.found.mostly()
 }
 
 // ownedElsewhere answers for a started record that a live owner in another
@@ -346,9 +371,13 @@ func (e *Engine[T]) claim(ctx context.Context, c *leading, started *Record) (*Cl
 		c.end = endAgain
 		return nil, e.writeErr(c.op, c.key, err)
 	}
+	if c.first && c.prev == nil {
+		e.found.add(cr.Status != Claimed)
+	}
 	switch cr.Status {
 	case Claimed:
 		c.claim = cr.Claim
+		c.flight.executing.Store(true)
 		return cr.Claim, nil
 	case ClaimOwned:
 		// Taken meanwhile by a live owner elsewhere: wait for it or refuse,

@@ -51,6 +51,7 @@ type Engine[T any] struct {
 	opts  Options
 	cache *replayCache
 	locks *keyLocks
+	found foundRate // Do's recent findings, where the backend can claim first
 	ob    *dispatcher[T]
 	now   func() time.Time
 	log   *slog.Logger

@@ -83,13 +83,12 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 		commits: make(chan struct{}, 1)}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
-	// Do's statements run alone while the pool has an idle connection; DoTx
-	// batches hold theirs while fns run, so they take at most their share
-	// (txBatchShare), idle connections or not, and leave the rest to Do's
-	// statements and the lease renewals.
-	idle := func() int { return int(pool.Stat().IdleConns()) }
-	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch, idle: idle}
-	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch, idle: idle}
+	// Do's statements take stmts slots of each kind; DoTx batches hold
+	// theirs while fns run, so they take at most their share
+	// (txBatchShare) and leave the rest to Do's statements and the lease
+	// renewals.
+	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
+	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch}
 	b.dotx = batcher[*txReq]{run: b.runBatch, max: max(2, conns/txBatchShare), limit: maxTxBatch}
 	if b.offset == nil && b.fake == nil {
 		b.fixed = b.makeStatements()
@@ -124,7 +123,7 @@ const txOwner = "a DoTx transaction of another process"
 func (b *backend) Info() idemcore.Info {
 	return idemcore.Info{Name: "postgres", Shared: true, Heartbeat: b.s.Heartbeat, Poll: b.s.PollInterval,
 		PruneBatch: b.s.PruneBatch, ClaimTimeout: b.s.LockTimeout, ClaimRenew: b.s.Heartbeat, Transient: transient,
-		Clock: b.Clock}
+		Clock: b.Clock, ClaimFirst: true}
 }
 
 // Guard admits every call: no state of this backend refuses calls as a

@@ -9,19 +9,22 @@ import (
 // batcher gathers concurrent requests of one kind into shared statements or
 // transactions, as the bbolt engine's commit pipeline does (the root
 // package's commit.go): a request that finds fewer than max batches
-// running, or a connection of the pool idle, runs at once, alone, with no
-// delay (no caller waits for a batch to form while a connection could send
-// its statement); requests that arrive while max run and the pool has no
-// idle connection queue, and the next batch to end hands them to new ones:
-// as many batches as the pool then has idle connections, plus one, each of
-// an equal share of the queue (at most limit). So batches form only from
-// the requests that would otherwise wait for a connection, and their size
-// follows that wait. run answers every request of its batch.
+// running runs at once, alone, with no delay (the lone caller never waits
+// for a batch to form); requests that arrive while max run queue, and the
+// next batch to end hands the queue (at most limit of it) to a new one. So
+// batches form only from requests that would otherwise queue inside the
+// server, and their size follows the crowd.
+//
+// What bounds the statements in flight is the server, not the pool: at 64
+// callers on a pool of 64 and two cores, running a statement whenever a
+// connection was idle kept some 64 in the server at once and formed no
+// batch, while 8 slots per kind (stmtBatchShare) of batched claims and
+// completions gave about twice the first executions (bench/RESULTS.md,
+// issue 21).
 type batcher[R comparable] struct {
 	run   func([]R)
 	max   int
 	limit int
-	idle  func() int // the pool's idle connections; nil: none counted
 
 	mu      sync.Mutex
 	queue   []R
@@ -34,7 +37,7 @@ type batcher[R comparable] struct {
 // whatever ctx says, so that its caller knows what was stored.
 func (q *batcher[R]) do(ctx context.Context, r R, done <-chan struct{}) error {
 	q.mu.Lock()
-	if q.running >= q.max && q.idleConns() == 0 {
+	if q.running >= q.max {
 		q.queue = append(q.queue, r)
 		q.mu.Unlock()
 		select {
@@ -60,18 +63,9 @@ func (q *batcher[R]) do(ctx context.Context, r R, done <-chan struct{}) error {
 	return nil
 }
 
-// idleConns is the pool's idle connections, 0 if not counted.
-func (q *batcher[R]) idleConns() int {
-	if q.idle == nil {
-		return 0
-	}
-	return q.idle()
-}
-
-// next starts batches of the queued requests, if any, each on a goroutine
-// of its own (the caller that ran the last one returns at once): one, and
-// one more per idle connection of the pool, the queue shared equally among
-// them; else one batch fewer runs.
+// next starts a batch of the queued requests, if any (at most limit), on
+// a goroutine of its own (the caller that ran the last one returns at
+// once); else one batch fewer runs.
 func (q *batcher[R]) next() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -79,21 +73,14 @@ func (q *batcher[R]) next() {
 		q.running--
 		return
 	}
-	parts := min(len(q.queue), 1+q.idleConns())
-	size := min((len(q.queue)+parts-1)/parts, q.limit)
-	for i := 0; i < parts && len(q.queue) > 0; i++ {
-		n := min(len(q.queue), size)
-		batch := append([]R(nil), q.queue[:n]...)
-		clear(q.queue[:n])
-		q.queue = append(q.queue[:0], q.queue[n:]...)
-		if i > 0 {
-			q.running++
-		}
-		go func() {
-			q.run(batch)
-			q.next()
-		}()
-	}
+	n := min(len(q.queue), q.limit)
+	batch := append([]R(nil), q.queue[:n]...)
+	clear(q.queue[:n])
+	q.queue = append(q.queue[:0], q.queue[n:]...)
+	go func() {
+		q.run(batch)
+		q.next()
+	}()
 }
 
 // Batching of Do's claims of free keys and its completions: concurrent
@@ -101,9 +88,10 @@ func (q *batcher[R]) next() {
 const (
 	// maxStmtBatch is the most claims or completions one statement carries.
 	maxStmtBatch = 64
-	// stmtBatchShare sets how many of Do's batched claims and completions
-	// run at once while the pool has no idle connection: one per
-	// stmtBatchShare connections (at least two). They hold no user code, so
+	// stmtBatchShare sets how many of Do's claim statements, and how many
+	// of its completion statements, run at once: one per stmtBatchShare
+	// connections of the pool (at least two); more wait for one to end and
+	// go in its next batch. They hold no user code, so
 	// fewer, fuller batches cost no one a wait and save commits: at 64
 	// callers on a pool of 64, 8 slots gave 1.5x the first executions of 32
 	// (bench/RESULTS.md).

@@ -79,42 +79,16 @@ func TestBatcherHonoursContext(t *testing.T) {
 	}
 }
 
-// TestBatcherRunsAloneWithIdleConnection: with every batch slot taken but
-// a connection idle, a request runs at once, alone, instead of waiting for
-// a batch to form.
-func TestBatcherRunsAloneWithIdleConnection(t *testing.T) {
+// TestBatcherQueuesOnlyBehindFullSlots: a request that finds a slot free
+// runs at once, alone; one that finds every slot taken queues, and the
+// queue goes in batches of at most limit once a slot frees.
+func TestBatcherQueuesOnlyBehindFullSlots(t *testing.T) {
 	release := make(chan struct{})
-	q := &batcher[*batchReq]{max: 1, limit: 8, idle: func() int { return 1 }}
-	q.run = func(rs []*batchReq) {
-		if rs[0].id == 0 {
-			<-release
-		}
-		for _, r := range rs {
-			close(r.done)
-		}
-	}
-	first := &batchReq{id: 0, done: make(chan struct{})}
-	go func() { _ = q.do(context.Background(), first, first.done) }()
-	q.waitFor(func() bool { return q.running > 0 })
-	second := &batchReq{id: 1, done: make(chan struct{})}
-	if err := q.do(context.Background(), second, second.done); err != nil {
-		t.Fatal(err)
-	}
-	close(release)
-	<-first.done
-}
-
-// TestBatcherSharesQueueAmongIdleConnections: the queue that a batch's end
-// hands on is shared among one batch and one more per idle connection.
-func TestBatcherSharesQueueAmongIdleConnections(t *testing.T) {
-	release := make(chan struct{})
-	idle := 0
 	var (
 		mu    sync.Mutex
 		sizes []int
 	)
-	q := &batcher[*batchReq]{max: 1, limit: 8}
-	q.idle = func() int { return idle } // read under q.mu
+	q := &batcher[*batchReq]{max: 2, limit: 4}
 	q.run = func(rs []*batchReq) {
 		if rs[0].id == 0 {
 			<-release
@@ -130,21 +104,37 @@ func TestBatcherSharesQueueAmongIdleConnections(t *testing.T) {
 	}
 	first := &batchReq{id: 0, done: make(chan struct{})}
 	go func() { _ = q.do(context.Background(), first, first.done) }()
-	q.waitFor(func() bool { return q.running > 0 })
+	q.waitFor(func() bool { return q.running == 1 })
+
+	// A slot is free: the second runs alone, at once (the first still holds
+	// its slot).
+	second := &batchReq{id: 1, done: make(chan struct{})}
+	if err := q.do(context.Background(), second, second.done); err != nil {
+		t.Fatal(err)
+	}
+	// Both slots taken (the second's slot is held by a request parked the
+	// same way as the first): six queue.
+	third := &batchReq{id: 0, done: make(chan struct{})}
+	go func() { _ = q.do(context.Background(), third, third.done) }()
+	q.waitFor(func() bool { return q.running == 2 })
 	var wg sync.WaitGroup
-	for i := 1; i <= 6; i++ {
+	for i := 2; i <= 7; i++ {
 		r := &batchReq{id: i, done: make(chan struct{})}
 		wg.Go(func() { _ = q.do(context.Background(), r, r.done) })
 	}
 	q.waitFor(func() bool { return len(q.queue) == 6 })
-	q.mu.Lock()
-	idle = 2
-	q.mu.Unlock()
 	close(release)
 	wg.Wait()
 	mu.Lock()
 	defer mu.Unlock()
-	if len(sizes) != 3 || sizes[0] != 2 || sizes[1] != 2 || sizes[2] != 2 {
-		t.Errorf("batch sizes %v, want [2 2 2]: the queue of 6 shared among 1 + 2 idle connections", sizes)
+	total := 0
+	for _, n := range sizes[1:] {
+		if n > 4 {
+			t.Errorf("a batch of %d, over the limit of 4", n)
+		}
+		total += n
+	}
+	if sizes[0] != 1 || total != 6 || len(sizes) < 3 {
+		t.Errorf("batch sizes %v, want [1] (the lone request) then the six queued in batches of at most 4", sizes)
 	}
 }

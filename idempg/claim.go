@@ -132,6 +132,13 @@ type foundRow struct {
 // is $1, lock_timeout $7. It inserts started rows, or replaces rows that
 // have expired but are not pruned yet; the database stamps their start.
 //
+// A key whose live row the snapshot holds is not inserted at all (NOT
+// EXISTS): a replay or a conflict read through the claim writes nothing,
+// locks no row and takes no transaction id, so its commit flushes no WAL
+// (the engine claims first: Info.ClaimFirst). ON CONFLICT's DO UPDATE,
+// which locks the row it meets even when its WHERE refuses it, is reached
+// only by a key free or expired in the snapshot.
+//
 // The rows answered are: claimed, key, fence, µs of lease left, started_ns,
 // then the columns of recordValues after started_ns and the database's
 // clock (zero for a claimed row). A row another process inserted after the
@@ -143,7 +150,10 @@ func (b *backend) claimSQL(src, keys string) string {
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
 		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
 			{now_ns}, 0, u.ret, u.kept, CASE WHEN u.kept THEN 0 ELSE {now_ns} + u.ret END
-		FROM ` + src + ` AS u(key, fp, attempt, ret, kept), idem_limit WHERE idem_limit.v IS NOT NULL ORDER BY u.key
+		FROM ` + src + ` AS u(key, fp, attempt, ret, kept), idem_limit WHERE idem_limit.v IS NOT NULL
+			AND NOT EXISTS (SELECT 1 FROM {schema}.idem_records AS x WHERE x.key = u.key
+				AND NOT (` + fmt.Sprintf(expiredSQL, "x", "u.ret", "{now_ns}", "$1::text") + `))
+		ORDER BY u.key
 		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
 			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
 			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,

@@ -73,4 +73,17 @@ func testClaimAnswersTheRowFound(t *testing.T, env string) {
 		}
 	}
 	check(t, claim("done", "held", "free1"))
+
+	// The claims that found live rows wrote nothing and locked nothing: a
+	// row lock (ON CONFLICT DO UPDATE locks the row it meets, even when
+	// its WHERE refuses) would leave its transaction's id in xmax, and make
+	// every replay read through a claim a write (Info.ClaimFirst).
+	var locked int
+	if err := pool.QueryRow(ctx, b.sql(`SELECT count(*) FROM {schema}.idem_records WHERE key IN ('done', 'held') AND xmax <> '0'::xid`),
+		b.s.args()...).Scan(&locked); err != nil {
+		t.Fatal(err)
+	}
+	if locked != 0 {
+		t.Errorf("%d of the rows found were locked by the claims that read them; want none", locked)
+	}
 }

@@ -92,9 +92,14 @@
 //     connection the other calls share); the next one is refused. A fn must
 //     not wait for another DoTx call of the same engine: it may be queued
 //     behind fn, as on the bbolt engine, whose commits are shared too.
-//   - Do's concurrent claims of free keys share one INSERT, and their
-//     completions one UPDATE (one commit each per batch); a lone call's
-//     statements go at once, unbatched.
+//   - Do claims without a lookup first (idemcore.Info.ClaimFirst): the
+//     claim's statement inserts the started row, or, if the key has a live
+//     row, writes nothing and answers it, so a fresh key costs two round
+//     trips (claim, completion) and a replay one. Up to one claim statement
+//     and one completion statement per eight connections of the pool run
+//     at once; calls that find those busy share the next one (one INSERT
+//     or UPDATE, one commit per batch); a lone call's statements go at
+//     once, unbatched.
 //     Every transaction the
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),

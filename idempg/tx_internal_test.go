@@ -175,7 +175,10 @@ func TestDoTxSlowFnHoldsNoAnswer(t *testing.T) {
 		wg.Go(func() {
 			_, _ = e.DoTx(ctx, fmt.Sprintf("block%d", i), nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 				<-gate
-				return nil, nil
+				// Rolled back, not committed: a COMMIT's time would move
+				// the average, and on a loaded machine a slow one let the
+				// batch below hold the fast answer for one COMMIT.
+				return nil, idemcore.Retryable(errors.New("the blocker stores nothing"))
 			})
 		})
 	}

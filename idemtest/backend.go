@@ -135,6 +135,43 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 		require.Equal(t, idemcore.StateDone, res.Current.State)
 	})
 
+	t.Run("a claim-first Claim answers the live record it finds and writes nothing", func(t *testing.T) {
+		b, s := fresh(t)
+		if !s.info.ClaimFirst {
+			t.Skip("Info.ClaimFirst is false: the engine claims only a key it found free")
+		}
+		c1 := s.claim("k", 1, nil)
+		other := s.started("k", 1)
+		other.Fingerprint = 7
+		res, err := b.Claim(bg, idemcore.ClaimRequest{Started: other})
+		require.NoError(t, err)
+		require.Equal(t, idemcore.ClaimChanged, res.Status, "a live started record is not claimed again")
+		require.NotNil(t, res.Current)
+		require.Equal(t, idemcore.StateStarted, res.Current.State)
+		require.Equal(t, uint64(42), res.Current.Fingerprint, "the record found, not the one asked for")
+		require.NoError(t, b.Complete(bg, c1, s.done(c1.Started, []byte("first"), nil)), "the read took no fencing token")
+
+		res, err = b.Claim(bg, idemcore.ClaimRequest{Started: other})
+		require.NoError(t, err)
+		require.Equal(t, idemcore.ClaimChanged, res.Status, "a live done record is not claimed again")
+		require.Equal(t, idemcore.StateDone, res.Current.State)
+		require.Equal(t, []byte("first"), res.Current.Response)
+		got := s.isDone("k", "first")
+		require.Equal(t, uint64(42), got.Fingerprint, "nothing written")
+
+		// A record outside its window is replaced by the claim.
+		short := s.started("j", 1)
+		short.Retention = time.Millisecond
+		c := s.claimReq(idemcore.ClaimRequest{Started: short})
+		require.NoError(t, b.Complete(bg, c, s.done(c.Started, []byte("old"), nil)))
+		time.Sleep(20 * time.Millisecond) // past the window (not a timing assertion)
+		again := s.started("j", 1)
+		again.Retention, again.Fingerprint = time.Millisecond, 7
+		again.StartedAt = s.now.Add(time.Minute) // a backend with Info.Clock stamps its own
+		c2 := s.claimReq(idemcore.ClaimRequest{Started: again})
+		require.Greater(t, c2.Token, c.Token)
+	})
+
 	t.Run("release without a record to restore frees the key", func(t *testing.T) {
 		b, s := fresh(t)
 		c := s.claim("k", 1, nil)

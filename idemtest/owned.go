@@ -19,7 +19,9 @@ import (
 // an interrupted execution over (ClaimRequest.Prev set), and a Claim of a
 // key without a record (Prev nil), the way Postgres answers for a key whose
 // started row another process's transaction holds, not yet committed and
-// so invisible to Lookup. Everything else is b's. The engine must then wait for the record to change or refuse
+// so invisible to Lookup (a backend that claims first, Info.ClaimFirst,
+// answers a Claim with Prev nil by the record stored, if there is one,
+// as it would). Everything else is b's. The engine must then wait for the record to change or refuse
 // with an *idem.InProgressError, never recover it.
 func OwnedElsewhere[T any](b idemcore.Backend[T], owned func(key string) bool) idemcore.Backend[T] {
 	return &ownedBackend[T]{Backend: b, owned: owned}
@@ -38,10 +40,21 @@ func (b *ownedBackend[T]) Owner(ctx context.Context, rec *idemcore.Record) (idem
 }
 
 func (b *ownedBackend[T]) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
-	if b.owned(req.Started.Key) {
-		return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true}}, nil
+	if !b.owned(req.Started.Key) {
+		return b.Backend.Claim(ctx, req)
 	}
-	return b.Backend.Claim(ctx, req)
+	if req.Prev == nil && b.Info().ClaimFirst {
+		// A backend that claims first answers the record it finds
+		// (Info.ClaimFirst): the owner's, for the engine to judge.
+		rec, at, err := b.Backend.Lookup(ctx, idemcore.Lookup{Key: req.Started.Key, Now: req.Started.StartedAt, Retention: req.Started.Retention})
+		if err != nil {
+			return idemcore.ClaimResult{}, err
+		}
+		if rec != nil {
+			return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: rec, At: at}, nil
+		}
+	}
+	return idemcore.ClaimResult{Status: idemcore.ClaimOwned, Ownership: idemcore.Ownership{Owned: true}}, nil
 }
 
 // owned holds the ownership rule as a backend operation (DESIGN.md's

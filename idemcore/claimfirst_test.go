@@ -1,0 +1,150 @@
+package idemcore_test
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemkit/idem/idemcore"
+	"github.com/idemkit/idem/idemtest"
+	"github.com/idemkit/idem/internal/memstore"
+	"github.com/idemkit/idem/internal/testkit"
+)
+
+// claimFirst is a memstore backend that claims first, as Postgres does
+// (Info.ClaimFirst): a Claim of a key with a live record writes nothing and
+// answers it; one whose record is outside its window replaces it. It
+// counts the Lookups the engine makes.
+type claimFirst struct {
+	idemcore.Backend[*memstore.Tx]
+	lookups atomic.Int64
+}
+
+func (b *claimFirst) Info() idemcore.Info {
+	info := b.Backend.Info()
+	info.ClaimFirst = true
+	return info
+}
+
+func (b *claimFirst) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Record, time.Time, error) {
+	b.lookups.Add(1)
+	return b.Backend.Lookup(ctx, q)
+}
+
+func (b *claimFirst) Claim(ctx context.Context, req idemcore.ClaimRequest) (idemcore.ClaimResult, error) {
+	if req.Prev == nil {
+		cur, _, err := b.Backend.Lookup(ctx, idemcore.Lookup{Key: req.Started.Key})
+		if err != nil {
+			return idemcore.ClaimResult{}, err
+		}
+		if cur != nil && !expired(cur, req.Started) {
+			return idemcore.ClaimResult{Status: idemcore.ClaimChanged, Current: cur}, nil
+		}
+	}
+	return b.Backend.Claim(ctx, req)
+}
+
+// expired is Postgres's rule (idempg's expiredSQL) for one process: r is
+// outside the longer of its window and the claim's at the claim's start,
+// and not a started record kept until resolved.
+func expired(r, claim *idemcore.Record) bool {
+	if r.State == idemcore.StateStarted && r.KeptUntilResolved {
+		return false
+	}
+	end := r.StartedAt
+	if r.State == idemcore.StateDone {
+		end = r.CompletedAt
+	}
+	return !end.Add(max(r.Retention, claim.Retention)).After(claim.StartedAt)
+}
+
+// TestConformanceClaimFirst runs the conformance suite with Do claiming
+// first: every outcome holds when the claim, not a Lookup, reads the key.
+func TestConformanceClaimFirst(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return
+	}
+	h := memHarness
+	h.Open = func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*memstore.Tx], error) {
+		return memOpen(t, store, o, func(b idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx] {
+			return &claimFirst{Backend: b}
+		})
+	}
+	h.OpenWrapped = func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx]) (idemtest.Engine[*memstore.Tx], error) {
+		return memOpen(t, store, o, func(b idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx] {
+			var cf idemcore.Backend[*memstore.Tx] = &claimFirst{Backend: b}
+			if wrap != nil {
+				cf = wrap(cf)
+			}
+			return cf
+		})
+	}
+	idemtest.Run(t, h)
+}
+
+func TestBackendClaimFirst(t *testing.T) {
+	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*memstore.Tx] {
+		b, err := memstore.Open(memstore.NewStore(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		return &claimFirst{Backend: b}
+	})
+}
+
+// TestClaimFirstFollowsTheTraffic: on a backend that claims first, Do
+// claims fresh keys without a Lookup; a run of replays turns it to looking
+// up first (a replay by Lookup is cheaper than one by claim), and fresh
+// keys turn it back. Every answer is right on either path.
+func TestClaimFirstFollowsTheTraffic(t *testing.T) {
+	b0, err := memstore.Open(memstore.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &claimFirst{Backend: b0}
+	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1}) // every replay reads the backend, as on Postgres
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	var runs int
+	do := func(key string) idemcore.Result {
+		t.Helper()
+		res, err := e.Do(ctx, key, nil, func(context.Context) ([]byte, error) {
+			runs++
+			return []byte(key), nil
+		})
+		if err != nil || string(res.Response) != key {
+			t.Fatalf("Do %s: %q, %v", key, res.Response, err)
+		}
+		return res
+	}
+	for i := range 100 {
+		do(fmt.Sprint("fresh", i))
+	}
+	if n := b.lookups.Load(); n != 0 {
+		t.Errorf("%d Lookups for 100 fresh keys; want none: the claim reads", n)
+	}
+	for i := range 100 {
+		if !do(fmt.Sprint("fresh", i)).Replayed {
+			t.Fatalf("fresh%d ran again", i)
+		}
+	}
+	replayLookups := b.lookups.Load()
+	if replayLookups < 50 {
+		t.Errorf("%d Lookups for 100 replays; want most replays looked up once the traffic is replays", replayLookups)
+	}
+	for i := range 100 {
+		do(fmt.Sprint("new", i))
+	}
+	if n := b.lookups.Load() - replayLookups; n > 32 {
+		t.Errorf("%d Lookups for 100 fresh keys after the replays; want the first few only (the average's window is 32 calls): fresh traffic claims first again", n)
+	}
+	if runs != 200 {
+		t.Errorf("fn ran %d times, want 200 (once per key)", runs)
+	}
+}
