@@ -140,7 +140,7 @@ func (e *Engine[T]) call(ctx context.Context, ct *callTrace, op, key string, fin
 	if !first {
 		var err error
 		rec, err = e.lookup(ctx, key, fp, true, now)
-		if e.info.ClaimFirst && op == "do" {
+		if e.canClaimFirst(op) {
 			e.found.add(rec != nil || err == ErrFingerprintMismatch)
 		}
 		if err != nil {
@@ -314,9 +314,11 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 // most recent calls found a record (foundRate). DoTx reads first
 // everywhere: its claim of a free key is made inside RunTx's transaction,
 // which cannot answer the record it finds without a rollback.
-func (e *Engine[T]) claimFirst(op string) bool {
-	return e.info.ClaimFirst && op == "do" && !e.found.mostly()
-}
+func (e *Engine[T]) claimFirst(op string) bool { return e.canClaimFirst(op) && !e.found.mostly() }
+
+// canClaimFirst reports whether op's leader may claim first: Do on a
+// backend with Info.ClaimFirst. Its calls feed foundRate.
+func (e *Engine[T]) canClaimFirst(op string) bool { return e.info.ClaimFirst && op == "do" }
 
 // ownedElsewhere answers for a started record that a live owner in another
 // process holds: never recovered. rec is that record, or nil when the

@@ -67,11 +67,6 @@ func TestConformanceClaimFirst(t *testing.T) {
 		return
 	}
 	h := memHarness
-	h.Open = func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*memstore.Tx], error) {
-		return memOpen(t, store, o, func(b idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx] {
-			return &claimFirst{Backend: b}
-		})
-	}
 	h.OpenWrapped = func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx]) (idemtest.Engine[*memstore.Tx], error) {
 		return memOpen(t, store, o, func(b idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx] {
 			var cf idemcore.Backend[*memstore.Tx] = &claimFirst{Backend: b}
@@ -81,17 +76,15 @@ func TestConformanceClaimFirst(t *testing.T) {
 			return cf
 		})
 	}
+	h.Open = func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*memstore.Tx], error) {
+		return h.OpenWrapped(t, store, o, nil)
+	}
 	idemtest.Run(t, h)
 }
 
 func TestBackendClaimFirst(t *testing.T) {
 	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*memstore.Tx] {
-		b, err := memstore.Open(memstore.NewStore(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return &claimFirst{Backend: b}
+		return &claimFirst{Backend: memBackend(t)}
 	})
 }
 
@@ -100,11 +93,7 @@ func TestBackendClaimFirst(t *testing.T) {
 // up first (a replay by Lookup is cheaper than one by claim), and fresh
 // keys turn it back. Every answer is right on either path.
 func TestClaimFirstFollowsTheTraffic(t *testing.T) {
-	b0, err := memstore.Open(memstore.NewStore(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &claimFirst{Backend: b0}
+	b := &claimFirst{Backend: memBackend(t)}
 	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1}) // every replay reads the backend, as on Postgres
 	if err != nil {
 		t.Fatal(err)

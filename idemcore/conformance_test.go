@@ -98,12 +98,16 @@ func TestConformance(t *testing.T) {
 }
 
 func TestBackend(t *testing.T) {
-	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*memstore.Tx] {
-		b, err := memstore.Open(memstore.NewStore(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { b.Close() })
-		return b
-	})
+	idemtest.RunBackend(t, func(t testing.TB) idemcore.Backend[*memstore.Tx] { return memBackend(t) })
+}
+
+// memBackend opens a backend over a fresh store, closed when t ends.
+func memBackend(t testing.TB) *memstore.Backend {
+	t.Helper()
+	b, err := memstore.Open(memstore.NewStore(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }

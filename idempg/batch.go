@@ -17,10 +17,10 @@ import (
 //
 // What bounds the statements in flight is the server, not the pool: at 64
 // callers on a pool of 64 and two cores, running a statement whenever a
-// connection was idle kept some 64 in the server at once and formed no
-// batch, while 8 slots per kind (stmtBatchShare) of batched claims and
-// completions gave about twice the first executions (bench/RESULTS.md,
-// issue 21).
+// connection was idle kept up to 64 in the server at once and formed no
+// batch; a fixed number of slots per kind (stmtBatchShare) formed batches
+// and raised the first executions (bench/RESULTS.md, "Issue 21: claim
+// first, and batches behind busy slots").
 type batcher[R comparable] struct {
 	run   func([]R)
 	max   int
@@ -91,9 +91,9 @@ const (
 	// stmtBatchShare sets how many of Do's claim statements, and how many
 	// of its completion statements, run at once: one per stmtBatchShare
 	// connections of the pool (at least two); more wait for one to end and
-	// go in its next batch. They hold no user code, so
-	// fewer, fuller batches cost no one a wait and save commits: at 64
-	// callers on a pool of 64, 8 slots gave 1.5x the first executions of 32
-	// (bench/RESULTS.md).
+	// go in its next batch. They hold no user code, so fewer, fuller
+	// batches cost no one a wait and save commits and the server's
+	// per-statement work (bench/RESULTS.md, "Issue 21: claim first, and
+	// batches behind busy slots").
 	stmtBatchShare = 8
 )
