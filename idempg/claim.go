@@ -123,6 +123,25 @@ type foundRow struct {
 	err error // the record does not decode (ErrCorrupt)
 }
 
+// claimFreshSQL claims the keys of src that no row holds: a plain INSERT …
+// ON CONFLICT DO NOTHING, answering key, fence, µs of lease left and
+// started_ns per key claimed (src, keys' order, owner and lock_timeout as
+// in claimSQL). A key with a row, live or expired, is left alone (not
+// locked, not written) for claimSQL to judge. It is the claim of a fresh
+// key: against claimSQL's statement (a CTE around the INSERT, the row found
+// read beside it), it gave about half as many claims again per second at
+// 8 callers (pgbench, bench/RESULTS.md, "Issue 21: cheaper statements").
+func (b *backend) claimFreshSQL(src string) string {
+	return `WITH ` + fmt.Sprintf(limitCTE, 7) + ` INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
+		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
+			{now_ns}, 0, u.ret, u.kept, CASE WHEN u.kept THEN 0 ELSE {now_ns} + u.ret END
+		FROM ` + src + ` AS u(key, fp, attempt, ret, kept), idem_limit WHERE idem_limit.v IS NOT NULL
+		ORDER BY u.key
+		ON CONFLICT (key) DO NOTHING
+		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
+}
+
 // claimSQL claims the free keys of src in one statement, which also answers,
 // for each key it does not claim, the row stored as its snapshot saw it:
 // one round trip whether the key is free or not (the engine decides again
@@ -170,28 +189,19 @@ func (b *backend) claimSQL(src, keys string) string {
 }
 
 // claimBatch claims the free keys of reqs: one statement for all (one
-// round trip, one commit). A lone claim, and every claim of a batch whose
-// statement waited out its lock_timeout (a DoTx transaction of another
-// process holds one of the keys) or was chosen by the deadlock detector (that
-// transaction waits for a key of the batch), is made alone, so that each
-// learns whether its own key is held.
+// round trip, one commit), and a second for the keys it did not claim
+// (claimAll). A lone claim, and every claim of a batch whose statement
+// waited out its lock_timeout (a DoTx transaction of another process holds
+// one of the keys) or was chosen by the deadlock detector (that transaction
+// waits for a key of the batch), is made alone, so that each learns
+// whether its own key is held.
 func (b *backend) claimBatch(reqs []*claimReq) {
 	ctx := context.Background()
 	if b.observer != nil {
 		defer observeBatch(b, time.Now(), reqs)
 	}
-	lock := ms(b.s.LockTimeout)
 	if len(reqs) > 1 {
-		n := len(reqs)
-		keys, fps, attempts := make([]string, n), make([]int64, n), make([]int32, n)
-		rets, kept := make([]int64, n), make([]bool, n)
-		for i, r := range reqs {
-			st := r.st
-			keys[i], fps[i], attempts[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt)
-			rets[i], kept[i] = int64(st.Retention), st.KeptUntilResolved
-		}
-		err := b.claimRows(ctx, b.stmts().claimMany, []any{b.owner, keys, fps, attempts, rets, kept, lock}, reqs)
-		if !isLockWait(err) {
+		if err := b.claimAll(ctx, reqs); !isLockWait(err) {
 			for _, r := range reqs {
 				if err != nil {
 					r.err = err
@@ -202,19 +212,67 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 		}
 	}
 	for _, r := range reqs {
-		st := r.st
-		if err := b.claimRows(ctx, b.stmts().claimOne, []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt,
-			int64(st.Retention), st.KeptUntilResolved, lock}, []*claimReq{r}); err != nil {
+		if err := b.claimAll(ctx, []*claimReq{r}); err != nil {
 			r.err = err
 		}
 		close(r.done)
 	}
 }
 
-// claimRows runs the claim statement q (claimSQL) with args and answers
-// each of reqs from its rows: claimed (fence, lease, stamp), or err
-// pgx.ErrNoRows with the row found, if read. The error is the statement's.
-func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*claimReq) error {
+// claimAll claims the keys of reqs that are free: first by a plain insert
+// of every key (claimFreshSQL), which claims a key no row holds, then, for
+// the keys it did not claim, by claimSQL, which replaces an expired row
+// and answers a live one. A fresh key, the common case of a claim sent
+// before any lookup (Info.ClaimFirst), costs the cheap statement alone.
+// The error is a statement's.
+func (b *backend) claimAll(ctx context.Context, reqs []*claimReq) error {
+	st := b.stmts()
+	fresh, full := st.claimFreshOne, st.claimOne
+	if len(reqs) > 1 {
+		fresh, full = st.claimFreshMany, st.claimMany
+	}
+	if err := b.claimRows(ctx, fresh, b.claimArgs(reqs), reqs, true); err != nil {
+		return err
+	}
+	var rest []*claimReq
+	for _, r := range reqs {
+		if r.err != nil {
+			rest = append(rest, r)
+		}
+	}
+	switch len(rest) {
+	case 0:
+		return nil
+	case 1:
+		full = st.claimOne
+	}
+	return b.claimRows(ctx, full, b.claimArgs(rest), rest, false)
+}
+
+// claimArgs are the claim statements' arguments for reqs: the owner, the
+// keys' columns (one claim's values, or a batch's arrays) and lock_timeout.
+func (b *backend) claimArgs(reqs []*claimReq) []any {
+	lock := ms(b.s.LockTimeout)
+	if len(reqs) == 1 {
+		st := reqs[0].st
+		return []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, int64(st.Retention), st.KeptUntilResolved, lock}
+	}
+	n := len(reqs)
+	keys, fps, attempts := make([]string, n), make([]int64, n), make([]int32, n)
+	rets, kept := make([]int64, n), make([]bool, n)
+	for i, r := range reqs {
+		st := r.st
+		keys[i], fps[i], attempts[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt)
+		rets[i], kept[i] = int64(st.Retention), st.KeptUntilResolved
+	}
+	return []any{b.owner, keys, fps, attempts, rets, kept, lock}
+}
+
+// claimRows runs the claim statement q (claimSQL, or claimFreshSQL if
+// fresh) with args and answers each of reqs from its rows: claimed (fence,
+// lease, stamp), or err pgx.ErrNoRows with the row found, if read. The
+// error is the statement's.
+func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*claimReq, fresh bool) error {
 	byKey := make(map[string]*claimReq, len(reqs))
 	for _, r := range reqs {
 		r.fence, r.left, r.started, r.found, r.err = 0, 0, 0, nil, pgx.ErrNoRows
@@ -233,8 +291,15 @@ func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*c
 			f           scanned
 			at          int64
 		)
-		if err := rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
-			&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at); err != nil {
+		var err error
+		if fresh {
+			claimed = true
+			err = rows.Scan(&f.rec.Key, &fence, &left, &f.startedNs)
+		} else {
+			err = rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
+				&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at)
+		}
+		if err != nil {
 			return err
 		}
 		r := byKey[f.rec.Key]

@@ -42,21 +42,36 @@ func doneArgs(done *idemcore.Record) []any {
 // to ignore (its notification of the key's waiters, unless PollOnly).
 func (b *backend) completeStmt(q string) string { return b.completeWith("", q, "") }
 
-// completeWith is completeStmt with the CTEs with (each followed by a comma)
-// before the write's, and the columns extra (each after a comma) after its
-// answer's.
+// completeWith is completeStmt with the CTE with (none if empty) before the
+// write, and the columns extra (each after a comma) after its answer's.
+//
+// The answer is the UPDATE's own RETURNING, the notification in it: no
+// CTE around the write, which cost the server about an eighth of a claim
+// and completion's throughput at 8 callers (pgbench, bench/RESULTS.md,
+// "Issue 21: cheaper statements").
 func (b *backend) completeWith(with, q, extra string) string {
-	if b.s.PollOnly {
-		return `WITH ` + with + `w AS (` + q + ` RETURNING started_ns, completed_ns) SELECT started_ns, completed_ns, NULL` + extra + ` FROM w`
+	if with != "" {
+		with = `WITH ` + with + ` `
 	}
-	return `WITH ` + with + `w AS (` + q + ` RETURNING key, waiters, started_ns, completed_ns)
-		SELECT started_ns, completed_ns, CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END` + extra + ` FROM w`
+	return with + q + ` RETURNING started_ns, completed_ns, ` + b.notifySQL("") + extra
+}
+
+// notifySQL is the column that notifies the waiters of the row written (its
+// columns qualified by alias, if any), or NULL if PollOnly.
+func (b *backend) notifySQL(alias string) string {
+	if b.s.PollOnly {
+		return "NULL"
+	}
+	if alias != "" {
+		alias += "."
+	}
+	return `CASE WHEN ` + alias + `waiters THEN pg_notify('` + b.s.channel() + `', ` + alias + `key) END`
 }
 
 // completeOneSQL is a lone completion's statement (completeSQL, answering
 // as completeStmt), lock_timeout in its own parameter $9 (limitCTE).
 func (b *backend) completeOneSQL() string {
-	return b.completeWith(fmt.Sprintf(limitCTE, 9)+", ",
+	return b.completeWith(fmt.Sprintf(limitCTE, 9),
 		completeSetSQL+` FROM idem_limit WHERE idem_limit.v IS NOT NULL AND `+heldSQL, "")
 }
 
@@ -66,19 +81,14 @@ func (b *backend) completeOneSQL() string {
 // a column to ignore (the notification of the key's waiters, unless
 // PollOnly) per row completed.
 func (b *backend) completeManySQL() string {
-	q := `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
+	return `WITH ` + fmt.Sprintf(limitCTE, 9) + ` UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
 			attempt = u.attempt, completed_ns = {now_ns}, retention_ns = u.ret,
 			kept_until_resolved = false, expires_ns = {now_ns} + u.ret, response = u.resp, has_error = u.has,
 			error_code = u.code, error_message = u.msg
 		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bytea[], $6::boolean[], $7::bytea[], $8::bytea[])
 			AS u(key, fence, attempt, ret, resp, has, code, msg), idem_limit
 		WHERE idem_limit.v IS NOT NULL AND r.key = u.key AND r.fence = u.fence AND r.state <> 2
-		RETURNING r.key, r.waiters, r.started_ns, r.completed_ns`
-	notify := "NULL"
-	if !b.s.PollOnly {
-		notify = `CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END`
-	}
-	return `WITH ` + fmt.Sprintf(limitCTE, 9) + `, w AS (` + q + `) SELECT key, started_ns, completed_ns, ` + notify + ` FROM w`
+		RETURNING r.key, r.started_ns, r.completed_ns, ` + b.notifySQL("r")
 }
 
 // stamped sets done's times to the row's, as the database stamped them.

@@ -8,7 +8,7 @@ func (b *backend) notifying(q string) string {
 	if b.s.PollOnly {
 		return q
 	}
-	return `WITH w AS (` + q + ` RETURNING key, waiters) SELECT CASE WHEN waiters THEN pg_notify('` + b.s.channel() + `', key) END FROM w`
+	return q + ` RETURNING ` + b.notifySQL("")
 }
 
 // Committed implements idemcore.Backend.

@@ -15,9 +15,10 @@ import (
 // a call neither builds nor substitutes them again and pgx's statement
 // cache (prepared once per connection) finds them by the same text.
 type statements struct {
-	lookup                 string // Lookup
-	claimOne, claimMany    string // a lone claim of a free key, a batch's (claim.go)
-	complete, completeMany string // a lone completion, a batch's (complete.go)
+	lookup                        string // Lookup
+	claimFreshOne, claimFreshMany string // a lone claim of a key no row holds, a batch's (claim.go)
+	claimOne, claimMany           string // a lone claim of a free key, a batch's (claim.go)
+	complete, completeMany        string // a lone completion, a batch's (complete.go)
 }
 
 // stmts returns the backend's statements: made once, or per call while the
@@ -33,13 +34,22 @@ func (b *backend) stmts() *statements {
 // makeStatements makes the backend's statements.
 func (b *backend) makeStatements() *statements {
 	return &statements{
-		lookup:       b.sql(lookupSQL),
-		claimOne:     b.sql(b.claimSQL(`(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::boolean))`, `ARRAY[$2::text]`)),
-		claimMany:    b.sql(b.claimSQL(`unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::boolean[])`, `$2::text[]`)),
-		complete:     b.sql(b.completeOneSQL()),
-		completeMany: b.sql(b.completeManySQL()),
+		lookup:         b.sql(lookupSQL),
+		claimFreshOne:  b.sql(b.claimFreshSQL(oneSrc)),
+		claimFreshMany: b.sql(b.claimFreshSQL(manySrc)),
+		claimOne:       b.sql(b.claimSQL(oneSrc, `ARRAY[$2::text]`)),
+		claimMany:      b.sql(b.claimSQL(manySrc, `$2::text[]`)),
+		complete:       b.sql(b.completeOneSQL()),
+		completeMany:   b.sql(b.completeManySQL()),
 	}
 }
+
+// oneSrc and manySrc are the claim statements' rows of keys: one claim's
+// values ($2 to $6), or the unnest of a batch's arrays.
+const (
+	oneSrc  = `(VALUES ($2::text, $3::bigint, $4::integer, $5::bigint, $6::boolean))`
+	manySrc = `unnest($2::text[], $3::bigint[], $4::integer[], $5::bigint[], $6::boolean[])`
+)
 
 // limitCTE sets lock_timeout for the statement's own (implicit) transaction,
 // from the statement's parameter $%d (milliseconds, as text): a CTE the
