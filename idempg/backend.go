@@ -87,8 +87,11 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	// theirs while fns run, so they take at most their share
 	// (txBatchShare) and leave the rest to Do's statements and the lease
 	// renewals.
-	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch}
-	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch}
+	// Under a crowd (stmtCrowd times as many requests of a kind as slots),
+	// crowdSlots.
+	crowd := stmtCrowd * stmts
+	b.claims = batcher[*claimReq]{run: b.claimBatch, max: stmts, limit: maxStmtBatch, crowd: crowd, min: crowdSlots}
+	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch, crowd: crowd, min: crowdSlots}
 	b.dotx = batcher[*txReq]{run: b.runBatch, max: max(2, conns/txBatchShare), limit: maxTxBatch}
 	if b.offset == nil && b.fake == nil {
 		b.fixed = b.makeStatements()

@@ -138,3 +138,65 @@ func TestBatcherQueuesOnlyBehindFullSlots(t *testing.T) {
 		t.Errorf("batch sizes %v, want [1] (the lone request) then the six queued in batches of at most 4", sizes)
 	}
 }
+
+// TestBatcherCrowdTakesFewerSlots: once as many requests as crowd are in
+// the batcher (running or queued), a request queues behind min running
+// batches although fewer than max run, and the queue goes in one batch.
+func TestBatcherCrowdTakesFewerSlots(t *testing.T) {
+	release := make(chan struct{})
+	var (
+		mu    sync.Mutex
+		sizes []int
+	)
+	q := &batcher[*batchReq]{max: 4, limit: 64, crowd: 3, min: 2}
+	q.run = func(rs []*batchReq) {
+		if rs[0].id == 0 {
+			<-release
+		}
+		mu.Lock()
+		if rs[0].id != 0 {
+			sizes = append(sizes, len(rs))
+		}
+		mu.Unlock()
+		for _, r := range rs {
+			close(r.done)
+		}
+	}
+	var wg sync.WaitGroup
+	do := func(r *batchReq) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := q.do(context.Background(), r, r.done); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// Three requests, each in a batch of its own: below the crowd, up to
+	// max run.
+	for i := range 3 {
+		do(&batchReq{id: 0, done: make(chan struct{})})
+		q.waitFor(func() bool { return q.running == i+1 })
+	}
+	// Three in the batcher: the crowd. Three run, more than min: these
+	// queue.
+	for i := range 2 {
+		do(&batchReq{id: 1, done: make(chan struct{})})
+		q.waitFor(func() bool { return len(q.queue) == i+1 })
+	}
+	q.mu.Lock()
+	running := q.running
+	q.mu.Unlock()
+	if running != 3 {
+		t.Errorf("%d batches run, want 3 (the crowd's requests queue, not run in a fourth)", running)
+	}
+	close(release)
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(sizes) != 1 || sizes[0] != 2 {
+		t.Errorf("queued requests ran in batches of %v, want one batch of 2", sizes)
+	}
+	// The last batch's goroutine ends its batch after answering.
+	q.waitFor(func() bool { return q.running == 0 && q.inflight == 0 })
+}
