@@ -375,9 +375,12 @@ type Info struct {
 	// and fingerprint) it writes nothing and answers ClaimChanged with it,
 	// and a record outside its window it replaces. Do's leader then claims
 	// without a Lookup first: one round trip per fresh key instead of two
-	// (Postgres), and a replay is the claim's read. False: Do looks the key
-	// up first and claims only a key it found free (bbolt, whose Lookup is
-	// in memory).
+	// (Postgres), and a replay is the claim's read. DoTx's leader too runs
+	// RunTx with a free key's claim (Token zero) without a Lookup first,
+	// relying on RunTx's ErrClaimTaken for a live record (then it looks the
+	// key up). Either goes back to a Lookup first while most recent calls
+	// find a record. False: Do and DoTx look the key up first and claim only
+	// a key they found free (bbolt, whose Lookup is in memory).
 	ClaimFirst bool
 }
 

@@ -310,15 +310,18 @@ func (e *Engine[T]) decideOnce(ctx context.Context, c *leading, rec *Record,
 }
 
 // claimFirst reports whether op's leader is to claim the key without
-// reading its record first (Info.ClaimFirst): Do on such a backend, unless
-// most recent calls found a record (foundRate). DoTx reads first
-// everywhere: its claim of a free key is made inside RunTx's transaction,
-// which cannot answer the record it finds without a rollback.
+// reading its record first (Info.ClaimFirst): Do and DoTx on such a
+// backend, unless most recent calls found a record (foundRate). DoTx's
+// claim of a free key is made inside RunTx's transaction, which answers a
+// record it finds with ErrClaimTaken (a rollback, then the Lookup): worth
+// it only while most keys are fresh, as foundRate decides.
 func (e *Engine[T]) claimFirst(op string) bool { return e.canClaimFirst(op) && !e.found.mostly() }
 
-// canClaimFirst reports whether op's leader may claim first: Do on a
-// backend with Info.ClaimFirst. Its calls feed foundRate.
-func (e *Engine[T]) canClaimFirst(op string) bool { return e.info.ClaimFirst && op == "do" }
+// canClaimFirst reports whether op's leader may claim first: Do and DoTx
+// on a backend with Info.ClaimFirst. Their calls feed foundRate.
+func (e *Engine[T]) canClaimFirst(op string) bool {
+	return e.info.ClaimFirst && (op == "do" || op == "dotx")
+}
 
 // ownedElsewhere answers for a started record that a live owner in another
 // process holds: never recovered. rec is that record, or nil when the
@@ -604,6 +607,9 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 	wctx := context.WithoutCancel(ctx)
 	err := e.b.RunTx(wctx, cl, func(tx T) (*Record, error) {
 		done = nil // fn may run again: only the last run's outcome counts
+		if c.first {
+			c.flight.executing.Store(true) // RunTx claimed the key: see decideOnce
+		}
 		tctx, start := e.startFn(fnCtx, c, "dotx")
 		resp, ferr, fnPanic = callTx(tctx, tx, fn)
 		e.endFn(tctx, start, ferr, fnPanic != nil)

@@ -15,10 +15,13 @@ import (
 
 // claimFirst is a memstore backend that claims first, as Postgres does
 // (Info.ClaimFirst): a Claim of a key with a live record writes nothing and
-// answers it; one whose record is outside its window replaces it. It
-// counts the Lookups the engine makes.
+// answers it; one whose record is outside its window replaces it. RunTx's
+// claim of a free key (Token zero) fails with ErrClaimTaken on a live
+// record, before fn runs, as Postgres's in its transaction. It counts the
+// Lookups the engine makes.
 type claimFirst struct {
 	idemcore.Backend[*memstore.Tx]
+	now     func() time.Time // the store's clock (nil: time.Now)
 	lookups atomic.Int64
 }
 
@@ -46,6 +49,23 @@ func (b *claimFirst) Claim(ctx context.Context, req idemcore.ClaimRequest) (idem
 	return b.Backend.Claim(ctx, req)
 }
 
+func (b *claimFirst) RunTx(ctx context.Context, c *idemcore.Claim, fn func(*memstore.Tx) (*idemcore.Record, error)) error {
+	if c.Token == 0 {
+		cur, _, err := b.Backend.Lookup(ctx, idemcore.Lookup{Key: c.Key})
+		if err != nil {
+			return err
+		}
+		now := time.Now
+		if b.now != nil {
+			now = b.now
+		}
+		if cur != nil && !expired(cur, &idemcore.Record{StartedAt: now()}) {
+			return idemcore.ErrClaimTaken
+		}
+	}
+	return b.Backend.RunTx(ctx, c, fn)
+}
+
 // expired is Postgres's rule (idempg's expiredSQL) for one process: r is
 // outside the longer of its window and the claim's at the claim's start,
 // and not a started record kept until resolved.
@@ -69,7 +89,7 @@ func TestConformanceClaimFirst(t *testing.T) {
 	h := memHarness
 	h.OpenWrapped = func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx]) (idemtest.Engine[*memstore.Tx], error) {
 		return memOpen(t, store, o, func(b idemcore.Backend[*memstore.Tx]) idemcore.Backend[*memstore.Tx] {
-			var cf idemcore.Backend[*memstore.Tx] = &claimFirst{Backend: b}
+			var cf idemcore.Backend[*memstore.Tx] = &claimFirst{Backend: b, now: o.Now}
 			if wrap != nil {
 				cf = wrap(cf)
 			}
@@ -135,5 +155,45 @@ func TestClaimFirstFollowsTheTraffic(t *testing.T) {
 	}
 	if runs != 200 {
 		t.Errorf("fn ran %d times, want 200 (once per key)", runs)
+	}
+}
+
+// TestDoTxClaimsFirst: on a backend that claims first, DoTx's fresh keys
+// are claimed inside RunTx with no Lookup before; a key with a record
+// (RunTx's ErrClaimTaken) is looked up then, and replayed without fn.
+func TestDoTxClaimsFirst(t *testing.T) {
+	b := &claimFirst{Backend: memBackend(t)}
+	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	var runs int
+	dotx := func(key string) idemcore.Result {
+		t.Helper()
+		res, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *memstore.Tx) ([]byte, error) {
+			runs++
+			return []byte(key), nil
+		})
+		if err != nil || string(res.Response) != key {
+			t.Fatalf("DoTx %s: %q, %v", key, res.Response, err)
+		}
+		return res
+	}
+	for i := range 20 {
+		dotx(fmt.Sprint("fresh", i))
+	}
+	if n := b.lookups.Load(); n != 0 {
+		t.Errorf("%d Lookups for 20 fresh keys; want none: RunTx claims", n)
+	}
+	if !dotx("fresh3").Replayed {
+		t.Error("a stored key ran again")
+	}
+	if n := b.lookups.Load(); n != 1 {
+		t.Errorf("%d Lookups for a replay claimed first; want 1 (after RunTx's ErrClaimTaken)", n)
+	}
+	if runs != 20 {
+		t.Errorf("fn ran %d times, want 20 (once per key)", runs)
 	}
 }
