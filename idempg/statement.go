@@ -19,6 +19,9 @@ type statements struct {
 	claimFreshOne, claimFreshMany string // a lone claim of a key no row holds, a batch's (claim.go)
 	claimOne, claimMany           string // a lone claim of a free key, a batch's (claim.go)
 	complete, completeMany        string // a lone completion, a batch's (complete.go)
+	// DoTx's claim of a free key, its completion, and its completion that
+	// wakes the other processes' dispatchers (tx.go).
+	txClaim, txComplete, txCompleteWake string
 }
 
 // stmts returns the backend's statements: made once, or per call while the
@@ -41,6 +44,9 @@ func (b *backend) makeStatements() *statements {
 		claimMany:      b.sql(b.claimSQL(manySrc, `$2::text[]`)),
 		complete:       b.sql(b.completeOneSQL()),
 		completeMany:   b.sql(b.completeManySQL()),
+		txClaim:        b.sql(b.txClaimSQL()),
+		txComplete:     b.sql(b.txCompleteSQL(false)),
+		txCompleteWake: b.sql(b.txCompleteSQL(true)),
 	}
 }
 

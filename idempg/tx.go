@@ -257,18 +257,7 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		batch.Queue("SAVEPOINT " + sp)
 	}
 	if r.token == 0 {
-		// Stamped by the database's clock, which judges the row it may
-		// replace too (expired, by the longer window of its and the
-		// engine's). The replaced row's fingerprint and attempt go: the
-		// key is new.
-		batch.Queue(b.sql(`INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
-				started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
-			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, `+b.leaseSQL()+`, {now_ns}, 0, 0, false, 0)
-			ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = 1, fence = EXCLUDED.fence,
-				owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, started_ns = EXCLUDED.started_ns, completed_ns = 0,
-				response = NULL, has_error = false, waiters = false
-			WHERE `+fmt.Sprintf(expiredSQL, "r", "$4::bigint", "EXCLUDED.started_ns", "$3::text")+`
-			RETURNING fence`), r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention))
+		batch.Queue(b.stmts().txClaim, r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention))
 	}
 	br := tx.SendBatch(ctx, batch)
 	var err error
@@ -315,13 +304,13 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		startedNs, completedNs int64
 		ignored, notified      any
 	)
-	q, dest := b.completeStmt(completeSQL+txLiveSQL), []any{&startedNs, &completedNs, &ignored}
+	q, dest := b.stmts().txComplete, []any{&startedNs, &completedNs, &ignored}
 	wake := st.next > 0 && !note.sent && !b.s.PollOnly // its messages wake the other processes' dispatchers
 	if wake {
-		q = b.completeWith("", completeSQL+txLiveSQL, `, pg_notify('`+b.s.channel()+`_outbox', '')`)
+		q = b.stmts().txCompleteWake
 		dest = append(dest, &notified)
 	}
-	err = tx.QueryRow(ctx, b.sql(q), b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).Scan(dest...)
+	err = tx.QueryRow(ctx, q, b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).Scan(dest...)
 	if err == nil && wake {
 		note.sent = true
 	}
@@ -336,6 +325,32 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 	}
 	stamped(done, startedNs, completedNs)
 	return nil
+}
+
+// txClaimSQL is DoTx's claim of a free key in its transaction ($1 key, $2
+// fingerprint, $3 owner, $4 the engine's retention, ns), answering the
+// fence. Stamped by the database's clock, which judges the row it may
+// replace too (expired, by the longer window of its and the engine's). The
+// replaced row's fingerprint and attempt go: the key is new.
+func (b *backend) txClaimSQL() string {
+	return `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+				started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
+			VALUES ($1::text, $2::bigint, 1, 1, nextval('{schema}.idem_fence'), $3::text, ` + b.leaseSQL() + `, {now_ns}, 0, 0, false, 0)
+			ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = 1, fence = EXCLUDED.fence,
+				owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until, started_ns = EXCLUDED.started_ns, completed_ns = 0,
+				response = NULL, has_error = false, waiters = false
+			WHERE ` + fmt.Sprintf(expiredSQL, "r", "$4::bigint", "EXCLUDED.started_ns", "$3::text") + `
+			RETURNING fence`
+}
+
+// txCompleteSQL is DoTx's completion in its transaction (completeStmt of
+// completeSQL and txLiveSQL), and, if wake, notifying the other processes'
+// dispatchers too (a column more).
+func (b *backend) txCompleteSQL(wake bool) string {
+	if wake {
+		return b.completeWith("", completeSQL+txLiveSQL, `, pg_notify('`+b.s.channel()+`_outbox', '')`)
+	}
+	return b.completeStmt(completeSQL + txLiveSQL)
 }
 
 // txLiveSQL ends DoTx's completion statement's WHERE: it matches only in
