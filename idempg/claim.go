@@ -129,8 +129,8 @@ type foundRow struct {
 // in claimSQL). A key with a row, live or expired, is left alone (not
 // locked, not written) for claimSQL to judge. It is the claim of a fresh
 // key: against claimSQL's statement (a CTE around the INSERT, the row found
-// read beside it), it gave about half as many claims again per second at
-// 8 callers (pgbench, bench/RESULTS.md, "Issue 21: cheaper statements").
+// read beside it), it ran about two thirds more claims per second at 8
+// clients (pgbench, bench/RESULTS.md, "Issue 21: cheaper statements").
 func (b *backend) claimFreshSQL(src string) string {
 	return `WITH ` + fmt.Sprintf(limitCTE, 7) + ` INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)

@@ -92,14 +92,16 @@
 //     connection the other calls share); the next one is refused. A fn must
 //     not wait for another DoTx call of the same engine: it may be queued
 //     behind fn, as on the bbolt engine, whose commits are shared too.
-//   - Do claims without a lookup first (idemcore.Info.ClaimFirst): the
-//     claim's statement inserts the started row, or, if the key has a live
-//     row, writes nothing and answers it, so a fresh key costs two round
-//     trips (claim, completion) and a replay one. Up to one claim statement
-//     and one completion statement per eight connections of the pool run
-//     at once; calls that find those busy share the next one (one INSERT
-//     or UPDATE, one commit per batch); a lone call's statements go at
-//     once, unbatched.
+//   - Do and DoTx claim without a lookup first (idemcore.Info.ClaimFirst)
+//     while most calls find no record: Do's claim inserts the started row
+//     (INSERT … ON CONFLICT DO NOTHING), and only for a key with a row does
+//     a second statement replace it if expired or answer it, writing
+//     nothing, if live; so a fresh key costs two round trips (claim,
+//     completion). Up to one claim statement and one completion statement
+//     per eight connections of the pool run at once, and two of each once
+//     twice as many calls as that are in them or waiting; calls that find
+//     those busy share the next one (one INSERT or UPDATE, one commit per
+//     batch); a lone call's statements go at once, unbatched.
 //     Every transaction the
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
