@@ -172,6 +172,29 @@ func RunBackend[T any](t *testing.T, open func(t testing.TB) idemcore.Backend[T]
 		require.Greater(t, c2.Token, c.Token)
 	})
 
+	t.Run("a claim-first RunTx of a free key refuses a live record before fn runs", func(t *testing.T) {
+		b, s := fresh(t)
+		if !s.info.ClaimFirst {
+			t.Skip("Info.ClaimFirst is false: the engine runs DoTx only on a key it found free")
+		}
+		c := s.claim("k", 1, nil)
+		ran := 0
+		fn := func(tx T) (*idemcore.Record, error) {
+			ran++
+			return s.done(s.started("k", 1), []byte("second"), nil), nil
+		}
+		// The engine claims first (no Lookup): RunTx must say the key is
+		// taken, live started or done, and leave the record as it was.
+		err := b.RunTx(bg, &idemcore.Claim{Key: "k", Fingerprint: 7}, fn)
+		require.ErrorIs(t, err, idemcore.ErrClaimTaken, "a live started record")
+		require.NoError(t, b.Complete(bg, c, s.done(c.Started, []byte("first"), nil)), "the started record is untouched")
+		err = b.RunTx(bg, &idemcore.Claim{Key: "k", Fingerprint: 7}, fn)
+		require.ErrorIs(t, err, idemcore.ErrClaimTaken, "a live done record")
+		require.Zero(t, ran, "fn ran on a key with a live record")
+		got := s.isDone("k", "first")
+		require.Equal(t, uint64(42), got.Fingerprint, "nothing written")
+	})
+
 	t.Run("release without a record to restore frees the key", func(t *testing.T) {
 		b, s := fresh(t)
 		c := s.claim("k", 1, nil)
