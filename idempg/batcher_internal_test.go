@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 )
@@ -25,6 +26,35 @@ func (q *batcher[R]) waitFor(cond func() bool) {
 type batchReq struct {
 	id   int
 	done chan struct{}
+}
+
+// parkingRun makes q's batches park while they start with a request of id
+// 0, until release is closed, and record the sizes of the others (read
+// under mu once they ended).
+func parkingRun(q *batcher[*batchReq]) (release chan struct{}, sizes func() []int) {
+	release = make(chan struct{})
+	var (
+		mu  sync.Mutex
+		got []int
+	)
+	q.run = func(rs []*batchReq) {
+		if rs[0].id == 0 {
+			<-release
+		}
+		mu.Lock()
+		if rs[0].id != 0 {
+			got = append(got, len(rs))
+		}
+		mu.Unlock()
+		for _, r := range rs {
+			close(r.done)
+		}
+	}
+	return release, func() []int {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
 }
 
 // TestBatcherHonoursContext: a request queued behind a running batch whose
@@ -83,25 +113,8 @@ func TestBatcherHonoursContext(t *testing.T) {
 // runs at once, alone; one that finds every slot taken queues, and the
 // queue goes in batches of at most limit once a slot frees.
 func TestBatcherQueuesOnlyBehindFullSlots(t *testing.T) {
-	release := make(chan struct{})
-	var (
-		mu    sync.Mutex
-		sizes []int
-	)
 	q := &batcher[*batchReq]{max: 2, limit: 4}
-	q.run = func(rs []*batchReq) {
-		if rs[0].id == 0 {
-			<-release
-		}
-		mu.Lock()
-		if rs[0].id != 0 {
-			sizes = append(sizes, len(rs))
-		}
-		mu.Unlock()
-		for _, r := range rs {
-			close(r.done)
-		}
-	}
+	release, sizes := parkingRun(q)
 	first := &batchReq{id: 0, done: make(chan struct{})}
 	go func() { _ = q.do(context.Background(), first, first.done) }()
 	q.waitFor(func() bool { return q.running == 1 })
@@ -125,17 +138,16 @@ func TestBatcherQueuesOnlyBehindFullSlots(t *testing.T) {
 	q.waitFor(func() bool { return len(q.queue) == 6 })
 	close(release)
 	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
+	got := sizes()
 	total := 0
-	for _, n := range sizes[1:] {
+	for _, n := range got[1:] {
 		if n > 4 {
 			t.Errorf("a batch of %d, over the limit of 4", n)
 		}
 		total += n
 	}
-	if sizes[0] != 1 || total != 6 || len(sizes) < 3 {
-		t.Errorf("batch sizes %v, want [1] (the lone request) then the six queued in batches of at most 4", sizes)
+	if got[0] != 1 || total != 6 || len(got) < 3 {
+		t.Errorf("batch sizes %v, want [1] (the lone request) then the six queued in batches of at most 4", got)
 	}
 }
 
@@ -143,25 +155,8 @@ func TestBatcherQueuesOnlyBehindFullSlots(t *testing.T) {
 // the batcher (running or queued), a request queues behind min running
 // batches although fewer than max run, and the queue goes in one batch.
 func TestBatcherCrowdTakesFewerSlots(t *testing.T) {
-	release := make(chan struct{})
-	var (
-		mu    sync.Mutex
-		sizes []int
-	)
 	q := &batcher[*batchReq]{max: 4, limit: 64, crowd: 3, min: 2}
-	q.run = func(rs []*batchReq) {
-		if rs[0].id == 0 {
-			<-release
-		}
-		mu.Lock()
-		if rs[0].id != 0 {
-			sizes = append(sizes, len(rs))
-		}
-		mu.Unlock()
-		for _, r := range rs {
-			close(r.done)
-		}
-	}
+	release, sizes := parkingRun(q)
 	var wg sync.WaitGroup
 	do := func(r *batchReq) {
 		wg.Add(1)
@@ -192,10 +187,8 @@ func TestBatcherCrowdTakesFewerSlots(t *testing.T) {
 	}
 	close(release)
 	wg.Wait()
-	mu.Lock()
-	defer mu.Unlock()
-	if len(sizes) != 1 || sizes[0] != 2 {
-		t.Errorf("queued requests ran in batches of %v, want one batch of 2", sizes)
+	if got := sizes(); len(got) != 1 || got[0] != 2 {
+		t.Errorf("queued requests ran in batches of %v, want one batch of 2", got)
 	}
 	// The last batch's goroutine ends its batch after answering.
 	q.waitFor(func() bool { return q.running == 0 && q.inflight == 0 })
