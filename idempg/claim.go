@@ -112,7 +112,10 @@ type claimReq struct {
 	started int64 // the database's stamp, ns
 	err     error // pgx.ErrNoRows when not claimed
 	found   *foundRow
-	done    chan struct{}
+	// kept: claimed by a statement that committed (claimAll's first), so
+	// that a failure of the second leaves the claim standing.
+	kept bool
+	done chan struct{}
 }
 
 // foundRow is the row a claim found instead of claiming: the record as the
@@ -203,7 +206,7 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	if len(reqs) > 1 {
 		if err := b.claimAll(ctx, reqs); !isLockWait(err) {
 			for _, r := range reqs {
-				if err != nil {
+				if err != nil && !r.kept {
 					r.err = err
 				}
 				close(r.done)
@@ -212,6 +215,13 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 		}
 	}
 	for _, r := range reqs {
+		if r.kept {
+			// Claimed by the batch's claimFreshSQL, which committed before
+			// claimSQL failed for the others: sent again, it would find
+			// its own started row.
+			close(r.done)
+			continue
+		}
 		if err := b.claimAll(ctx, []*claimReq{r}); err != nil {
 			r.err = err
 		}
@@ -238,6 +248,8 @@ func (b *backend) claimAll(ctx context.Context, reqs []*claimReq) error {
 	for _, r := range reqs {
 		if r.err != nil {
 			rest = append(rest, r)
+		} else {
+			r.kept = true // committed: whatever claimSQL does next
 		}
 	}
 	switch len(rest) {
