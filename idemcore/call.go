@@ -396,6 +396,22 @@ func (e *Engine[T]) claim(ctx context.Context, c *leading, started *Record) (*Cl
 			at = e.now()
 		}
 		if cur != nil && !e.live(cur, at) {
+			if cur.State == StateStarted {
+				// Past its window, yet not claimed: a backend whose claims
+				// honour a live lease (Postgres) refused it, as a call of
+				// another process still runs past its retention. Owned
+				// elsewhere, it is not absent: claiming again would spin
+				// until that call ends.
+				own, err := e.b.Owner(ctx, cur)
+				if err != nil {
+					c.end = endAgain
+					return nil, &OpError{Op: c.op, Key: c.key, Err: err}
+				}
+				if own.Owned {
+					_, err := e.ownedElsewhere(ctx, c, cur)
+					return nil, err
+				}
+			}
 			cur = nil
 		}
 		c.current = cur
