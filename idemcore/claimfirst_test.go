@@ -206,3 +206,59 @@ func TestDoTxClaimsFirst(t *testing.T) {
 		t.Errorf("fn ran %d times, want 20 (once per key)", runs)
 	}
 }
+
+// runTxCounter counts the claims RunTx is asked to make (Token zero) that
+// it refuses with ErrClaimTaken: DoTx calls that claimed first a key with
+// a record.
+type runTxCounter struct {
+	*claimFirst
+	taken atomic.Int64
+}
+
+func (b *runTxCounter) RunTx(ctx context.Context, c *idemcore.Claim, fn func(*memstore.Tx) (*idemcore.Record, error)) error {
+	err := b.claimFirst.RunTx(ctx, c, fn)
+	if c.Token == 0 && err == idemcore.ErrClaimTaken {
+		b.taken.Add(1)
+	}
+	return err
+}
+
+// TestDoTxClaimFirstFollowsTheTraffic: DoTx's calls feed foundRate as Do's
+// do (canClaimFirst): a run of DoTx replays turns DoTx to looking up first,
+// instead of a claim in a transaction refused (ErrClaimTaken), rolled back
+// and followed by the Lookup anyway for every replay.
+func TestDoTxClaimFirstFollowsTheTraffic(t *testing.T) {
+	b := &runTxCounter{claimFirst: &claimFirst{Backend: memBackend(t)}}
+	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	ctx := context.Background()
+	runs := 0
+	dotx := func(key string) idemcore.Result {
+		t.Helper()
+		res, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *memstore.Tx) ([]byte, error) {
+			runs++
+			return []byte(key), nil
+		})
+		if err != nil || string(res.Response) != key {
+			t.Fatalf("DoTx %s: %q, %v", key, res.Response, err)
+		}
+		return res
+	}
+	for i := range 100 {
+		dotx(fmt.Sprint("fresh", i))
+	}
+	for i := range 100 {
+		if !dotx(fmt.Sprint("fresh", i)).Replayed {
+			t.Fatalf("fresh%d ran again", i)
+		}
+	}
+	if n := b.taken.Load(); n > 50 {
+		t.Errorf("%d of 100 DoTx replays claimed first (ErrClaimTaken); want most looked up first once the traffic is replays", n)
+	}
+	if runs != 100 {
+		t.Errorf("fn ran %d times, want 100 (once per key)", runs)
+	}
+}
