@@ -652,6 +652,9 @@ func (e *Engine[T]) executeTx(ctx context.Context, c *leading, fn func(context.C
 		return done, nil
 	})
 	c.end = endAnswer
+	if c.first && !recovering {
+		e.found.add(errors.Is(err, ErrClaimTaken)) // RunTx's claim read the key: feed foundRate, as Do's claim does
+	}
 	res := Result{Attempt: c.attempt, StartedAt: started.StartedAt} // no response unless stored, as for Do
 	switch {
 	case err == nil:
