@@ -89,6 +89,34 @@ func expired(r, claim *idemcore.Record) bool {
 	return !end.Add(max(r.Retention, claim.Retention)).After(claim.StartedAt)
 }
 
+// uncached is an engine over b with no pruner and no replay cache: every
+// replay reads b, as on Postgres.
+func uncached(t *testing.T, b idemcore.Backend[*memstore.Tx]) *idemcore.Engine[*memstore.Tx] {
+	t.Helper()
+	e, err := idemcore.New(b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
+// echoDoTx is a DoTx call of e whose fn answers its key and counts its
+// runs in runs; it fails the test unless the call answers its key.
+func echoDoTx(t *testing.T, e *idemcore.Engine[*memstore.Tx], runs *int) func(key string) idemcore.Result {
+	return func(key string) idemcore.Result {
+		t.Helper()
+		res, err := e.DoTx(context.Background(), key, nil, func(_ context.Context, tx *memstore.Tx) ([]byte, error) {
+			*runs++
+			return []byte(key), nil
+		})
+		if err != nil || string(res.Response) != key {
+			t.Fatalf("DoTx %s: %q, %v", key, res.Response, err)
+		}
+		return res
+	}
+}
+
 // TestConformanceClaimFirst runs the conformance suite with Do claiming
 // first: every outcome holds when the claim, not a Lookup, reads the key.
 func TestConformanceClaimFirst(t *testing.T) {
@@ -123,16 +151,11 @@ func TestBackendClaimFirst(t *testing.T) {
 // keys turn it back. Every answer is right on either path.
 func TestClaimFirstFollowsTheTraffic(t *testing.T) {
 	b := &claimFirst{Backend: memBackend(t)}
-	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1}) // every replay reads the backend, as on Postgres
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	ctx := context.Background()
+	e := uncached(t, b)
 	var runs int
 	do := func(key string) idemcore.Result {
 		t.Helper()
-		res, err := e.Do(ctx, key, nil, func(context.Context) ([]byte, error) {
+		res, err := e.Do(context.Background(), key, nil, func(context.Context) ([]byte, error) {
 			runs++
 			return []byte(key), nil
 		})
@@ -172,24 +195,9 @@ func TestClaimFirstFollowsTheTraffic(t *testing.T) {
 // (RunTx's ErrClaimTaken) is looked up then, and replayed without fn.
 func TestDoTxClaimsFirst(t *testing.T) {
 	b := &claimFirst{Backend: memBackend(t)}
-	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	ctx := context.Background()
+	e := uncached(t, b)
 	var runs int
-	dotx := func(key string) idemcore.Result {
-		t.Helper()
-		res, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *memstore.Tx) ([]byte, error) {
-			runs++
-			return []byte(key), nil
-		})
-		if err != nil || string(res.Response) != key {
-			t.Fatalf("DoTx %s: %q, %v", key, res.Response, err)
-		}
-		return res
-	}
+	dotx := echoDoTx(t, e, &runs)
 	for i := range 20 {
 		dotx(fmt.Sprint("fresh", i))
 	}
@@ -229,24 +237,9 @@ func (b *runTxCounter) RunTx(ctx context.Context, c *idemcore.Claim, fn func(*me
 // and followed by the Lookup anyway for every replay.
 func TestDoTxClaimFirstFollowsTheTraffic(t *testing.T) {
 	b := &runTxCounter{claimFirst: &claimFirst{Backend: memBackend(t)}}
-	e, err := idemcore.New[*memstore.Tx](b, idemcore.Options{PruneInterval: -1, ReplayCacheBytes: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	ctx := context.Background()
-	runs := 0
-	dotx := func(key string) idemcore.Result {
-		t.Helper()
-		res, err := e.DoTx(ctx, key, nil, func(_ context.Context, tx *memstore.Tx) ([]byte, error) {
-			runs++
-			return []byte(key), nil
-		})
-		if err != nil || string(res.Response) != key {
-			t.Fatalf("DoTx %s: %q, %v", key, res.Response, err)
-		}
-		return res
-	}
+	e := uncached(t, b)
+	var runs int
+	dotx := echoDoTx(t, e, &runs)
 	for i := range 100 {
 		dotx(fmt.Sprint("fresh", i))
 	}

@@ -203,6 +203,24 @@ func deadlockAttempt(t *testing.T, ctx context.Context, b *backend, claim func(k
 	return true
 }
 
+// testEngine is an engine with no pruner over a migrated schema of its own
+// on the server of IDEM_TEST_PG, closed when the test ends.
+func testEngine(t *testing.T) *Engine {
+	t.Helper()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Env)
+	o := &Options{Schema: pgtest.Schema(t, pool)}
+	if _, err := Migrate(ctx, pool, o); err != nil {
+		t.Fatal(err)
+	}
+	e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Close() })
+	return e
+}
+
 // testBackend is a backend over a migrated schema of its own on the server
 // of env (PgBouncer's in poll-only mode), closed when the test ends, and its
 // pool.

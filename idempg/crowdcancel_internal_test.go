@@ -8,9 +8,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/idemkit/idem/idemcore"
-	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
 // TestCrowdCancelledCallers: under a crowd (many Do calls on a pool of 16,
@@ -22,16 +19,7 @@ import (
 // or queued.
 func TestCrowdCancelledCallers(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.Env)
-	o := &Options{Schema: pgtest.Schema(t, pool)}
-	if _, err := Migrate(ctx, pool, o); err != nil {
-		t.Fatal(err)
-	}
-	e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	e := testEngine(t)
 	const n = 400
 	var (
 		wg   sync.WaitGroup

@@ -157,16 +157,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 // the batch held it to one COMMIT.
 func TestDoTxSlowFnHoldsNoAnswer(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.Env)
-	o := &Options{Schema: pgtest.Schema(t, pool)}
-	if _, err := Migrate(ctx, pool, o); err != nil {
-		t.Fatal(err)
-	}
-	e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
+	e := testEngine(t)
 	q := &e.b.dotx
 	e.b.commitAvg.Store(1) // every fn is slower than a commit
 	gate := make(chan struct{})
