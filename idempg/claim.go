@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,10 +113,7 @@ type claimReq struct {
 	started int64 // the database's stamp, ns
 	err     error // pgx.ErrNoRows when not claimed
 	found   *foundRow
-	// kept: claimed by a statement that committed (claimAll's first), so
-	// that a failure of the second leaves the claim standing.
-	kept bool
-	done chan struct{}
+	done    chan struct{}
 }
 
 // foundRow is the row a claim found instead of claiming: the record as the
@@ -203,26 +201,29 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 	if b.observer != nil {
 		defer observeBatch(b, time.Now(), reqs)
 	}
+	pending := reqs
 	if len(reqs) > 1 {
-		if err := b.claimAll(ctx, reqs); !isLockWait(err) {
+		var err error
+		if pending, err = b.claimAll(ctx, reqs); !isLockWait(err) {
+			for _, r := range pending {
+				r.err = err
+			}
 			for _, r := range reqs {
-				if err != nil && !r.kept {
-					r.err = err
-				}
 				close(r.done)
 			}
 			return
 		}
-	}
-	for _, r := range reqs {
-		if r.kept {
-			// Claimed by the batch's claimFreshSQL, which committed before
-			// claimSQL failed for the others: sent again, it would find
-			// its own started row.
-			close(r.done)
-			continue
+		// Claimed by the batch's claimFreshSQL, which committed before
+		// claimSQL failed for the others: answered, not sent again (each
+		// would find its own started row).
+		for _, r := range reqs {
+			if !slices.Contains(pending, r) {
+				close(r.done)
+			}
 		}
-		if err := b.claimAll(ctx, []*claimReq{r}); err != nil {
+	}
+	for _, r := range pending {
+		if _, err := b.claimAll(ctx, []*claimReq{r}); err != nil {
 			r.err = err
 		}
 		close(r.done)
@@ -234,31 +235,33 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 // the keys it did not claim, by claimSQL, which replaces an expired row
 // and answers a live one. A fresh key, the common case of a claim sent
 // before any lookup (Info.ClaimFirst), costs the cheap statement alone.
-// The error is a statement's.
-func (b *backend) claimAll(ctx context.Context, reqs []*claimReq) error {
+// The error is a statement's, and pending the requests that statement
+// carried, unanswered (those the first claimed stand: it committed).
+func (b *backend) claimAll(ctx context.Context, reqs []*claimReq) (pending []*claimReq, err error) {
 	st := b.stmts()
 	fresh, full := st.claimFreshOne, st.claimOne
 	if len(reqs) > 1 {
 		fresh, full = st.claimFreshMany, st.claimMany
 	}
 	if err := b.claimRows(ctx, fresh, b.claimArgs(reqs), reqs, true); err != nil {
-		return err
+		return reqs, err
 	}
 	var rest []*claimReq
 	for _, r := range reqs {
 		if r.err != nil {
 			rest = append(rest, r)
-		} else {
-			r.kept = true // committed: whatever claimSQL does next
 		}
 	}
 	switch len(rest) {
 	case 0:
-		return nil
+		return nil, nil
 	case 1:
 		full = st.claimOne
 	}
-	return b.claimRows(ctx, full, b.claimArgs(rest), rest, false)
+	if err := b.claimRows(ctx, full, b.claimArgs(rest), rest, false); err != nil {
+		return rest, err
+	}
+	return nil, nil
 }
 
 // claimArgs are the claim statements' arguments for reqs: the owner, the

@@ -23,20 +23,8 @@ import (
 // under RecoverRefuse).
 func TestBatchRestLockWaitKeepsFreshClaims(t *testing.T) {
 	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.Env)
-	o := &Options{Schema: pgtest.Schema(t, pool), LockTimeout: 100 * time.Millisecond}
-	if _, err := Migrate(ctx, pool, o); err != nil {
-		t.Fatal(err)
-	}
-	s, err := resolve(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := newBackend(ctx, pool, s, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	b, pool := testBackend(t, pgtest.Env)
+	b.s.LockTimeout = 100 * time.Millisecond // read per statement
 	// An expired done record, not pruned yet.
 	if _, err := pool.Exec(ctx, b.sql(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, expires_ns, response, has_error, error_code, error_message) VALUES
