@@ -90,7 +90,9 @@ func (b *boltBackend) Guard() error {
 }
 
 // Holding reports whether the caller runs inside a commit of the pipeline.
-func (b *boltBackend) Holding() bool { return b.pipe.Holding() }
+func (b *boltBackend) Holding() bool {
+	return b.pipe.Holding() || (b.j != nil && b.j.holding())
+}
 
 // Close stops the journal (its last frames checkpointed into bbolt) and the
 // commit pipeline, and closes the file.

@@ -16,6 +16,9 @@ var _ idemcore.BacklogCounter = (*boltBackend)(nil)
 // backlog, and no write waits for it).
 func (b *boltBackend) OutboxBacklog(context.Context) (idemcore.OutboxBacklog, error) {
 	var n idemcore.OutboxBacklog
+	if err := b.settle(true); err != nil {
+		return n, err
+	}
 	err := b.db.View(func(tx *bbolt.Tx) error {
 		if bk := outboxBucket(tx); bk != nil {
 			n.Pending = int64(bk.Stats().KeyN)

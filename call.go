@@ -60,12 +60,30 @@ func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Rec
 	})
 }
 
-// RunTx runs fn in a write transaction of the commit pipeline, shared with
-// concurrent writers (group commit: fn may run again, at most
-// maxRuns times), and puts the done record fn returns in it. A claim
-// of Token zero needs no write of its own: the core holds the key, and the
-// file has one writer.
+// RunTx runs fn in the journal's next group, its writes and the done record
+// it returns one caller's writes of the frame (fn runs once, unless another
+// fn of its group calls runtime.Goexit); with the journal off, in a write
+// transaction of the commit pipeline, shared with concurrent writers (group
+// commit: fn may run again, at most maxRuns times), and puts the done
+// record in it. A claim of Token zero needs no write of its own: the core
+// holds the key, and the file has one writer.
 func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
+	if b.j != nil {
+		var msgs int
+		err := b.j.do(func(w *jtx) error {
+			tx := &Tx{v: w.view(), b: b, key: c.Key, trace: c.Trace}
+			done, err := fn(tx)
+			tx.v, msgs = nil, tx.msgs
+			if err != nil {
+				return err
+			}
+			return b.st.put(w, done, c.Started)
+		})
+		if err == nil && msgs > 0 {
+			b.committed() // the dispatcher reads the outbox after a checkpoint (settleOutbox)
+		}
+		return storageErr(err, b.maxSize)
+	}
 	return b.write(func(btx *bbolt.Tx) error {
 		tx := &Tx{tx: btx, b: b, key: c.Key, trace: c.Trace}
 		done, err := fn(tx)

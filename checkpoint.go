@@ -91,9 +91,12 @@ func (j *journal) catchUp() error {
 	}
 	j.ov.mu.RLock()
 	upTo := j.ov.last
-	var snap []bucketSnap
+	var (
+		snap  []bucketSnap
+		usnap []userSnap
+	)
 	if upTo > j.ckpt.Load() {
-		snap = j.ov.snapshot(nil)
+		snap, usnap = j.ov.snapshot(nil), j.ov.snapshotUser()
 	}
 	j.ov.mu.RUnlock()
 	if upTo <= j.ckpt.Load() {
@@ -111,6 +114,9 @@ func (j *journal) catchUp() error {
 					return err
 				}
 			}
+		}
+		if err := applyUserSnap(tx, usnap); err != nil {
+			return err
 		}
 		return putJournalMeta(tx, j.id, upTo)
 	})
@@ -199,6 +205,14 @@ func applyMutation(tx *bbolt.Tx, bucket, key, value []byte, del bool) error {
 		return err
 	}
 	return b.Put(key, value)
+}
+
+// applyOrdered applies one write of a frame to bbolt, in the frame's order.
+func applyOrdered(tx *bbolt.Tx, m mutation) error {
+	if m.op != 0 {
+		return applyUserMutation(tx, m)
+	}
+	return applyMutation(tx, m.bucket, m.key, m.value, m.del)
 }
 
 // boltGet reads key in bucket under the engine's root, or nil.

@@ -18,15 +18,35 @@ import (
 // effectsBucket is the user bucket the suite's effect rows go to.
 var effectsBucket = []byte("effects")
 
-// boltHarness opens bbolt engines on files in a test's temporary directory.
-var boltHarness = idemtest.Harness[*idem.Tx]{
+// boltHarness opens bbolt engines on files in a test's temporary directory,
+// with the write-ahead journal (the default).
+var boltHarness = harnessWith(nil)
+
+// harnessWith is boltHarness with the file's settings file.
+func harnessWith(file *idem.BoltOptions) idemtest.Harness[*idem.Tx] {
+	h := harnessBase
+	h.Open = func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
+		return idem.OpenFile(store, file, o.Engine())
+	}
+	h.OpenWrapped = func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
+		return idem.OpenFileWrapped(store, file, o.Engine(), wrap)
+	}
+	if file != nil && file.JournalSize < 0 {
+		h.Unreached = map[string]string{}
+		for _, p := range []string{"journal-before-write", "journal-before-sync", "journal-after-sync", "checkpoint-before-commit", "checkpoint-after-commit"} {
+			h.Unreached[p] = "the journal is off (BoltOptions.JournalSize < 0); TestConformance runs it"
+		}
+	} else {
+		h.Unreached = map[string]string{}
+		for _, p := range []string{"commit-shared-before", "commit-shared-after"} {
+			h.Unreached[p] = "with the journal on, DoTx's group commit is the journal's; only the dispatcher's, pruner's and operator's direct writes use the pipeline, and they seldom share a commit: TestConformanceJournalOff runs it"
+		}
+	}
+	return h
+}
+
+var harnessBase = idemtest.Harness[*idem.Tx]{
 	New: func(t testing.TB) string { return filepath.Join(t.TempDir(), "idem.db") },
-	Open: func(t testing.TB, store string, o idemtest.Options) (idemtest.Engine[*idem.Tx], error) {
-		return idem.Open(store, o.Engine())
-	},
-	OpenWrapped: func(t testing.TB, store string, o idemtest.Options, wrap func(idemcore.Backend[*idem.Tx]) idemcore.Backend[*idem.Tx]) (idemtest.Engine[*idem.Tx], error) {
-		return idem.OpenWrapped(store, o.Engine(), wrap)
-	},
 	PutEffect: func(tx *idem.Tx, key, value string) error {
 		b, err := tx.Bucket(effectsBucket)
 		if err != nil {
@@ -56,6 +76,17 @@ func TestConformance(t *testing.T) {
 		return
 	}
 	idemtest.Run(t, boltHarness)
+}
+
+// TestConformanceJournalOff runs the suite with the journal off
+// (BoltOptions.JournalSize negative, as NoSync and MaxSize turn it off):
+// Do's records and DoTx's writes are bbolt commits of the commit pipeline,
+// DoTx's shared among concurrent calls.
+func TestConformanceJournalOff(t *testing.T) {
+	if !testkit.Failpoints(t) {
+		return
+	}
+	idemtest.Run(t, harnessWith(&idem.BoltOptions{JournalSize: -1}))
 }
 
 // The bbolt engine offers every engine's methods.

@@ -9,11 +9,19 @@ import (
 
 // Enqueue puts m in the outbox bucket inside the DoTx transaction.
 func (b *boltBackend) Enqueue(tx *Tx, m *idemcore.Message) error {
-	if tx.tx == nil {
+	if tx.tx == nil && tx.v == nil {
 		return ErrTxClosed
 	}
 	if err := fault.Err("outbox-enqueue"); err != nil {
 		return err // as a failed write: fn gets the error
+	}
+	if v := tx.v; v != nil { // through the journal
+		a, _ := v.resolve(outboxPath)
+		m.Seq = v.sequence(a, outboxPath) + 1
+		if err := v.setSequence(outboxPath, m.Seq); err != nil {
+			return err
+		}
+		return v.put(outboxPath, u64Key(m.Seq), encodeMessage(nil, m))
 	}
 	ob := outboxBucket(tx.tx)
 	seq, err := ob.NextSequence()
@@ -40,7 +48,7 @@ func (t *Tx) Enqueue(topic string, payload []byte) error {
 // orderingKey means the call's idempotency key. orderingKey is at most
 // MaxKeyLen bytes of UTF-8 without NUL, else ErrInvalidMessage.
 func (t *Tx) EnqueueOrdered(topic, orderingKey string, payload []byte) error {
-	if t.tx == nil {
+	if t.tx == nil && t.v == nil {
 		return &OpError{Op: "enqueue", Key: t.key, Err: ErrTxClosed}
 	}
 	if err := idemcore.ValidateMessage(topic, orderingKey); err != nil {

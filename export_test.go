@@ -14,3 +14,9 @@ var RootName, OutboxName, DeadName = rootName, outboxName, deadName
 
 // U64Key is u64Key: a message's key in the outbox and dead-letter buckets.
 func U64Key(n uint64) []byte { return u64Key(n) }
+
+// OpenFileWrapped is OpenWrapped with the file's settings, for the suite's
+// run with the journal off.
+func OpenFileWrapped(path string, file *BoltOptions, opts *Options, wrap func(idemcore.Backend[*Tx]) idemcore.Backend[*Tx]) (*Engine, error) {
+	return open(path, file, opts, wrap)
+}

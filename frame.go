@@ -24,9 +24,22 @@ import (
 // Zeros (a preallocated segment) never make a valid frame: their length is 0.
 //
 // A batch is the writes of one group, in order: a uvarint count, then per
-// write an op byte (opPut, opDelete), the uvarint length and bytes of the
-// bucket's name (a bucket directly under the engine's root bucket), of the
-// key, and for opPut of the value.
+// write an op byte, the uvarint length and bytes of its bucket field, of its
+// key field, and for the ops that carry one, of its value:
+//
+//	opPut, opDelete    a record write: bucket is the name of a bucket directly
+//	                   under the engine's root bucket; key; opPut's value
+//	opUserPut          a DoTx write (format version 4): bucket is a bucket's
+//	opUserDelete       path from the top of the file (pathKey: uvarint length
+//	                   and bytes of each name), never the engine's root
+//	                   itself; key; opUserPut's value
+//	opCreateBucket     bucket is the parent's path ("" for a top-level
+//	opDeleteBucket     bucket), key the bucket's name; no value
+//	opSetSequence      bucket is the bucket's path, key empty, value the
+//	                   sequence, 8 bytes big endian
+//
+// A DoTx's outbox messages are opUserPut and opSetSequence on the path of
+// the engine's outbox bucket (idem/outbox).
 
 const (
 	frameHeader = 16
@@ -34,8 +47,13 @@ const (
 )
 
 const (
-	opPut    byte = 1
-	opDelete byte = 2
+	opPut          byte = 1
+	opDelete       byte = 2
+	opUserPut      byte = 3
+	opUserDelete   byte = 4
+	opCreateBucket byte = 5
+	opDeleteBucket byte = 6
+	opSetSequence  byte = 7
 )
 
 // castagnoli is CRC-32C's table (the checksum of ext4's journal, iSCSI and
@@ -45,11 +63,28 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // errBatch is the error of a payload that does not decode as a batch.
 var errBatch = errors.New("journal: malformed batch")
 
-// mutation is one write of a batch: value for opPut, nil for opDelete.
+// mutation is one write of a batch. A record write has op zero: value for
+// opPut, del for opDelete. A DoTx write has its op (opUserPut, ...) and the
+// fields that op gives them.
 type mutation struct {
 	bucket, key, value []byte
 	del                bool
+	op                 byte
 }
+
+// code is the op byte m is encoded with.
+func (m *mutation) code() byte {
+	switch {
+	case m.op != 0:
+		return m.op
+	case m.del:
+		return opDelete
+	}
+	return opPut
+}
+
+// hasValue reports whether an op carries a value field.
+func hasValue(op byte) bool { return op == opPut || op == opUserPut || op == opSetSequence }
 
 // frameSize is the bytes a frame of an n-byte payload takes in a segment.
 func frameSize(n int) int { return (frameHeader + n + frameAlign - 1) &^ (frameAlign - 1) }
@@ -101,17 +136,15 @@ func parseFrame(b []byte, salt uint32) (seq uint64, payload []byte, size int, ok
 // appendBatch appends the encoding of ms to dst.
 func appendBatch(dst []byte, ms []mutation) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(ms)))
-	for _, m := range ms {
-		op := opPut
-		if m.del {
-			op = opDelete
-		}
+	for i := range ms {
+		m := &ms[i]
+		op := m.code()
 		dst = append(dst, op)
 		dst = binary.AppendUvarint(dst, uint64(len(m.bucket)))
 		dst = append(dst, m.bucket...)
 		dst = binary.AppendUvarint(dst, uint64(len(m.key)))
 		dst = append(dst, m.key...)
-		if !m.del {
+		if hasValue(op) {
 			dst = binary.AppendUvarint(dst, uint64(len(m.value)))
 			dst = append(dst, m.value...)
 		}
@@ -144,24 +177,32 @@ func decodeBatch(p []byte) ([]mutation, error) {
 		p = p[1:]
 		var m mutation
 		var ok bool
-		if m.bucket, ok = field(); !ok || len(m.bucket) == 0 {
+		if op < opPut || op > opSetSequence {
 			return nil, errBatch
 		}
-		if m.key, ok = field(); !ok || len(m.key) == 0 {
+		if m.bucket, ok = field(); !ok || (len(m.bucket) == 0 && op != opCreateBucket && op != opDeleteBucket) {
 			return nil, errBatch
 		}
-		switch op {
-		case opPut:
-			if m.value, ok = field(); !ok {
+		if m.key, ok = field(); !ok || (len(m.key) == 0) != (op == opSetSequence) {
+			return nil, errBatch
+		}
+		if op >= opUserPut && !validPath(m.bucket) {
+			return nil, errBatch
+		}
+		if hasValue(op) {
+			if m.value, ok = field(); !ok || (op == opSetSequence && len(m.value) != 8) {
 				return nil, errBatch
 			}
 			if m.value == nil {
 				m.value = []byte{}
 			}
+		}
+		switch op {
 		case opDelete:
 			m.del = true
+		case opPut:
 		default:
-			return nil, errBatch
+			m.op = op
 		}
 		ms = append(ms, m)
 	}

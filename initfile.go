@@ -66,7 +66,9 @@ func initFile(db *bbolt.DB, readOnly bool) error {
 // refuses the file. To version 3: the journal meta (a new journal id, the
 // checkpoint at 0); its version-1 messages decode. So a build of version 2,
 // which would not replay the journal and would quarantine messages of
-// encoding version 2 as corrupt, refuses the file.
+// encoding version 2 as corrupt, refuses the file. To version 4: nothing but
+// the version, so that a build of version 3, which would take the journal's
+// DoTx frames for damage, refuses the file.
 func migrate(tx *bbolt.Tx, root *bbolt.Bucket) error {
 	meta := root.Bucket(metaName)
 	if binary.BigEndian.Uint32(meta.Get(versionKey)) == formatVersion {

@@ -14,6 +14,7 @@ import (
 	bolterrors "go.etcd.io/bbolt/errors"
 
 	"github.com/idemkit/idem/internal/fault"
+	"github.com/idemkit/idem/internal/goid"
 )
 
 // The write-ahead journal in front of bbolt (issue 20): a Do's started and
@@ -40,11 +41,13 @@ import (
 // (ErrCorrupt), never a torn tail.
 //
 // What goes through the journal: the record writes of Do (Claim, Complete,
-// Release). Every other write (DoTx's, which hands fn bbolt's own
-// transaction, the outbox's, the operator's, the pruner's) is a direct
-// bbolt commit through the commit pipeline (commit.go), made after the
-// overlay is drained into bbolt and never beside a journal group (mode), so
-// it reads and writes bbolt as if there were no journal.
+// Release) and DoTx's (RunTx: fn's writes to its buckets through the
+// engine's Bucket, bucketview.go, the outbox messages it enqueues, and the
+// done record). Every other write (the outbox dispatcher's, the operator's,
+// the pruner's) is a direct bbolt commit through the commit pipeline
+// (commit.go), made after the overlay is drained into bbolt and never beside
+// a journal group (mode), so it reads and writes bbolt as if there were no
+// journal.
 //
 // Without fsync (BoltOptions.NoSync) or under BoltOptions.MaxSize the
 // journal is off and Do commits to bbolt as before: a write the journal
@@ -59,9 +62,10 @@ var errJournalPanic = errors.New("journal: panic while writing a frame")
 type journalFunc func(w *jtx) error
 
 type jreq struct {
-	fn   journalFunc
-	err  error
-	done chan struct{}
+	fn       journalFunc
+	err      error
+	answered bool // finishJ ran: its caller has its answer
+	done     chan struct{}
 }
 
 // journal is the write-ahead journal of one open file.
@@ -85,6 +89,11 @@ type journal struct {
 
 	next       uint64 // the sequence number of the next frame; the writer's
 	pbuf, fbuf []byte // the writer's buffers
+
+	// writer is the goroutine running the callers' functions (goid), or 0:
+	// a DoTx fn calling the engine from there would wait for itself.
+	writer  atomic.Uint64
+	current *jreq // the request whose function runs; the writer's
 
 	// The checkpoint (checkpoint.go).
 	ckMu        sync.Mutex
@@ -151,8 +160,14 @@ func (j *journal) group(batch []*jreq) {
 	j.mode.Lock()
 	defer j.mode.Unlock()
 	pending := batch
+	finished := false
 	defer func() {
-		if v := recover(); v != nil {
+		v := recover()
+		if v == nil && !finished {
+			j.goexit(batch)
+			return
+		}
+		if v != nil {
 			// A panic outside the functions: fail closed, answer every
 			// caller, and let the panic go on (as on the committer).
 			err := j.pipe.fail(fmt.Errorf("%w: %v", errJournalPanic, v))
@@ -166,6 +181,13 @@ func (j *journal) group(batch []*jreq) {
 			panic(v)
 		}
 	}()
+	j.write(batch, &pending)
+	finished = true
+}
+
+// write is group's work: pending is the requests not answered yet, for a
+// panic.
+func (j *journal) write(batch []*jreq, pending *[]*jreq) {
 	if err := j.pipe.Failed(); err != nil {
 		for _, r := range batch {
 			finishJ(r, err)
@@ -173,7 +195,7 @@ func (j *journal) group(batch []*jreq) {
 		return
 	}
 	muts, ok, err := j.run(batch)
-	pending = ok
+	*pending = ok
 	if err != nil {
 		for _, r := range ok {
 			finishJ(r, err)
@@ -200,7 +222,31 @@ func (j *journal) group(batch []*jreq) {
 	for _, r := range ok {
 		finishJ(r, nil)
 	}
-	pending = nil
+	*pending = nil
+}
+
+// goexit answers the request whose function called runtime.Goexit on the
+// writer's goroutine, and hands the rest of its group, not yet written, to
+// a goroutine of the journal's, which runs their functions again.
+func (j *journal) goexit(batch []*jreq) {
+	var again []*jreq
+	for _, r := range batch {
+		switch {
+		case r == j.current:
+			finishJ(r, errCommitGoexit)
+		case !r.answered:
+			again = append(again, r)
+		}
+	}
+	j.current = nil
+	j.wmu.Lock()
+	j.queue = append(again, j.queue...)
+	more := len(j.queue) > 0
+	j.busy = more
+	j.wmu.Unlock()
+	if more {
+		go j.lead()
+	}
 }
 
 // run runs the functions of batch in order, each over the writes of those
@@ -214,10 +260,13 @@ func (j *journal) run(batch []*jreq) (muts []mutation, ok []*jreq, err error) {
 		return nil, batch, err
 	}
 	defer func() { _ = tx.Rollback() }()
+	j.writer.Store(goid.ID())
+	defer j.writer.Store(0)
 	w := &jtx{ov: j.ov, tx: tx, pend: newOverlay()}
 	ok = batch[:0:0]
 	for _, r := range batch {
-		w.muts = nil
+		w.muts, w.own = nil, nil
+		j.current = r
 		if err := callJournal(r.fn, w); err != nil {
 			finishJ(r, err)
 			continue
@@ -230,8 +279,14 @@ func (j *journal) run(batch []*jreq) (muts []mutation, ok []*jreq, err error) {
 }
 
 func finishJ(r *jreq, err error) {
-	r.err = err
+	r.err, r.answered = err, true
 	r.done <- struct{}{}
+}
+
+// holding reports whether the calling goroutine runs a caller's function.
+func (j *journal) holding() bool {
+	w := j.writer.Load()
+	return w != 0 && w == goid.ID()
 }
 
 // callJournal runs fn, turning a panic into a *commitPanic.
@@ -309,7 +364,7 @@ func (j *journal) direct(seq uint64, muts []mutation) error {
 	}
 	err := update(j.db, func(tx *bbolt.Tx) error {
 		for _, m := range muts {
-			if err := applyMutation(tx, m.bucket, m.key, m.value, m.del); err != nil {
+			if err := applyOrdered(tx, m); err != nil {
 				return err
 			}
 		}
@@ -367,17 +422,27 @@ func (j *journal) close() error {
 
 // jtx is a caller's view of the records inside a journal group: its own
 // writes, then the group's before it, then the overlay, then bbolt's read
-// transaction.
+// transaction. A DoTx fn's view of its buckets (view) is the same layers.
 type jtx struct {
 	ov   *overlay
 	tx   *bbolt.Tx
 	pend *overlay
 	muts []mutation
+	own  *overlay // the caller's DoTx writes, made at its first view
+}
+
+// view returns the caller's view of the user buckets and the outbox.
+func (w *jtx) view() *uview {
+	if w.own == nil {
+		w.own = newOverlay()
+	}
+	return &uview{tx: w.tx, layers: []*overlay{w.ov, w.pend, w.own},
+		emit: func(m mutation) { w.muts = append(w.muts, m) }}
 }
 
 func (w *jtx) get(bucket, key []byte) []byte {
 	for i := len(w.muts) - 1; i >= 0; i-- {
-		if m := &w.muts[i]; bytes.Equal(m.key, key) && bytes.Equal(m.bucket, bucket) {
+		if m := &w.muts[i]; m.op == 0 && bytes.Equal(m.key, key) && bytes.Equal(m.bucket, bucket) {
 			return m.value
 		}
 	}

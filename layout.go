@@ -34,6 +34,11 @@ import (
 // formatVersion is the format version this code writes; it reads oldestFormatVersion
 // to formatVersion, and Open migrates an older file to formatVersion.
 //
+// Version 4's journal carries DoTx's writes too (frame.go: opUserPut and
+// the other user ops; a DoTx's writes to its buckets, the outbox messages
+// it enqueues): a build of version 3 would fail on those frames as damage,
+// so it refuses the file instead. Its file is version 3's.
+//
 // Version 3 has a write-ahead journal beside the file (<path>.journal/,
 // journal.go), whose frames after the checkpoint hold acknowledged writes the
 // file does not, and writes outbox messages in message encoding version 2,
@@ -48,7 +53,7 @@ import (
 // encoding version 2, see record.go). Version 1 recorded the window only as
 // the width of the slot a record sits in, and not the policy.
 const (
-	formatVersion       = 3
+	formatVersion       = 4
 	oldestFormatVersion = 1
 )
 

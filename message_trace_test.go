@@ -34,7 +34,7 @@ func (f *fixedTrace) MessageTrace(context.Context) []byte               { return
 // testdata/file-v2-messages.db was written by the last build of format version 2
 // (testdata/README.md): its messages are in message encoding version 1,
 // without a trace context. This build opens it, lists and delivers them,
-// moves the file to format version 3, and stores the trace context of the
+// moves the file to the current format version, and stores the trace context of the
 // messages it enqueues.
 func TestOpenFormatVersion2FileWithMessages(t *testing.T) {
 	path := copyFixture(t, "testdata/file-v2-messages.db")
@@ -71,7 +71,7 @@ func TestOpenFormatVersion2FileWithMessages(t *testing.T) {
 
 	require.NoError(t, e.View(func(tx *bbolt.Tx) error {
 		v := tx.Bucket([]byte("idem")).Bucket([]byte("meta")).Get([]byte("version"))
-		require.Equal(t, uint32(3), binary.BigEndian.Uint32(v), "the open moves the file to format version 3")
+		require.Equal(t, uint32(4), binary.BigEndian.Uint32(v), "the open moves the file to the current format version (4)")
 		return nil
 	}))
 

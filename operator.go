@@ -58,6 +58,9 @@ func (e *Engine) ScanFile() (FileStats, error) {
 		return FileStats{}, &OpError{Op: "scan", Err: err}
 	}
 	defer e.c.Exit()
+	if err := e.b.settle(false); err != nil {
+		return FileStats{}, opError("scan", "", err)
+	}
 	var s FileStats
 	now := e.c.Now()
 	err := e.b.viewSnapshot(nil, func(tx *bbolt.Tx, snap []bucketSnap) error {
@@ -93,11 +96,19 @@ func (e *Engine) Records(fn func(r *Record, err error) error) error { return e.c
 // call. Bytes read from the transaction point into the file's memory map:
 // copy what you keep past fn. Reads run alongside calls; they do not dedupe
 // anything. The engine's own bucket ("idem") is visible but is not an API.
+// With the journal on, View first brings the file up to date with the DoTx
+// writes the journal holds and it does not (a checkpoint: two fsyncs, only
+// when there are such writes), so fn sees every acknowledged one; a
+// read-only engine over such a journal refuses, with an error matching
+// bbolt's errors.ErrDatabaseReadOnly.
 func (e *Engine) View(fn func(tx *bbolt.Tx) error) error {
 	if err := e.c.Enter(); err != nil {
 		return &OpError{Op: "view", Err: err}
 	}
 	defer e.c.Exit()
+	if err := e.b.settle(false); err != nil {
+		return opError("view", "", err)
+	}
 	defer e.b.reads.unmark(e.b.reads.mark())
 	inUser := true // the whole of fn is the user's
 	return viewUser(e.b.db, &inUser, fn)

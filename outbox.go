@@ -117,6 +117,9 @@ func deadBucket(tx *bbolt.Tx) *bbolt.Bucket   { return rootBucket(tx).Bucket(dea
 
 // Messages walks the pending messages, then the dead letters, by Seq.
 func (b *boltBackend) Messages(_ context.Context, fn func(m *idemcore.Message, err error) error) error {
+	if err := b.settle(true); err != nil {
+		return err
+	}
 	defer b.reads.unmark(b.reads.mark()) // fn runs inside the read transaction
 	var inUser bool
 	return viewUser(b.db, &inUser, func(tx *bbolt.Tx) error {

@@ -41,6 +41,9 @@ func (b *boltBackend) ClaimDue(_ context.Context, now time.Time, limit int) (ide
 	if err := b.pipe.Failed(); err != nil {
 		return idemcore.Due{}, storageErr(err, b.maxSize)
 	}
+	if err := b.settle(true); err != nil {
+		return idemcore.Due{}, err
+	}
 	ix := b.ix
 	ix.mu.Lock()
 	defer ix.mu.Unlock()

@@ -198,7 +198,7 @@ func openJournal(path string, db *bbolt.DB, pipe *pipeline, ov *overlay, f *Bolt
 		err := update(db, func(tx *bbolt.Tx) error {
 			for _, fr := range sc.frames {
 				for _, m := range fr.muts {
-					if err := applyMutation(tx, m.bucket, m.key, m.value, m.del); err != nil {
+					if err := applyOrdered(tx, m); err != nil {
 						return err
 					}
 				}

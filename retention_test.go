@@ -256,7 +256,7 @@ func TestOpenFormatVersion1File(t *testing.T) {
 		require.NoError(t, err)
 		replays(t, e)
 		require.NoError(t, e.Close())
-		require.Equal(t, uint32(3), formatVersion(t, path), "Open migrated the file to the current format version (3)")
+		require.Equal(t, uint32(4), formatVersion(t, path), "Open migrated the file to the current format version (4)")
 
 		e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
 		require.NoError(t, err)
@@ -374,7 +374,7 @@ func TestOpenFormatVersion2File(t *testing.T) {
 		require.NoError(t, err)
 		require.False(t, res.Replayed)
 		require.NoError(t, e.Close())
-		require.Equal(t, uint32(3), formatVersion(t, path), "Open migrated the file to format version 3")
+		require.Equal(t, uint32(4), formatVersion(t, path), "Open migrated the file to format version 4")
 		e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
 		require.NoError(t, err)
 		defer e.Close()

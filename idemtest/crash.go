@@ -362,7 +362,16 @@ func (s *suite[T]) matrix(t *testing.T) {
 	}
 	names := make([]string, 0, len(points))
 	for name := range points {
+		if why, ok := s.h.Unreached[name]; ok {
+			t.Logf("crash matrix: no cells for %s (%s:%d): %s", name, points[name].File, points[name].Line, why)
+			continue
+		}
 		names = append(names, name)
+	}
+	for name := range s.h.Unreached {
+		if _, ok := points[name]; !ok {
+			t.Errorf("idemtest: Harness.Unreached names %q, which is no failpoint of the code", name)
+		}
 	}
 	sort.Strings(names)
 	if len(names) == 0 {

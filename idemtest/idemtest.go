@@ -249,6 +249,13 @@ type Harness[T any] struct {
 	// Check, if set, checks the store's consistency after the suite closed
 	// its engines (bbolt's Tx.Check).
 	Check func(t testing.TB, store string)
+
+	// Unreached names the failpoints that the engine Open makes never
+	// reaches, each with the reason (a configuration that turns its code
+	// off, such as bbolt's journal): the crash matrix runs no cells for
+	// them, and says so. Every other point must fire in every cell. Naming
+	// a point the code does not have fails the matrix.
+	Unreached map[string]string
 }
 
 // Run runs the conformance suite on the backend h reaches, as subtests of t.
