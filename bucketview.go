@@ -431,8 +431,8 @@ func boltBucket(tx *bbolt.Tx, path string) *bbolt.Bucket {
 	return b
 }
 
-// freshBucket deletes the child name of the bucket at parent, if there, and
-// creates it empty (the state a layer's markFresh stands for).
+// freshBucket deletes the child name of the bucket at parent (a bucket or a
+// value), if there, and creates it empty (the state a layer's markFresh stands for).
 func freshBucket(tx *bbolt.Tx, parent string, name []byte) error {
 	if parent == "" {
 		if tx.Bucket(name) != nil {
@@ -447,12 +447,17 @@ func freshBucket(tx *bbolt.Tx, parent string, name []byte) error {
 	if p == nil {
 		return errMissingParent(parent)
 	}
-	if p.Bucket(name) != nil {
-		if err := p.DeleteBucket(name); err != nil {
-			return err
-		}
+	var err error
+	switch {
+	case p.Bucket(name) != nil:
+		err = p.DeleteBucket(name)
+	case p.Get(name) != nil: // a value the layers deleted before
+		err = p.Delete(name)
 	}
-	_, err := p.CreateBucket(name)
+	if err != nil {
+		return err
+	}
+	_, err = p.CreateBucket(name)
 	return err
 }
 
@@ -504,26 +509,29 @@ func applyUserMutation(tx *bbolt.Tx, m mutation) error {
 	}
 }
 
-// applyUserSnap writes the overlay's DoTx state to bbolt, parents first.
+// applyUserSnap writes the overlay's DoTx state to bbolt: first the
+// buckets' marks, parents first (a bucket created fresh replaces what was
+// at its name, a value the layers deleted first), then the keys and
+// sequences. A delete of a key that is now a bucket was the delete of the
+// value the bucket replaced, done already.
 func applyUserSnap(tx *bbolt.Tx, snaps []userSnap) error {
 	for _, s := range snaps {
-		switch s.mark {
-		case markFresh, markGone:
-			parent, name := splitPath(s.path)
-			var err error
-			if s.mark == markFresh {
-				err = freshBucket(tx, parent, []byte(name))
-			} else {
-				err = goneBucket(tx, parent, []byte(name))
-			}
-			if err != nil {
-				return err
-			}
-			if s.mark == markGone {
-				continue
-			}
+		if s.mark == 0 {
+			continue
 		}
-		if len(s.kvs) == 0 && !s.hasSeq {
+		parent, name := splitPath(s.path)
+		var err error
+		if s.mark == markFresh {
+			err = freshBucket(tx, parent, []byte(name))
+		} else {
+			err = goneBucket(tx, parent, []byte(name))
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for _, s := range snaps {
+		if s.mark == markGone || (len(s.kvs) == 0 && !s.hasSeq) {
 			continue
 		}
 		b := boltBucket(tx, s.path)
@@ -532,10 +540,11 @@ func applyUserSnap(tx *bbolt.Tx, snaps []userSnap) error {
 		}
 		for _, e := range s.kvs {
 			var err error
-			if e.e.del {
-				err = b.Delete([]byte(e.key))
-			} else {
+			switch {
+			case !e.e.del:
 				err = b.Put([]byte(e.key), e.e.value)
+			case b.Bucket([]byte(e.key)) == nil:
+				err = b.Delete([]byte(e.key))
 			}
 			if err != nil {
 				return err

@@ -15,9 +15,9 @@ import (
 	"github.com/idemkit/idem/internal/testkit/boltkit"
 )
 
-// The journal's own power cuts (issue 20): the workload's Do calls alone
-// (IDEM_ONLY_DO: the journal's traffic, no DoTx draining it), killed at a
-// moment the parent picks by watching the FUSE layer, then the power cut.
+// The journal's own power cuts (issue 20): the workload (its Do and DoTx
+// calls both go through the journal), killed at a moment the parent picks
+// by watching the FUSE layer, then the power cut.
 // The watch holds the layer's lock while it kills, so no write or sync of
 // the child lands between what it saw and the kill.
 var journalCuts = []struct {
@@ -67,7 +67,7 @@ func TestPowerCutInTheJournal(t *testing.T) {
 				ackPath, ledgerPath := filepath.Join(dir, "acks"), filepath.Join(dir, "ledger")
 				const n = 600
 				cmd := child(t, "workload", "IDEM_DB="+filepath.Join(f.mnt, "idem.db"), "IDEM_ACKS="+ackPath,
-					"IDEM_LEDGER="+ledgerPath, "IDEM_KEYS="+strconv.Itoa(n), "IDEM_ONLY_DO=1")
+					"IDEM_LEDGER="+ledgerPath, "IDEM_KEYS="+strconv.Itoa(n))
 				require.NoError(t, cmd.Start())
 				warm := 20 + r.IntN(200)
 				for deadline := time.Now().Add(20 * time.Second); len(readAcks(t, ackPath)) < warm && time.Now().Before(deadline); {

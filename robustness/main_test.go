@@ -78,9 +78,6 @@ func workloadChild() {
 	for w := range 8 {
 		wg.Go(func() {
 			for i := w; i < n; i += 8 {
-				if i%2 == 1 && os.Getenv("IDEM_ONLY_DO") != "" {
-					continue // Do calls alone: the journal's traffic (journal_test.go)
-				}
 				res, err := call(context.Background(), e, l, i)
 				if err != nil {
 					continue
