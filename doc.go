@@ -86,9 +86,10 @@
 //     between the effect and the done record, fn runs again (or the key is
 //     refused). Pass the idempotency key to the downstream system, or use DoTx
 //     with the outbox.
-//   - A DoTx fn may run more than once (shared transactions are retried without
-//     a failing member), never more than 3 times per call, and must touch only
-//     its Tx: no I/O, no shared memory.
+//   - A DoTx fn may run more than once (with the journal off, shared
+//     transactions are retried without a failing member; with it on, only
+//     after another fn of its group called runtime.Goexit), never more than
+//     3 times per call, and must touch only its Tx: no I/O, no shared memory.
 //   - BoltOptions.NoSync gives up durability: after a machine crash a started record
 //     may be missing and fn may run twice. For tests and benchmarks.
 //   - The fingerprint is a 64-bit xxhash: two different requests collide with

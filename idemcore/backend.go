@@ -158,11 +158,13 @@ type Records[T any] interface {
 	// started record first, as Do does): done replaces c.Started, fenced
 	// like Complete.
 	//
-	// fn may be called more than once: bbolt shares one transaction among
-	// concurrent calls (group commit) and has no savepoints, so when
-	// another call's fn fails the transaction is rolled back and fn runs
-	// again in a new one (at most 3 times per call); the last run's result
-	// counts. Postgres runs fn once, under a savepoint.
+	// fn may be called more than once: bbolt with its journal off shares
+	// one transaction among concurrent calls (group commit) and has no
+	// savepoints, so when another call's fn fails the transaction is rolled
+	// back and fn runs again in a new one (at most 3 times per call); the
+	// last run's result counts. bbolt's journal keeps each fn's writes
+	// apart and runs fn once (again only after another fn of its group
+	// called runtime.Goexit); Postgres runs fn once, under a savepoint.
 	RunTx(ctx context.Context, c *Claim, fn func(tx T) (*Record, error)) error
 
 	// Holding reports whether the calling goroutine runs inside a RunTx fn

@@ -71,7 +71,8 @@
 // transaction of its own), as is ErrResponseTooLarge; Retryable, an error
 // once fn's context ended, and a panic (re-raised as a *PanicError) store
 // nothing, and the key is free. How many times fn may run is the backend's
-// (Backend.RunTx: bbolt may run it up to 3 times, Postgres once).
+// (Backend.RunTx: bbolt with its journal off may run it up to 3 times,
+// bbolt's journal and Postgres once).
 //
 // # Unknown outcomes
 //

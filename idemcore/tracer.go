@@ -145,8 +145,8 @@ type FnStart struct {
 	// Attempt and Recovered are CallFrom's.
 	Attempt   int
 	Recovered bool
-	// Run counts fn's runs in this call, from 1 (a DoTx fn on bbolt may run
-	// up to 3 times; Do's fn runs once).
+	// Run counts fn's runs in this call, from 1 (a DoTx fn on bbolt with
+	// its journal off may run up to 3 times; Do's fn runs once).
 	Run int
 }
 

@@ -50,7 +50,8 @@ type TxToolHandlerFor[In, Out, T any] func(ctx context.Context, req *mcp.CallToo
 // together and a kill mid-call leaves no extra effect. Each call runs in
 // d.DoTx (d is normally the engine m was made with); the handler writes
 // through tx only. As DoTx says, the handler MAY RUN MORE THAN ONCE per call
-// (group commit re-runs it when another call in the batch fails) and must
+// (with bbolt's journal off, group commit re-runs it when another call in
+// the batch fails) and must
 // touch nothing but tx: no I/O, no server-to-client requests (elicitation,
 // sampling), no shared memory. A tool error (an IsError result or a protocol
 // error) rolls its writes back and is stored alone, and replayed.

@@ -41,8 +41,8 @@ const (
 	// AttrRecovered is set on fn's span when it re-executes an interrupted
 	// execution.
 	AttrRecovered = attribute.Key("idem.recovered")
-	// AttrRun counts a DoTx fn's runs in one call (bbolt's group commit may
-	// run it up to 3 times).
+	// AttrRun counts a DoTx fn's runs in one call (bbolt's group commit
+	// with its journal off may run it up to 3 times).
 	AttrRun = attribute.Key("idem.fn.run")
 	// AttrStoredError is set on a call answered with a recorded error of
 	// fn's (first or replayed): an answer, not a failure of the engine.
