@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 	"go.etcd.io/bbolt"
@@ -149,4 +151,57 @@ func TestDoTxFailingFnDroppedAlone(t *testing.T) {
 		}
 		return nil
 	}))
+}
+
+// A fn that calls runtime.Goexit on the journal's writer ends that
+// goroutine: its caller gets errCommitGoexit, and the rest of its group runs
+// again on another, never more than maxRuns times however many of its group
+// exit so.
+func TestJournalGoexitBoundsReRuns(t *testing.T) {
+	e := openNoCheckpoint(t, filepath.Join(t.TempDir(), "j.db"), nil)
+	defer e.Close()
+	j := e.b.j
+	bucket := timeSlot{Start: 0, End: 1}.Name()
+	entered, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = j.do(func(w *jtx) error { close(entered); <-release; return w.put(bucket, []byte("blocker"), []byte("v")) })
+	}()
+	<-entered // the writer is busy: what follows queues for one group
+	const exits = 6
+	var normalRuns atomic.Int32
+	errs := make(chan error, exits+1)
+	go func() {
+		errs <- j.do(func(w *jtx) error { normalRuns.Add(1); return w.put(bucket, []byte("normal"), []byte("v")) })
+	}()
+	for range exits {
+		go func() {
+			errs <- j.do(func(*jtx) error { runtime.Goexit(); return nil })
+		}()
+	}
+	for {
+		j.wmu.Lock()
+		n := len(j.queue)
+		j.wmu.Unlock()
+		if n == exits+1 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	var goexits int
+	for range exits + 1 {
+		err := <-errs
+		switch {
+		case errors.Is(err, errCommitGoexit):
+			goexits++
+		default:
+			require.NoError(t, err)
+		}
+	}
+	t.Logf("the normal function ran %d times", normalRuns.Load())
+	require.Equal(t, exits, goexits, "each exited caller is told so")
+	require.LessOrEqual(t, normalRuns.Load(), int32(maxRuns), "the others' functions ran at most maxRuns times")
+	e.b.ov.mu.RLock()
+	defer e.b.ov.mu.RUnlock()
+	require.NotNil(t, e.b.ov.get(bucket, []byte("normal")), "and their writes are in")
 }

@@ -2,10 +2,12 @@ package idem
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,6 +67,7 @@ type jreq struct {
 	fn       journalFunc
 	err      error
 	answered bool // finishJ ran: its caller has its answer
+	runs     int  // its function's runs (more than one after a Goexit)
 	done     chan struct{}
 }
 
@@ -143,7 +146,12 @@ func (j *journal) do(fn journalFunc) error {
 func (j *journal) lead() {
 	j.wmu.Lock()
 	batch := j.queue
-	j.queue = nil
+	if len(batch) > 1 && batch[0].runs >= maxRuns-1 {
+		// Its function ran twice in groups another's Goexit ended: it runs
+		// alone (at most maxRuns runs, as on the commit pipeline).
+		batch = batch[:1]
+	}
+	j.queue = j.queue[len(batch):]
 	j.wmu.Unlock()
 	j.group(batch)
 	j.wmu.Lock()
@@ -238,6 +246,8 @@ func (j *journal) goexit(batch []*jreq) {
 			again = append(again, r)
 		}
 	}
+	// Those that ran twice first: each runs alone (lead).
+	slices.SortStableFunc(again, func(a, b *jreq) int { return cmp.Compare(b.runs, a.runs) })
 	j.current = nil
 	j.wmu.Lock()
 	j.queue = append(again, j.queue...)
@@ -267,6 +277,7 @@ func (j *journal) run(batch []*jreq) (muts []mutation, ok []*jreq, err error) {
 	for _, r := range batch {
 		w.muts, w.own = nil, nil
 		j.current = r
+		r.runs++
 		if err := callJournal(r.fn, w); err != nil {
 			finishJ(r, err)
 			continue
