@@ -70,7 +70,7 @@ func (b *boltBackend) Release(_ context.Context, c *idemcore.Claim, restore *Rec
 func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx) (*Record, error)) error {
 	if b.j != nil {
 		var msgs int
-		err := b.j.do(func(w *jtx) error {
+		err := b.j.doAs(func(w *jtx) error {
 			tx := &Tx{v: w.view(), b: b, key: c.Key, trace: c.Trace}
 			done, err := fn(tx)
 			tx.v, msgs = nil, tx.msgs
@@ -78,7 +78,7 @@ func (b *boltBackend) RunTx(_ context.Context, c *idemcore.Claim, fn func(tx *Tx
 				return err
 			}
 			return b.st.put(w, done, c.Started)
-		})
+		}, true)
 		if err == nil && msgs > 0 {
 			b.committed() // the dispatcher reads the outbox after a checkpoint (settleOutbox)
 		}

@@ -68,6 +68,7 @@ type jreq struct {
 	err      error
 	answered bool // finishJ ran: its caller has its answer
 	runs     int  // its function's runs (more than one after a Goexit)
+	user     bool // a DoTx fn runs in it: the writer's goroutine is marked
 	done     chan struct{}
 }
 
@@ -123,8 +124,12 @@ const catchUpDelay = 50 * time.Millisecond
 // do runs fn's writes in the next frame and returns once the frame is
 // durable (its writes in the overlay), or with fn's error, the journal's
 // failure, or errPipelineStopped.
-func (j *journal) do(fn journalFunc) error {
-	r := &jreq{fn: fn, done: make(chan struct{}, 1)}
+func (j *journal) do(fn journalFunc) error { return j.doAs(fn, false) }
+
+// doAs is do; user says that fn runs a DoTx fn, which may call the engine
+// (holding).
+func (j *journal) doAs(fn journalFunc, user bool) error {
+	r := &jreq{fn: fn, done: make(chan struct{}, 1), user: user}
 	j.wmu.Lock()
 	if j.stopped {
 		j.wmu.Unlock()
@@ -270,8 +275,15 @@ func (j *journal) run(batch []*jreq) (muts []mutation, ok []*jreq, err error) {
 		return nil, batch, err
 	}
 	defer func() { _ = tx.Rollback() }()
-	j.writer.Store(goid.ID())
-	defer j.writer.Store(0)
+	for _, r := range batch {
+		if r.user {
+			// A DoTx fn may call the engine: mark this goroutine (Holding).
+			// Do's record writes, which call nothing, spare the cost.
+			j.writer.Store(goid.ID())
+			defer j.writer.Store(0)
+			break
+		}
+	}
 	w := &jtx{ov: j.ov, tx: tx, pend: newOverlay()}
 	ok = batch[:0:0]
 	for _, r := range batch {
