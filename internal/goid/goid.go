@@ -1,6 +1,7 @@
-// Package goid reads the id of the calling goroutine, for the engine's
-// re-entrance checks (idemcore) and the commit pipeline's single writer
-// (the root package's commit.go). It imports no storage driver.
+// Package goid identifies the calling goroutine, for the engine's
+// re-entrance checks (idemcore) and the commit pipeline's and journal's
+// single writer (the root package's commit.go, journal.go). It imports no
+// storage driver.
 package goid
 
 import (
@@ -8,12 +9,18 @@ import (
 	"runtime"
 )
 
-// ID is the id of the calling goroutine, read from its stack header
-// ("goroutine 123 [running]:"); never 0. It costs a runtime.Stack call, small
-// beside a commit but not free: it is read once per commit, once per
-// execution of a Do fn, and by re-entrance checks before a wait, never per
-// replay.
-func ID() uint64 {
+// ID identifies the calling goroutine among the live ones; never 0. On
+// amd64 and arm64 it is the address of the runtime's goroutine descriptor
+// (read in assembly: a few nanoseconds); a descriptor is reused only after
+// its goroutine ended, so two live goroutines never share an ID, but an
+// ended goroutine's ID may come back: keep one only while its goroutine
+// runs (the engine clears every mark before that). Elsewhere it is the
+// goroutine's number, read from its stack header ("goroutine 123
+// [running]:") by runtime.Stack, which walks the whole stack: microseconds.
+func ID() uint64 { return id() }
+
+// stackID reads the goroutine's number from its stack header.
+func stackID() uint64 {
 	var buf [32]byte
 	b := buf[:runtime.Stack(buf[:], false)]
 	b = bytes.TrimPrefix(b, []byte("goroutine "))
