@@ -102,16 +102,7 @@ func TestOpenFormatVersion3File(t *testing.T) {
 	replays := func(t *testing.T, e *idem.Engine) { v3Replays(t, e, 5) }
 	readOnlyChangesNothing(t, path, clock.Now, replays)
 	t.Run("writable", func(t *testing.T) {
-		e, err := idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
-		require.NoError(t, err)
-		replays(t, e)
-		v3Delivers(t, e)
-		require.NoError(t, e.Close())
-		require.GreaterOrEqual(t, formatVersion(t, path), uint32(3))
-
-		e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
-		require.NoError(t, err)
-		defer e.Close()
+		e := v3Upgrade(t, path, clock, replays, false)
 		res, err := e.Do(bg, "order-3", []byte("args-3"), mustNotRun(t))
 		require.NoError(t, err)
 		require.True(t, res.Replayed)
@@ -171,17 +162,7 @@ func TestOpenFormatVersion3FileWithJournal(t *testing.T) {
 	require.Equal(t, before, after, "a read-only Open leaves the journal as it was")
 
 	t.Run("writable", func(t *testing.T) {
-		e, err := idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
-		require.NoError(t, err)
-		require.NotZero(t, e.Stats().Replayed, "the open replayed the journal's frames")
-		replays(t, e)
-		v3Delivers(t, e)
-		require.NoError(t, e.Close())
-		require.GreaterOrEqual(t, formatVersion(t, path), uint32(3))
-
-		e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
-		require.NoError(t, err)
-		defer e.Close()
+		e := v3Upgrade(t, path, clock, replays, true)
 		for key, want := range map[string]string{"j-1": "journaled 1", "j-2": "journaled 2", "order-3": "reconciled"} {
 			fp := map[string]string{"j-1": "args-j1", "j-2": "args-j2", "order-3": "args-3"}[key]
 			res, err := e.Do(bg, key, []byte(fp), mustNotRun(t))
@@ -190,4 +171,26 @@ func TestOpenFormatVersion3FileWithJournal(t *testing.T) {
 			require.Equal(t, want, string(res.Response), key)
 		}
 	})
+}
+
+// v3Upgrade opens the version 3 file at path for writing (journaled: its
+// open must replay the journal's frames), checks it with replays, delivers
+// its message, closes it, and opens it again: the engine it returns (closed
+// with the test) works on the file as this build wrote it.
+func v3Upgrade(t *testing.T, path string, clock *testkit.Clock, replays func(*testing.T, *idem.Engine), journaled bool) *idem.Engine {
+	t.Helper()
+	e, err := idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
+	require.NoError(t, err)
+	if journaled {
+		require.NotZero(t, e.Stats().Replayed, "the open replayed the journal's frames")
+	}
+	replays(t, e)
+	v3Delivers(t, e)
+	require.NoError(t, e.Close())
+	require.GreaterOrEqual(t, formatVersion(t, path), uint32(3))
+
+	e, err = idem.Open(path, &idem.Options{Now: clock.Now, PruneInterval: -1})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	return e
 }
