@@ -236,6 +236,7 @@ type Cursor struct {
 	b   *Bucket
 	c   *bbolt.Cursor
 	key []byte // journal on: where the cursor is (nil: nowhere)
+	end bool   // journal on: past the last key, where a Seek that found none leaves it
 }
 
 // cur returns the bbolt cursor, made on first use, or nil once the
@@ -255,9 +256,11 @@ func (c *Cursor) cur() *bbolt.Cursor {
 func (c *Cursor) to(v *uview, mv move, from []byte) (key, value []byte) {
 	key, value = v.find(c.b.path, mv, from)
 	if key != nil {
-		c.key = key
+		c.key, c.end = key, false
 	} else if mv != moveAfter && mv != moveBefore {
-		c.key = nil
+		// As bbolt's: a Seek past every key leaves the cursor after the
+		// last (Prev finds it); First and Last of an empty bucket nowhere.
+		c.key, c.end = nil, mv == moveSeek
 	}
 	return key, value
 }
@@ -301,6 +304,9 @@ func (c *Cursor) Next() (key, value []byte) {
 // Prev moves to the previous key.
 func (c *Cursor) Prev() (key, value []byte) {
 	if v := c.b.view(); v != nil {
+		if c.end {
+			return c.to(v, moveLast, nil)
+		}
 		if c.key == nil {
 			return nil, nil
 		}
