@@ -29,49 +29,48 @@ type jbops interface {
 	Nested(name []byte) jbops
 }
 
-type jbeng struct{ b *Bucket }
+// jbon is jbops on either bucket: the engine's *Bucket (C *Cursor) or
+// bbolt's *bbolt.Bucket (C *bbolt.Cursor), which share these methods.
+type jbon[B interface {
+	comparable
+	Put(k, v []byte) error
+	Delete(k []byte) error
+	CreateBucket(name []byte) (B, error)
+	CreateBucketIfNotExists(name []byte) (B, error)
+	DeleteBucket(name []byte) error
+	Bucket(name []byte) B
+	Cursor() C
+}, C interface {
+	Seek(k []byte) ([]byte, []byte)
+	Delete() error
+}] struct{ b B }
 
-func (o jbeng) Put(k, v []byte) error { return o.b.Put(k, v) }
-func (o jbeng) Delete(k []byte) error { return o.b.Delete(k) }
-func (o jbeng) Create(n []byte) error { _, err := o.b.CreateBucket(n); return err }
-func (o jbeng) CreateIfNot(n []byte) error {
+func (o jbon[B, C]) Put(k, v []byte) error { return o.b.Put(k, v) }
+func (o jbon[B, C]) Delete(k []byte) error { return o.b.Delete(k) }
+func (o jbon[B, C]) Create(n []byte) error { _, err := o.b.CreateBucket(n); return err }
+func (o jbon[B, C]) CreateIfNot(n []byte) error {
 	_, err := o.b.CreateBucketIfNotExists(n)
 	return err
 }
-func (o jbeng) DeleteBucket(n []byte) error { return o.b.DeleteBucket(n) }
-func (o jbeng) SeekDelete(k []byte) error {
+func (o jbon[B, C]) DeleteBucket(n []byte) error { return o.b.DeleteBucket(n) }
+func (o jbon[B, C]) SeekDelete(k []byte) error {
 	c := o.b.Cursor()
 	c.Seek(k)
 	return c.Delete()
 }
-func (o jbeng) Nested(n []byte) jbops {
-	if nb := o.b.Bucket(n); nb != nil {
-		return jbeng{nb}
+func (o jbon[B, C]) Nested(n []byte) jbops {
+	var none B
+	if nb := o.b.Bucket(n); nb != none {
+		return jbon[B, C]{nb}
 	}
 	return nil
 }
 
-type jbbolt struct{ b *bbolt.Bucket }
-
-func (o jbbolt) Put(k, v []byte) error { return o.b.Put(k, v) }
-func (o jbbolt) Delete(k []byte) error { return o.b.Delete(k) }
-func (o jbbolt) Create(n []byte) error { _, err := o.b.CreateBucket(n); return err }
-func (o jbbolt) CreateIfNot(n []byte) error {
-	_, err := o.b.CreateBucketIfNotExists(n)
-	return err
-}
-func (o jbbolt) DeleteBucket(n []byte) error { return o.b.DeleteBucket(n) }
-func (o jbbolt) SeekDelete(k []byte) error {
-	c := o.b.Cursor()
-	c.Seek(k)
-	return c.Delete()
-}
-func (o jbbolt) Nested(n []byte) jbops {
-	if nb := o.b.Bucket(n); nb != nil {
-		return jbbolt{nb}
-	}
-	return nil
-}
+// jbeng and jbbolt are jbops on the engine's bucket and on bbolt's.
+type (
+	jbeng  = jbon[*Bucket, *Cursor]
+	jbbolt = jbon[*bbolt.Bucket, *bbolt.Cursor]
+)
 
 // jbsetup: key "k", nested bucket "nb" (with a key), nested "nb2".
 func jbsetup(b jbops) error {
