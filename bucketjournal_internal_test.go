@@ -361,27 +361,19 @@ func TestJournaledBucketCursorMixedLayers(t *testing.T) {
 		delete(want, k)
 		return b.Delete([]byte(k))
 	}
-	_, err := e.DoTx(ctx, "bolt", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("cur"))
-		if err != nil {
-			return nil, err
-		}
+	_, err := e.DoTx(ctx, "bolt", nil, inBucket("cur", func(b *Bucket) ([]byte, error) {
 		for i := 0; i < 40; i += 2 {
 			if err := put(b, fmt.Sprintf("k%02d", i)); err != nil {
 				return nil, err
 			}
 		}
 		return nil, nil
-	})
+	}))
 	require.NoError(t, err)
 	require.NoError(t, e.Close()) // checkpoints: the evens are in bbolt
 	e = openNoCheckpoint(t, path, nil)
 	defer e.Close()
-	_, err = e.DoTx(ctx, "overlay", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("cur"))
-		if err != nil {
-			return nil, err
-		}
+	_, err = e.DoTx(ctx, "overlay", nil, inBucket("cur", func(b *Bucket) ([]byte, error) {
 		for i := 1; i < 40; i += 4 {
 			if err := put(b, fmt.Sprintf("k%02d", i)); err != nil {
 				return nil, err
@@ -393,7 +385,7 @@ func TestJournaledBucketCursorMixedLayers(t *testing.T) {
 			}
 		}
 		return nil, put(b, "k20") // overwrite
-	})
+	}))
 	require.NoError(t, err)
 
 	sorted := func() []string {
@@ -409,11 +401,7 @@ func TestJournaledBucketCursorMixedLayers(t *testing.T) {
 	var visited []string
 	var delErrs []error
 	var wantBefore []string
-	_, err = e.DoTx(ctx, "own", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("cur"))
-		if err != nil {
-			return nil, err
-		}
+	_, err = e.DoTx(ctx, "own", nil, inBucket("cur", func(b *Bucket) ([]byte, error) {
 		for i := 3; i < 44; i += 4 {
 			if err := put(b, fmt.Sprintf("k%02d", i)); err != nil {
 				return nil, err
@@ -441,7 +429,7 @@ func TestJournaledBucketCursorMixedLayers(t *testing.T) {
 		}
 		after, _, _ = jbwalk(b)
 		return nil, nil
-	})
+	}))
 	require.NoError(t, err)
 	require.Equal(t, wantBefore, fwd, "forward")
 	rev := slices.Clone(wantBefore)
@@ -454,14 +442,10 @@ func TestJournaledBucketCursorMixedLayers(t *testing.T) {
 
 	// A later call, and a reopen, see the bucket empty.
 	var later []string
-	_, err = e.DoTx(ctx, "later", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("cur"))
-		if err != nil {
-			return nil, err
-		}
+	_, err = e.DoTx(ctx, "later", nil, inBucket("cur", func(b *Bucket) ([]byte, error) {
 		later, _, _ = jbwalk(b)
 		return nil, nil
-	})
+	}))
 	require.NoError(t, err)
 	require.Empty(t, later)
 	cp := crashCopy(t, path)
@@ -574,14 +558,10 @@ func TestJournaledBucketRecreateBigBucket(t *testing.T) {
 			require.NoError(t, err)
 			require.Empty(t, inFn, "in the same fn")
 			var later string
-			_, err = e.DoTx(ctx, "later", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-				top, err := tx.Bucket([]byte("top"))
-				if err != nil {
-					return nil, err
-				}
+			_, err = e.DoTx(ctx, "later", nil, inBucket("top", func(top *Bucket) ([]byte, error) {
 				later = check(top.Bucket([]byte("big")))
 				return nil, nil
-			})
+			}))
 			require.NoError(t, err)
 			require.Empty(t, later, "in a later call")
 
@@ -621,14 +601,10 @@ func TestJournaledBucketRecreateBigBucket(t *testing.T) {
 			require.NoError(t, err)
 			require.Empty(t, boltCheck(e.b.db), "after a reopen")
 			var reopened string
-			_, err = e.DoTx(ctx, "reopened", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-				top, err := tx.Bucket([]byte("top"))
-				if err != nil {
-					return nil, err
-				}
+			_, err = e.DoTx(ctx, "reopened", nil, inBucket("top", func(top *Bucket) ([]byte, error) {
 				reopened = check(top.Bucket([]byte("big")))
 				return nil, nil
-			})
+			}))
 			require.NoError(t, err)
 			require.Empty(t, reopened, "DoTx after a reopen")
 		})
@@ -660,11 +636,7 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 					defer wg.Done()
 					for i := range N {
 						k := fmt.Sprintf("w-%02d-%03d", g, i)
-						_, err := e.DoTx(ctx, k, nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-							b, err := tx.Bucket([]byte("acks"))
-							if err != nil {
-								return nil, err
-							}
+						_, err := e.DoTx(ctx, k, nil, inBucket("acks", func(b *Bucket) ([]byte, error) {
 							nb, err := b.CreateBucketIfNotExists(fmt.Appendf(nil, "g%02d", g))
 							if err != nil {
 								return nil, err
@@ -676,7 +648,7 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 								return nil, nb.Put(fmt.Appendf(nil, "w-%02d-%03d", g, i-1), []byte("over"))
 							}
 							return nil, nil
-						})
+						}))
 						if err == nil {
 							mu.Lock()
 							acked[k] = true
@@ -721,11 +693,7 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 			verify(e2.b.db, "reopen")
 			// and through DoTx
 			var missing []string
-			_, err = e2.DoTx(ctx, "verify", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-				b, err := tx.Bucket([]byte("acks"))
-				if err != nil {
-					return nil, err
-				}
+			_, err = e2.DoTx(ctx, "verify", nil, inBucket("acks", func(b *Bucket) ([]byte, error) {
 				for k := range acked {
 					var g int
 					_, _ = fmt.Sscanf(k, "w-%02d-", &g)
@@ -735,7 +703,7 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 					}
 				}
 				return nil, nil
-			})
+			}))
 			require.NoError(t, err)
 			require.Empty(t, missing)
 		})
@@ -876,11 +844,7 @@ func TestJournaledBucketCursorEndsMatchBbolt(t *testing.T) {
 	e := openNoCheckpoint(t, filepath.Join(t.TempDir(), "e.db"), nil)
 	defer e.Close()
 	var got [][]string
-	_, err := e.DoTx(ctx, "k", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("e"))
-		if err != nil {
-			return nil, err
-		}
+	_, err := e.DoTx(ctx, "k", nil, inBucket("e", func(b *Bucket) ([]byte, error) {
 		for _, k := range keys {
 			if err := b.Put([]byte(k), []byte(k)); err != nil {
 				return nil, err
@@ -888,7 +852,7 @@ func TestJournaledBucketCursorEndsMatchBbolt(t *testing.T) {
 		}
 		got = script(func() mover { return b.Cursor() })
 		return nil, nil
-	})
+	}))
 	require.NoError(t, err)
 	for i, sc := range scripts {
 		t.Run(sc.name, func(t *testing.T) { require.Equal(t, want[i], got[i]) })
@@ -1009,11 +973,7 @@ func TestJournaledBucketCursorNestedAndWritesWhileIterating(t *testing.T) {
 	ctx := context.Background()
 	path := filepath.Join(t.TempDir(), "n.db")
 	e := openNoCheckpoint(t, path, nil)
-	_, err := e.DoTx(ctx, "bolt", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("nest"))
-		if err != nil {
-			return nil, err
-		}
+	_, err := e.DoTx(ctx, "bolt", nil, inBucket("nest", func(b *Bucket) ([]byte, error) {
 		for i := range 30 {
 			if err := b.Put(fmt.Appendf(nil, "k%02d", i), []byte("v")); err != nil {
 				return nil, err
@@ -1025,29 +985,21 @@ func TestJournaledBucketCursorNestedAndWritesWhileIterating(t *testing.T) {
 			}
 		}
 		return nil, nil
-	})
+	}))
 	require.NoError(t, err)
 	require.NoError(t, e.Close())
 	e = openNoCheckpoint(t, path, nil)
 	defer e.Close()
-	_, err = e.DoTx(ctx, "overlay", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("nest"))
-		if err != nil {
-			return nil, err
-		}
+	_, err = e.DoTx(ctx, "overlay", nil, inBucket("nest", func(b *Bucket) ([]byte, error) {
 		if _, err := b.CreateBucket([]byte("b-overlay")); err != nil {
 			return nil, err
 		}
 		return nil, b.DeleteBucket([]byte("b-bolt-gone"))
-	})
+	}))
 	require.NoError(t, err)
 	var listed, visited []string
 	var nilVals []string
-	_, err = e.DoTx(ctx, "walk", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("nest"))
-		if err != nil {
-			return nil, err
-		}
+	_, err = e.DoTx(ctx, "walk", nil, inBucket("nest", func(b *Bucket) ([]byte, error) {
 		if _, err := b.CreateBucket([]byte("b-own")); err != nil {
 			return nil, err
 		}
@@ -1076,7 +1028,7 @@ func TestJournaledBucketCursorNestedAndWritesWhileIterating(t *testing.T) {
 			}
 		}
 		return nil, nil
-	})
+	}))
 	require.NoError(t, err)
 	buckets := []string{"b-bolt", "b-overlay", "b-own"}
 	var keys []string
@@ -1208,17 +1160,14 @@ func TestJournaledBucketBucketAfterFn(t *testing.T) {
 	defer e.Close()
 	var kept *Bucket
 	var nested *Bucket
-	_, err := e.DoTx(ctx, "k", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-		b, err := tx.Bucket([]byte("after"))
-		if err != nil {
-			return nil, err
-		}
+	_, err := e.DoTx(ctx, "k", nil, inBucket("after", func(b *Bucket) ([]byte, error) {
+		var err error
 		if nested, err = b.CreateBucket([]byte("n")); err != nil {
 			return nil, err
 		}
 		kept = b
 		return nil, b.Put([]byte("x"), []byte("1"))
-	})
+	}))
 	require.NoError(t, err)
 	require.Nil(t, kept.Get([]byte("x")))
 	k, _ := kept.Cursor().First()
@@ -1245,11 +1194,8 @@ func TestJournaledBucketRecreateDeepWithSameNames(t *testing.T) {
 		t.Run(layer, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "d.db")
 			e := openNoCheckpoint(t, path, nil)
-			_, err := e.DoTx(ctx, "fill", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-				top, err := tx.Bucket([]byte("top"))
-				if err != nil {
-					return nil, err
-				}
+			_, err := e.DoTx(ctx, "fill", nil, inBucket("top", func(top *Bucket) ([]byte, error) {
+				var err error
 				b := top
 				for _, n := range []string{"big", "inner", "deep"} {
 					if b, err = b.CreateBucket([]byte(n)); err != nil {
@@ -1268,7 +1214,7 @@ func TestJournaledBucketRecreateDeepWithSameNames(t *testing.T) {
 					}
 				}
 				return nil, nil
-			})
+			}))
 			require.NoError(t, err)
 			if layer == "bbolt" {
 				require.NoError(t, e.Close())
@@ -1294,11 +1240,7 @@ func TestJournaledBucketRecreateDeepWithSameNames(t *testing.T) {
 			}
 			want := []string{"/big/", "/big/fresh=new", "/big/inner/", "/big/inner/deep/", "/big/inner/deep/fresh=new", "/big/inner/fresh=new"}
 			var inFn, later []string
-			_, err = e.DoTx(ctx, "recreate", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-				top, err := tx.Bucket([]byte("top"))
-				if err != nil {
-					return nil, err
-				}
+			_, err = e.DoTx(ctx, "recreate", nil, inBucket("top", func(top *Bucket) ([]byte, error) {
 				if err := top.DeleteBucket([]byte("big")); err != nil {
 					return nil, err
 				}
@@ -1313,17 +1255,13 @@ func TestJournaledBucketRecreateDeepWithSameNames(t *testing.T) {
 				}
 				describe(top, "", &inFn)
 				return nil, nil
-			})
+			}))
 			require.NoError(t, err)
 			require.Equal(t, want, inFn, "in the fn")
-			_, err = e.DoTx(ctx, "later", nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-				top, err := tx.Bucket([]byte("top"))
-				if err != nil {
-					return nil, err
-				}
+			_, err = e.DoTx(ctx, "later", nil, inBucket("top", func(top *Bucket) ([]byte, error) {
 				describe(top, "", &later)
 				return nil, nil
-			})
+			}))
 			require.NoError(t, err)
 			require.Equal(t, want, later, "in a later call")
 			reopened := func(p, what string) {
@@ -1331,14 +1269,10 @@ func TestJournaledBucketRecreateDeepWithSameNames(t *testing.T) {
 				require.NoError(t, err)
 				defer c.Close()
 				var got []string
-				_, err = c.DoTx(ctx, "check-"+what, nil, func(_ context.Context, tx *Tx) ([]byte, error) {
-					top, err := tx.Bucket([]byte("top"))
-					if err != nil {
-						return nil, err
-					}
+				_, err = c.DoTx(ctx, "check-"+what, nil, inBucket("top", func(top *Bucket) ([]byte, error) {
 					describe(top, "", &got)
 					return nil, nil
-				})
+				}))
 				require.NoError(t, err)
 				require.Equal(t, want, got, what)
 			}
@@ -1346,5 +1280,17 @@ func TestJournaledBucketRecreateDeepWithSameNames(t *testing.T) {
 			require.NoError(t, e.Close())
 			reopened(path, "reopen")
 		})
+	}
+}
+
+// inBucket is a DoTx fn that runs fn on the bucket name of its
+// transaction (tx.Bucket's error if there is none).
+func inBucket(name string, fn func(b *Bucket) ([]byte, error)) func(context.Context, *Tx) ([]byte, error) {
+	return func(_ context.Context, tx *Tx) ([]byte, error) {
+		b, err := tx.Bucket([]byte(name))
+		if err != nil {
+			return nil, err
+		}
+		return fn(b)
 	}
 }
