@@ -590,16 +590,9 @@ func TestJournaledBucketRecreateBigBucket(t *testing.T) {
 				}))
 				return s
 			}
-			cp := crashCopy(t, path)
-			c, err := Open(cp, &Options{PruneInterval: -1})
-			require.NoError(t, err)
-			require.Empty(t, boltCheck(c.b.db), "after a crash (replay)")
-			require.NoError(t, c.Close())
-
-			require.NoError(t, e.Close())
-			e, err = Open(path, &Options{PruneInterval: -1})
-			require.NoError(t, err)
-			require.Empty(t, boltCheck(e.b.db), "after a reopen")
+			e = crashedAndReopened(t, e, path, func(db *bbolt.DB, what string) {
+				require.Empty(t, boltCheck(db), what)
+			})
 			var reopened string
 			_, err = e.DoTx(ctx, "reopened", nil, inBucket("top", func(top *Bucket) ([]byte, error) {
 				reopened = check(top.Bucket([]byte("big")))
@@ -681,19 +674,10 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 					return nil
 				}))
 			}
-			cp := crashCopy(t, path)
-			c, err := Open(cp, &Options{PruneInterval: -1})
-			require.NoError(t, err)
-			verify(c.b.db, "crash copy")
-			require.NoError(t, c.Close())
-			require.NoError(t, e.Close())
-			e2, err := Open(path, &Options{PruneInterval: -1})
-			require.NoError(t, err)
-			defer e2.Close()
-			verify(e2.b.db, "reopen")
+			e2 := crashedAndReopened(t, e, path, verify)
 			// and through DoTx
 			var missing []string
-			_, err = e2.DoTx(ctx, "verify", nil, inBucket("acks", func(b *Bucket) ([]byte, error) {
+			_, err := e2.DoTx(ctx, "verify", nil, inBucket("acks", func(b *Bucket) ([]byte, error) {
 				for k := range acked {
 					var g int
 					_, _ = fmt.Sscanf(k, "w-%02d-", &g)
@@ -1140,16 +1124,7 @@ func TestJournaledBucketFailedCallsLeaveNoTrace(t *testing.T) {
 			return nil
 		}))
 	}
-	cp := crashCopy(t, path)
-	c, err := Open(cp, &Options{PruneInterval: -1})
-	require.NoError(t, err)
-	check(c.b.db, "crash copy")
-	require.NoError(t, c.Close())
-	require.NoError(t, e.Close())
-	e2, err := Open(path, &Options{PruneInterval: -1})
-	require.NoError(t, err)
-	defer e2.Close()
-	check(e2.b.db, "reopen")
+	crashedAndReopened(t, e, path, check)
 }
 
 // TestJournaledBucketBucketAfterFn: a Bucket or Cursor kept past fn reads nothing
@@ -1293,4 +1268,22 @@ func inBucket(name string, fn func(b *Bucket) ([]byte, error)) func(context.Cont
 		}
 		return fn(b)
 	}
+}
+
+// crashedAndReopened checks a crash copy of the open engine e's file at
+// path (opened, so replayed, then closed) with check, then closes e, opens
+// path again and checks it: the engine it returns is closed with the test.
+// check is told which of the two it sees ("crash copy", "reopen").
+func crashedAndReopened(t *testing.T, e *Engine, path string, check func(db *bbolt.DB, what string)) *Engine {
+	t.Helper()
+	c, err := Open(crashCopy(t, path), &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	check(c.b.db, "crash copy")
+	require.NoError(t, c.Close())
+	require.NoError(t, e.Close())
+	e, err = Open(path, &Options{PruneInterval: -1})
+	require.NoError(t, err)
+	t.Cleanup(func() { e.Close() })
+	check(e.b.db, "reopen")
+	return e
 }
