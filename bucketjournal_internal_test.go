@@ -243,14 +243,7 @@ func TestJournaledBucketConcurrentNextSequence(t *testing.T) {
 	for _, mode := range []string{"default", "nocheckpoint"} {
 		t.Run(mode, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "s.db")
-			var e *Engine
-			if mode == "default" {
-				var err error
-				e, err = Open(path, &Options{PruneInterval: -1})
-				require.NoError(t, err)
-			} else {
-				e = openNoCheckpoint(t, path, nil)
-			}
+			e := openMode(t, path, mode)
 			seqFn := func(_ context.Context, tx *Tx) ([]byte, error) {
 				b, err := tx.Bucket([]byte("seq"))
 				if err != nil {
@@ -611,14 +604,7 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 	for _, mode := range []string{"default", "nocheckpoint"} {
 		t.Run(mode, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "a.db")
-			var e *Engine
-			if mode == "default" {
-				var err error
-				e, err = Open(path, &Options{PruneInterval: -1})
-				require.NoError(t, err)
-			} else {
-				e = openNoCheckpoint(t, path, nil)
-			}
+			e := openMode(t, path, mode)
 			const G, N = 8, 40
 			var wg sync.WaitGroup
 			var mu sync.Mutex
@@ -1285,5 +1271,17 @@ func crashedAndReopened(t *testing.T, e *Engine, path string, check func(db *bbo
 	require.NoError(t, err)
 	t.Cleanup(func() { e.Close() })
 	check(e.b.db, "reopen")
+	return e
+}
+
+// openMode opens path with the checkpoints running ("default") or held
+// back (any other mode: openNoCheckpoint).
+func openMode(t *testing.T, path, mode string) *Engine {
+	t.Helper()
+	if mode != "default" {
+		return openNoCheckpoint(t, path, nil)
+	}
+	e, err := Open(path, &Options{PruneInterval: -1})
+	require.NoError(t, err)
 	return e
 }
