@@ -244,17 +244,13 @@ func TestJournaledBucketConcurrentNextSequence(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "s.db")
 			e := openMode(t, path, mode)
-			seqFn := func(_ context.Context, tx *Tx) ([]byte, error) {
-				b, err := tx.Bucket([]byte("seq"))
-				if err != nil {
-					return nil, err
-				}
+			seqFn := inBucket("seq", func(b *Bucket) ([]byte, error) {
 				n, err := b.NextSequence()
 				if err != nil {
 					return nil, err
 				}
 				return binary.BigEndian.AppendUint64(nil, n), nil
-			}
+			})
 			const G, N = 16, 50
 			var mu sync.Mutex
 			var all []uint64
@@ -464,11 +460,7 @@ func TestJournaledBucketRecreateBigBucket(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "r.db")
 			e := openNoCheckpoint(t, path, nil)
 			fill := func(from, to int) func(_ context.Context, tx *Tx) ([]byte, error) {
-				return func(_ context.Context, tx *Tx) ([]byte, error) {
-					top, err := tx.Bucket([]byte("top"))
-					if err != nil {
-						return nil, err
-					}
+				return inBucket("top", func(top *Bucket) ([]byte, error) {
 					big, err := top.CreateBucketIfNotExists([]byte("big"))
 					if err != nil {
 						return nil, err
@@ -486,7 +478,7 @@ func TestJournaledBucketRecreateBigBucket(t *testing.T) {
 						return nil, err
 					}
 					return nil, big.SetSequence(99)
-				}
+				})
 			}
 			switch layer {
 			case "overlay":
@@ -690,16 +682,12 @@ func TestJournaledBucketEmptyValue(t *testing.T) {
 		t.Run(layer, func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "v.db")
 			e := openNoCheckpoint(t, path, nil)
-			putFn := func(_ context.Context, tx *Tx) ([]byte, error) {
-				b, err := tx.Bucket([]byte("ev"))
-				if err != nil {
-					return nil, err
-				}
+			putFn := inBucket("ev", func(b *Bucket) ([]byte, error) {
 				if err := b.Put([]byte("empty"), []byte{}); err != nil {
 					return nil, err
 				}
 				return nil, b.Put([]byte("nilv"), nil)
-			}
+			})
 			if layer != "own" {
 				_, err := e.DoTx(ctx, "put", nil, putFn)
 				require.NoError(t, err)
@@ -844,16 +832,9 @@ func TestJournaledBucketReadModifyWriteAcrossCheckpoints(t *testing.T) {
 			require.NotNil(t, e.b.j, "journal on")
 			e.b.j.delay.Store(0)
 			fn := func(k string) func(_ context.Context, tx *Tx) ([]byte, error) {
-				return func(_ context.Context, tx *Tx) ([]byte, error) {
-					b, err := tx.Bucket([]byte("rmw"))
+				return inBucket("rmw", func(b *Bucket) ([]byte, error) {
+					n, err := bumpCounter(b)
 					if err != nil {
-						return nil, err
-					}
-					var n uint64
-					if v := b.Get([]byte("counter")); v != nil {
-						n = binary.BigEndian.Uint64(v)
-					}
-					if err := b.Put([]byte("counter"), binary.BigEndian.AppendUint64(nil, n+1)); err != nil {
 						return nil, err
 					}
 					ks, err := b.CreateBucketIfNotExists([]byte("keys"))
@@ -882,8 +863,8 @@ func TestJournaledBucketReadModifyWriteAcrossCheckpoints(t *testing.T) {
 							return nil, err
 						}
 					}
-					return fmt.Appendf(nil, "%d %d", n+1, count), nil
-				}
+					return fmt.Appendf(nil, "%d %d", n, count), nil
+				})
 			}
 			const G, N = 16, 40
 			var mu sync.Mutex
@@ -1026,16 +1007,9 @@ func TestJournaledBucketFailedCallsLeaveNoTrace(t *testing.T) {
 	e := openNoCheckpoint(t, path, nil)
 	errBoom := errors.New("boom")
 	fn := func(k string, mode int) func(_ context.Context, tx *Tx) ([]byte, error) {
-		return func(_ context.Context, tx *Tx) ([]byte, error) {
-			b, err := tx.Bucket([]byte("fail"))
+		return inBucket("fail", func(b *Bucket) ([]byte, error) {
+			n, err := bumpCounter(b)
 			if err != nil {
-				return nil, err
-			}
-			var n uint64
-			if v := b.Get([]byte("counter")); v != nil {
-				n = binary.BigEndian.Uint64(v)
-			}
-			if err := b.Put([]byte("counter"), binary.BigEndian.AppendUint64(nil, n+1)); err != nil {
 				return nil, err
 			}
 			if _, err := b.NextSequence(); err != nil {
@@ -1053,8 +1027,8 @@ func TestJournaledBucketFailedCallsLeaveNoTrace(t *testing.T) {
 			case 2:
 				panic("boom")
 			}
-			return fmt.Appendf(nil, "%d", n+1), nil
-		}
+			return fmt.Appendf(nil, "%d", n), nil
+		})
 	}
 	const G, N = 12, 30
 	var mu sync.Mutex
@@ -1284,4 +1258,14 @@ func openMode(t *testing.T, path, mode string) *Engine {
 	e, err := Open(path, &Options{PruneInterval: -1})
 	require.NoError(t, err)
 	return e
+}
+
+// bumpCounter adds one to the big-endian uint64 at b's key "counter" (0
+// when absent) and returns the new value: a read-modify-write of one key.
+func bumpCounter(b *Bucket) (uint64, error) {
+	var n uint64
+	if v := b.Get([]byte("counter")); v != nil {
+		n = binary.BigEndian.Uint64(v)
+	}
+	return n + 1, b.Put([]byte("counter"), binary.BigEndian.AppendUint64(nil, n+1))
 }
