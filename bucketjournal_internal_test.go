@@ -254,29 +254,16 @@ func TestJournaledBucketConcurrentNextSequence(t *testing.T) {
 			const G, N = 16, 50
 			var mu sync.Mutex
 			var all []uint64
-			var wg sync.WaitGroup
-			errs := make(chan error, G*N)
-			for g := range G {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range N {
-						res, err := e.DoTx(ctx, fmt.Sprintf("s-%d-%d", g, i), nil, seqFn)
-						if err != nil {
-							errs <- err
-							continue
-						}
-						mu.Lock()
-						all = append(all, binary.BigEndian.Uint64(res.Response))
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			require.NoError(t, callers(G, N, func(g, i int) error {
+				res, err := e.DoTx(ctx, fmt.Sprintf("s-%d-%d", g, i), nil, seqFn)
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				all = append(all, binary.BigEndian.Uint64(res.Response))
+				mu.Unlock()
+				return nil
+			}))
 			require.Len(t, all, G*N)
 			slices.Sort(all)
 			for i := 1; i < len(all); i++ {
@@ -598,37 +585,30 @@ func TestJournaledBucketReopenKeepsAcknowledged(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "a.db")
 			e := openMode(t, path, mode)
 			const G, N = 8, 40
-			var wg sync.WaitGroup
 			var mu sync.Mutex
 			acked := map[string]bool{}
-			for g := range G {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range N {
-						k := fmt.Sprintf("w-%02d-%03d", g, i)
-						_, err := e.DoTx(ctx, k, nil, inBucket("acks", func(b *Bucket) ([]byte, error) {
-							nb, err := b.CreateBucketIfNotExists(fmt.Appendf(nil, "g%02d", g))
-							if err != nil {
-								return nil, err
-							}
-							if err := nb.Put([]byte(k), []byte(k)); err != nil {
-								return nil, err
-							}
-							if i > 0 && i%5 == 0 { // overwrite an earlier one
-								return nil, nb.Put(fmt.Appendf(nil, "w-%02d-%03d", g, i-1), []byte("over"))
-							}
-							return nil, nil
-						}))
-						if err == nil {
-							mu.Lock()
-							acked[k] = true
-							mu.Unlock()
-						}
+			require.NoError(t, callers(G, N, func(g, i int) error {
+				k := fmt.Sprintf("w-%02d-%03d", g, i)
+				_, err := e.DoTx(ctx, k, nil, inBucket("acks", func(b *Bucket) ([]byte, error) {
+					nb, err := b.CreateBucketIfNotExists(fmt.Appendf(nil, "g%02d", g))
+					if err != nil {
+						return nil, err
 					}
-				}()
-			}
-			wg.Wait()
+					if err := nb.Put([]byte(k), []byte(k)); err != nil {
+						return nil, err
+					}
+					if i > 0 && i%5 == 0 { // overwrite an earlier one
+						return nil, nb.Put(fmt.Appendf(nil, "w-%02d-%03d", g, i-1), []byte("over"))
+					}
+					return nil, nil
+				}))
+				if err == nil {
+					mu.Lock()
+					acked[k] = true
+					mu.Unlock()
+				}
+				return nil
+			}))
 			require.Len(t, acked, G*N)
 			wantVal := func(k string) string {
 				var g, i int
@@ -869,35 +849,22 @@ func TestJournaledBucketReadModifyWriteAcrossCheckpoints(t *testing.T) {
 			const G, N = 16, 40
 			var mu sync.Mutex
 			counters, counts := map[int]bool{}, map[int]bool{}
-			var wg sync.WaitGroup
-			errs := make(chan error, G*N)
-			for g := range G {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range N {
-						k := fmt.Sprintf("m-%02d-%03d", g, i)
-						res, err := e.DoTx(ctx, k, nil, fn(k))
-						if err != nil {
-							errs <- err
-							continue
-						}
-						var a, b int
-						_, _ = fmt.Sscanf(string(res.Response), "%d %d", &a, &b)
-						mu.Lock()
-						if counters[a] || counts[b] {
-							errs <- fmt.Errorf("%s: duplicate counter %d or count %d", k, a, b)
-						}
-						counters[a], counts[b] = true, true
-						mu.Unlock()
-					}
-				}()
-			}
-			wg.Wait()
-			close(errs)
-			for err := range errs {
-				require.NoError(t, err)
-			}
+			require.NoError(t, callers(G, N, func(g, i int) error {
+				k := fmt.Sprintf("m-%02d-%03d", g, i)
+				res, err := e.DoTx(ctx, k, nil, fn(k))
+				if err != nil {
+					return err
+				}
+				var a, b int
+				_, _ = fmt.Sscanf(string(res.Response), "%d %d", &a, &b)
+				mu.Lock()
+				defer mu.Unlock()
+				if counters[a] || counts[b] {
+					err = fmt.Errorf("%s: duplicate counter %d or count %d", k, a, b)
+				}
+				counters[a], counts[b] = true, true
+				return err
+			}))
 			require.Len(t, counters, G*N)
 			require.True(t, counters[G*N] && counts[G*N])
 			require.NoError(t, e.Close())
@@ -1034,30 +1001,23 @@ func TestJournaledBucketFailedCallsLeaveNoTrace(t *testing.T) {
 	var mu sync.Mutex
 	okKeys := map[string]bool{}
 	seen := map[string]bool{}
-	var wg sync.WaitGroup
-	for g := range G {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range N {
-				k := fmt.Sprintf("%02d-%03d", g, i)
-				mode := (g + i) % 3
-				var res Result
-				var err error
-				func() {
-					defer func() { _ = recover() }()
-					res, err = e.DoTx(ctx, k, nil, fn(k, mode))
-				}()
-				if mode == 0 && err == nil {
-					mu.Lock()
-					okKeys[k] = true
-					seen[string(res.Response)] = true
-					mu.Unlock()
-				}
-			}
+	require.NoError(t, callers(G, N, func(g, i int) error {
+		k := fmt.Sprintf("%02d-%03d", g, i)
+		mode := (g + i) % 3
+		var res Result
+		var err error
+		func() {
+			defer func() { _ = recover() }()
+			res, err = e.DoTx(ctx, k, nil, fn(k, mode))
 		}()
-	}
-	wg.Wait()
+		if mode == 0 && err == nil {
+			mu.Lock()
+			okKeys[k] = true
+			seen[string(res.Response)] = true
+			mu.Unlock()
+		}
+		return nil
+	}))
 	require.NotEmpty(t, okKeys)
 	require.Len(t, seen, len(okKeys), "every success saw a distinct counter")
 	check := func(db *bbolt.DB, what string) {
@@ -1268,4 +1228,22 @@ func bumpCounter(b *Bucket) (uint64, error) {
 		n = binary.BigEndian.Uint64(v)
 	}
 	return n + 1, b.Put([]byte("counter"), binary.BigEndian.AppendUint64(nil, n+1))
+}
+
+// callers runs call(g, i) for i in [0, n) on each of g goroutines at once,
+// and returns the errors of every call, joined (nil if none failed).
+func callers(g, n int, call func(g, i int) error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, g)
+	for j := range g {
+		wg.Go(func() {
+			for i := range n {
+				if err := call(j, i); err != nil {
+					errs[j] = errors.Join(errs[j], err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
