@@ -229,7 +229,9 @@ func (b *Bucket) NextSequence() (uint64, error) {
 
 // Cursor walks a Bucket's keys in order. Its moves return the key and its
 // value (nil for a nested bucket), or a nil key past either end; it is
-// valid only inside fn, as its Bucket. With the journal on it keeps its
+// valid only inside fn, as its Bucket. As bbolt's, a Seek past the last
+// key leaves it after the last (Prev then finds the last key), and a Next
+// or Prev that finds nothing leaves it where it was. With the journal on it keeps its
 // place by key: writes made meanwhile (Put, Delete, the cursor's own
 // Delete) never make it skip or repeat a key.
 type Cursor struct {
