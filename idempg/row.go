@@ -41,12 +41,18 @@ func (r *scanned) values() []any {
 		&r.rec.KeptUntilResolved, &r.rec.Response, &r.hasError, &r.code, &r.msg}
 }
 
-// record finishes r's Record.
+// record finishes r's Record, or returns an error wrapping ErrCorrupt for
+// a row no claim or completion writes: a state other than started (1) or
+// done (2), or an attempt below 1 (the table's CHECK constraints said so
+// until version 7, migrations/0007_no_row_checks.sql).
 func (r *scanned) record() (*idemcore.Record, error) {
 	rec := r.rec
 	rec.Fingerprint = uint64(r.fp)
 	if r.state != int16(idemcore.StateStarted) && r.state != int16(idemcore.StateDone) {
 		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: state %d", idemcore.ErrCorrupt, rec.Key, r.state)
+	}
+	if rec.Attempt < 1 {
+		return &idemcore.Record{Key: rec.Key}, fmt.Errorf("%w: key %q: attempt %d", idemcore.ErrCorrupt, rec.Key, rec.Attempt)
 	}
 	rec.State = idemcore.State(r.state)
 	rec.StartedAt = fromNs(r.startedNs)

@@ -1,0 +1,19 @@
+-- Version 7: idem_records loses its four CHECK constraints (state in 1 or 2,
+-- attempt at least 1, and the lease columns set exactly while a record is
+-- started). Postgres checks a table's CHECK constraints on every insert and
+-- update, and with them a claim and a completion each cost the server about
+-- 65-80 µs more per statement on the bench machine, against statements of
+-- 350-450 µs in all (bench/RESULTS.md, "Issue 21: the row's own costs"):
+-- a fifth of a fresh key's Do. The backend is the table's only writer, and
+-- every statement that writes a row sets those columns together
+-- (TestRowInvariants checks them after the conformance suite's calls). A
+-- row broken by hand is still caught where it is read: a state other than
+-- 1 or 2, or an attempt below 1, decodes to ErrCorrupt (row.go).
+--
+-- Dropping a constraint rewrites no row and takes the table's lock only for
+-- the catalog change. NOT NULL stays on every column that had it.
+ALTER TABLE {schema}.idem_records
+	DROP CONSTRAINT IF EXISTS idem_records_state_check,
+	DROP CONSTRAINT IF EXISTS idem_records_attempt_check,
+	DROP CONSTRAINT IF EXISTS idem_records_check,
+	DROP CONSTRAINT IF EXISTS idem_records_check1;
