@@ -51,9 +51,12 @@ type backend struct {
 	// commitAvg is the moving average of DoTx's COMMITs, ns (commitTime).
 	commitAvg atomic.Int64
 
-	// fixed holds the statements of Do, made once (statement.go); nil while
-	// the tests move the database's clock.
-	fixed *statements
+	// fixed holds the statements of Do, made once (statement.go): those
+	// that carry their settings, and those for a connection whose session
+	// has them (AfterConnect, which marks it with mark); nil while the
+	// tests move the clock.
+	fixed [2]*statements
+	mark  string
 
 	// outboxClaims holds the outbox claims this engine's dispatcher holds, by
 	// seq (uint64 → outboxClaim): the token that fences Failed (delivery.go).
@@ -80,7 +83,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 		return nil, err
 	}
 	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset, fake: s.clock,
-		commits: make(chan struct{}, 1)}
+		commits: make(chan struct{}, 1), mark: s.sessionMark()}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
 	// Do's statements take stmts slots of each kind; DoTx batches hold
@@ -94,7 +97,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	b.completes = batcher[*completeReq]{run: b.completeBatch, max: stmts, limit: maxStmtBatch, crowd: crowd, min: crowdSlots}
 	b.dotx = batcher[*txReq]{run: b.runBatch, max: max(2, conns/txBatchShare), limit: maxTxBatch}
 	if b.offset == nil && b.fake == nil {
-		b.fixed = b.makeStatements()
+		b.fixed = [2]*statements{b.makeStatements(false), b.makeStatements(true)}
 	}
 	if !s.PollOnly {
 		b.l = newListener(pool, s, b.notifiedOutbox)

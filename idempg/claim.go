@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idemcore"
 )
@@ -132,12 +133,12 @@ type foundRow struct {
 // key: against claimSQL's statement (a CTE around the INSERT, the row found
 // read beside it), it ran about two thirds more claims per second at 8
 // clients (pgbench, bench/RESULTS.md, "Issue 21: cheaper statements").
-func (b *backend) claimFreshSQL(src string) string {
-	return `WITH ` + fmt.Sprintf(limitCTE, 7) + ` INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+func (b *backend) claimFreshSQL(src string, l limit) string {
+	return l.with() + `INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
 		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
 			{now_ns}, 0, u.ret, u.kept, CASE WHEN u.kept THEN 0 ELSE {now_ns} + u.ret END
-		FROM ` + src + ` AS u(key, fp, attempt, ret, kept), idem_limit WHERE idem_limit.v IS NOT NULL
+		FROM ` + src + ` AS u(key, fp, attempt, ret, kept)` + l.join() + l.where("") + `
 		ORDER BY u.key
 		ON CONFLICT (key) DO NOTHING
 		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
@@ -164,23 +165,21 @@ func (b *backend) claimFreshSQL(src string) string {
 // clock (zero for a claimed row). A row another process inserted after the
 // statement's snapshot (a race) blocks the claim and is not read: neither
 // claimed nor found, the key is looked up (Claim).
-func (b *backend) claimSQL(src, keys string) string {
-	return `WITH ` + fmt.Sprintf(limitCTE, 7) + `,
-	c AS (INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
+func (b *backend) claimSQL(src, keys string, l limit) string {
+	return l.with(`c AS (INSERT INTO {schema}.idem_records AS r (key, fingerprint, state, attempt, fence, owner, lease_until,
 			started_ns, completed_ns, retention_ns, kept_until_resolved, expires_ns)
-		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, ` + b.leaseSQL() + `,
+		SELECT u.key, u.fp, 1, u.attempt, nextval('{schema}.idem_fence'), $1::text, `+b.leaseSQL()+`,
 			{now_ns}, 0, u.ret, u.kept, CASE WHEN u.kept THEN 0 ELSE {now_ns} + u.ret END
-		FROM ` + src + ` AS u(key, fp, attempt, ret, kept), idem_limit WHERE idem_limit.v IS NOT NULL
-			AND NOT EXISTS (SELECT 1 FROM {schema}.idem_records AS x WHERE x.key = u.key
-				AND NOT (` + fmt.Sprintf(expiredSQL, "x", "u.ret", "{now_ns}", "$1::text") + `))
+		FROM `+src+` AS u(key, fp, attempt, ret, kept)`+l.join()+l.where(`NOT EXISTS (SELECT 1 FROM {schema}.idem_records AS x WHERE x.key = u.key
+				AND NOT (`+fmt.Sprintf(expiredSQL, "x", "u.ret", "{now_ns}", "$1::text")+`))`)+`
 		ORDER BY u.key
 		ON CONFLICT (key) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, state = 1, attempt = EXCLUDED.attempt,
 			fence = EXCLUDED.fence, owner = EXCLUDED.owner, lease_until = EXCLUDED.lease_until,
 			started_ns = EXCLUDED.started_ns, completed_ns = 0, retention_ns = EXCLUDED.retention_ns,
 			kept_until_resolved = EXCLUDED.kept_until_resolved, expires_ns = EXCLUDED.expires_ns,
 			response = NULL, has_error = false, error_code = '', error_message = '', waiters = false
-		WHERE ` + fmt.Sprintf(expiredSQL, "r", "EXCLUDED.retention_ns", "EXCLUDED.started_ns", "$1::text") + `
-		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint AS left_us, started_ns)
+		WHERE `+fmt.Sprintf(expiredSQL, "r", "EXCLUDED.retention_ns", "EXCLUDED.started_ns", "$1::text")+`
+		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint AS left_us, started_ns)`) + `
 	SELECT true, key, fence, left_us, started_ns, 0::bigint, 0::smallint, 0::integer, 0::bigint, 0::bigint, false,
 		NULL::bytea, false, ''::bytea, ''::bytea, 0::bigint FROM c
 	UNION ALL
@@ -238,12 +237,11 @@ func (b *backend) claimBatch(reqs []*claimReq) {
 // The error is a statement's, and pending the requests that statement
 // carried, unanswered (those the first claimed stand: it committed).
 func (b *backend) claimAll(ctx context.Context, reqs []*claimReq) (pending []*claimReq, err error) {
-	st := b.stmts()
-	fresh, full := st.claimFreshOne, st.claimOne
+	fresh, full := func(st *statements) string { return st.claimFreshOne }, func(st *statements) string { return st.claimOne }
 	if len(reqs) > 1 {
-		fresh, full = st.claimFreshMany, st.claimMany
+		fresh, full = func(st *statements) string { return st.claimFreshMany }, func(st *statements) string { return st.claimMany }
 	}
-	if err := b.claimRows(ctx, fresh, b.claimArgs(reqs), reqs, true); err != nil {
+	if err := b.claimRows(ctx, fresh, reqs, true); err != nil {
 		return reqs, err
 	}
 	var rest []*claimReq
@@ -256,80 +254,88 @@ func (b *backend) claimAll(ctx context.Context, reqs []*claimReq) (pending []*cl
 	case 0:
 		return nil, nil
 	case 1:
-		full = st.claimOne
+		full = func(st *statements) string { return st.claimOne }
 	}
-	if err := b.claimRows(ctx, full, b.claimArgs(rest), rest, false); err != nil {
+	if err := b.claimRows(ctx, full, rest, false); err != nil {
 		return rest, err
 	}
 	return nil, nil
 }
 
 // claimArgs are the claim statements' arguments for reqs: the owner, the
-// keys' columns (one claim's values, or a batch's arrays) and lock_timeout.
-func (b *backend) claimArgs(reqs []*claimReq) []any {
-	lock := ms(b.s.LockTimeout)
+// keys' columns (one claim's values, or a batch's arrays) and, unless the
+// session has it (AfterConnect), lock_timeout.
+func (b *backend) claimArgs(reqs []*claimReq, session bool) []any {
+	var args []any
 	if len(reqs) == 1 {
 		st := reqs[0].st
-		return []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, int64(st.Retention), st.KeptUntilResolved, lock}
+		args = []any{b.owner, st.Key, int64(st.Fingerprint), st.Attempt, int64(st.Retention), st.KeptUntilResolved}
+	} else {
+		n := len(reqs)
+		keys, fps, attempts := make([]string, n), make([]int64, n), make([]int32, n)
+		rets, kept := make([]int64, n), make([]bool, n)
+		for i, r := range reqs {
+			st := r.st
+			keys[i], fps[i], attempts[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt)
+			rets[i], kept[i] = int64(st.Retention), st.KeptUntilResolved
+		}
+		args = []any{b.owner, keys, fps, attempts, rets, kept}
 	}
-	n := len(reqs)
-	keys, fps, attempts := make([]string, n), make([]int64, n), make([]int32, n)
-	rets, kept := make([]int64, n), make([]bool, n)
-	for i, r := range reqs {
-		st := r.st
-		keys[i], fps[i], attempts[i] = st.Key, int64(st.Fingerprint), int32(st.Attempt)
-		rets[i], kept[i] = int64(st.Retention), st.KeptUntilResolved
+	if !session {
+		args = append(args, ms(b.s.LockTimeout))
 	}
-	return []any{b.owner, keys, fps, attempts, rets, kept, lock}
+	return b.s.args(args...)
 }
 
-// claimRows runs the claim statement q (claimSQL, or claimFreshSQL if
-// fresh) with args and answers each of reqs from its rows: claimed (fence,
-// lease, stamp), or err pgx.ErrNoRows with the row found, if read. The
-// error is the statement's.
-func (b *backend) claimRows(ctx context.Context, q string, args []any, reqs []*claimReq, fresh bool) error {
+// claimRows runs the claim statement q picks (claimSQL, or claimFreshSQL
+// if fresh) for reqs and answers each of them from its rows: claimed
+// (fence, lease, stamp), or err pgx.ErrNoRows with the row found, if read.
+// The error is the statement's.
+func (b *backend) claimRows(ctx context.Context, q func(*statements) string, reqs []*claimReq, fresh bool) error {
 	byKey := make(map[string]*claimReq, len(reqs))
 	for _, r := range reqs {
 		r.fence, r.left, r.started, r.found, r.err = 0, 0, 0, nil, pgx.ErrNoRows
 		byKey[r.st.Key] = r
 	}
-	before := time.Now()
-	rows, err := b.pool.Query(ctx, q, b.s.args(args...)...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var (
-			claimed     bool
-			fence, left int64
-			f           scanned
-			at          int64
-		)
-		var err error
-		if fresh {
-			claimed = true
-			err = rows.Scan(&f.rec.Key, &fence, &left, &f.startedNs)
-		} else {
-			err = rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
-				&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at)
-		}
+	return b.onConn(ctx, func(conn *pgxpool.Conn, st *statements, session bool) error {
+		before := time.Now()
+		rows, err := conn.Query(ctx, q(st), b.claimArgs(reqs, session)...)
 		if err != nil {
 			return err
 		}
-		r := byKey[f.rec.Key]
-		if r == nil {
-			continue
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				claimed     bool
+				fence, left int64
+				f           scanned
+				at          int64
+			)
+			var err error
+			if fresh {
+				claimed = true
+				err = rows.Scan(&f.rec.Key, &fence, &left, &f.startedNs)
+			} else {
+				err = rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
+					&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at)
+			}
+			if err != nil {
+				return err
+			}
+			r := byKey[f.rec.Key]
+			if r == nil {
+				continue
+			}
+			r.before = before
+			if claimed {
+				r.fence, r.left, r.started, r.err = fence, left, f.startedNs, nil
+				continue
+			}
+			rec, err := f.record()
+			r.found = &foundRow{rec: rec, at: fromNs(at), err: err}
 		}
-		r.before = before
-		if claimed {
-			r.fence, r.left, r.started, r.err = fence, left, f.startedNs, nil
-			continue
-		}
-		rec, err := f.record()
-		r.found = &foundRow{rec: rec, at: fromNs(at), err: err}
-	}
-	return rows.Err()
+		return rows.Err()
+	})
 }
 
 // failed reports whether the claim was not made: its statement failed, or

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkit/idem/idemcore"
 )
@@ -70,9 +71,8 @@ func (b *backend) notifySQL(alias string) string {
 
 // completeOneSQL is a lone completion's statement (completeSQL, answering
 // as completeStmt), lock_timeout in its own parameter $9 (limitCTE).
-func (b *backend) completeOneSQL() string {
-	return b.completeWith(fmt.Sprintf(limitCTE, 9),
-		completeSetSQL+` FROM idem_limit WHERE idem_limit.v IS NOT NULL AND `+heldSQL, "")
+func (b *backend) completeOneSQL(l limit) string {
+	return l.with() + b.completeWith("", completeSetSQL+l.from()+l.where(heldSQL), "")
 }
 
 // completeManySQL completes a batch from the unnest of its arrays ($1 to
@@ -80,14 +80,13 @@ func (b *backend) completeOneSQL() string {
 // lock_timeout in $9 (limitCTE), answering key, started_ns, completed_ns and
 // a column to ignore (the notification of the key's waiters, unless
 // PollOnly) per row completed.
-func (b *backend) completeManySQL() string {
-	return `WITH ` + fmt.Sprintf(limitCTE, 9) + ` UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
+func (b *backend) completeManySQL(l limit) string {
+	return l.with() + `UPDATE {schema}.idem_records AS r SET state = 2, owner = NULL, lease_until = NULL,
 			attempt = u.attempt, completed_ns = {now_ns}, retention_ns = u.ret,
 			kept_until_resolved = false, expires_ns = {now_ns} + u.ret, response = u.resp, has_error = u.has,
 			error_code = u.code, error_message = u.msg
 		FROM unnest($1::text[], $2::bigint[], $3::integer[], $4::bigint[], $5::bytea[], $6::boolean[], $7::bytea[], $8::bytea[])
-			AS u(key, fence, attempt, ret, resp, has, code, msg), idem_limit
-		WHERE idem_limit.v IS NOT NULL AND r.key = u.key AND r.fence = u.fence AND r.state <> 2
+			AS u(key, fence, attempt, ret, resp, has, code, msg)` + l.join() + l.where(`r.key = u.key AND r.fence = u.fence AND r.state <> 2`) + `
 		RETURNING r.key, r.started_ns, r.completed_ns, ` + b.notifySQL("r")
 }
 
@@ -142,8 +141,13 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 			started, completed int64
 			ignored            any
 		)
-		args := append(append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...), ms(b.s.LockTimeout))
-		err := b.pool.QueryRow(ctx, b.stmts().complete, b.s.args(args...)...).Scan(&started, &completed, &ignored)
+		err := b.onConn(ctx, func(conn *pgxpool.Conn, st *statements, session bool) error {
+			args := append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...)
+			if !session {
+				args = append(args, ms(b.s.LockTimeout))
+			}
+			return conn.QueryRow(ctx, st.complete, b.s.args(args...)...).Scan(&started, &completed, &ignored)
+		})
 		if err == nil {
 			r.found = true
 			stamped(r.rec, started, completed)
@@ -165,8 +169,12 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 		has[i], codes[i], msgs[i] = errFields(d)
 		byKey[r.c.Key] = r
 	}
-	err := func() error {
-		rows, err := b.pool.Query(ctx, b.stmts().completeMany, b.s.args(keys, fences, attempts, rets, resps, has, codes, msgs, ms(b.s.LockTimeout))...)
+	err := b.onConn(ctx, func(conn *pgxpool.Conn, st *statements, session bool) error {
+		args := []any{keys, fences, attempts, rets, resps, has, codes, msgs}
+		if !session {
+			args = append(args, ms(b.s.LockTimeout))
+		}
+		rows, err := conn.Query(ctx, st.completeMany, b.s.args(args...)...)
 		if err != nil {
 			return err
 		}
@@ -186,7 +194,7 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 			}
 		}
 		return rows.Err()
-	}()
+	})
 	for _, r := range reqs {
 		r.err = err
 		close(r.done)

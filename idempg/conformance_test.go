@@ -32,6 +32,9 @@ import (
 // this process add it to now()).
 type pgHarness struct {
 	env string
+	// session: the pool's connections get the engine's settings from
+	// idempg.AfterConnect, and Do's statements carry none of their own.
+	session bool
 
 	once sync.Once
 	pool *pgxpool.Pool
@@ -58,6 +61,11 @@ func (h *pgHarness) connect(t testing.TB) *pgxpool.Pool {
 			cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 		}
 		cfg.MaxConns = 32
+		if h.session {
+			if cfg.AfterConnect, h.err = idempg.AfterConnect(&idempg.Options{Lease: suiteLease}); h.err != nil {
+				return
+			}
+		}
 		h.pool, h.err = pgxpool.NewWithConfig(context.Background(), cfg)
 	})
 	if h.err != nil {
@@ -142,6 +150,7 @@ func (h *pgHarness) harness() idemtest.Harness[pgx.Tx] {
 var (
 	direct  = &pgHarness{env: pgtest.Env}
 	bouncer = &pgHarness{env: pgtest.BouncerEnv}
+	session = &pgHarness{env: pgtest.Env, session: true}
 )
 
 func TestConformance(t *testing.T) {
@@ -151,6 +160,17 @@ func TestConformance(t *testing.T) {
 		return
 	}
 	idemtest.Run(t, direct.harness())
+}
+
+// TestConformanceSession runs the suite on a pool whose connections have
+// the engine's lock_timeout from idempg.AfterConnect, so that Do's claims
+// and completions carry no setting of their own.
+func TestConformanceSession(t *testing.T) {
+	pgtest.DSN(t, pgtest.Env)
+	if !testkit.Failpoints(t) {
+		return
+	}
+	idemtest.Run(t, session.harness())
 }
 
 // TestConformancePgBouncer runs the suite through PgBouncer in transaction
@@ -189,5 +209,9 @@ func TestBackend(t *testing.T) {
 	t.Run("pgbouncer", func(t *testing.T) {
 		pgtest.DSN(t, pgtest.BouncerEnv)
 		idemtest.RunBackend(t, bouncer.backend)
+	})
+	t.Run("session", func(t *testing.T) {
+		pgtest.DSN(t, pgtest.Env)
+		idemtest.RunBackend(t, session.backend)
 	})
 }

@@ -106,7 +106,11 @@
 //     backend runs sets lock_timeout (Options.LockTimeout) and
 //     idle_in_transaction_session_timeout (Options.IdleInTransactionTimeout),
 //     so that a stopped process holding row locks blocks the others for at
-//     most those.
+//     most those. A pool of the engine's own may set both for each session
+//     instead (AfterConnect in its pgxpool.Config): Do's claims and
+//     completions then carry no setting, which saves the server some 45 µs
+//     per statement; the settings then bind every statement sent on the
+//     pool.
 //   - A key held by another process's DoTx transaction (not yet committed)
 //     is in progress for others: their claim waits up to LockTimeout, then
 //     waits on (InFlightWait) or fails with an *InProgressError.

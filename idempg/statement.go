@@ -2,6 +2,7 @@ package idempg
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -24,26 +25,41 @@ type statements struct {
 	txClaim, txComplete, txCompleteWake string
 }
 
-// stmts returns the backend's statements: made once, or per call while the
-// tests move the database's clock (export_test.go), whose SQL then changes
-// from call to call.
-func (b *backend) stmts() *statements {
-	if b.fixed != nil {
-		return b.fixed
+// stmts returns the backend's statements that carry their own settings
+// (stmtsIn).
+func (b *backend) stmts() *statements { return b.stmtsIn(false) }
+
+// stmtsIn returns the backend's statements for a connection whose session
+// has the backend's settings (AfterConnect), or for any other: made once,
+// or per call while the tests move the database's clock (export_test.go),
+// whose SQL then changes from call to call.
+func (b *backend) stmtsIn(session bool) *statements {
+	if f := b.fixed[boolIndex(session)]; f != nil {
+		return f
 	}
-	return b.makeStatements()
+	return b.makeStatements(session)
 }
 
-// makeStatements makes the backend's statements.
-func (b *backend) makeStatements() *statements {
+func boolIndex(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// makeStatements makes the backend's statements, for a connection whose
+// session has the backend's settings if session.
+func (b *backend) makeStatements(session bool) *statements {
+	fresh, claim := limit{session: session, param: 7}, limit{session: session, param: 7}
+	done := limit{session: session, param: 9}
 	return &statements{
 		lookup:         b.sql(lookupSQL),
-		claimFreshOne:  b.sql(b.claimFreshSQL(oneSrc)),
-		claimFreshMany: b.sql(b.claimFreshSQL(manySrc)),
-		claimOne:       b.sql(b.claimSQL(oneSrc, `ARRAY[$2::text]`)),
-		claimMany:      b.sql(b.claimSQL(manySrc, `$2::text[]`)),
-		complete:       b.sql(b.completeOneSQL()),
-		completeMany:   b.sql(b.completeManySQL()),
+		claimFreshOne:  b.sql(b.claimFreshSQL(oneSrc, fresh)),
+		claimFreshMany: b.sql(b.claimFreshSQL(manySrc, fresh)),
+		claimOne:       b.sql(b.claimSQL(oneSrc, `ARRAY[$2::text]`, claim)),
+		claimMany:      b.sql(b.claimSQL(manySrc, `$2::text[]`, claim)),
+		complete:       b.sql(b.completeOneSQL(done)),
+		completeMany:   b.sql(b.completeManySQL(done)),
 		txClaim:        b.sql(b.txClaimSQL()),
 		txComplete:     b.sql(b.txCompleteSQL(false)),
 		txCompleteWake: b.sql(b.txCompleteSQL(true)),
@@ -66,6 +82,55 @@ const (
 // alone in its transaction is never idle in it:
 // idle_in_transaction_session_timeout has nothing to bound there.
 const limitCTE = `idem_limit AS MATERIALIZED (SELECT set_config('lock_timeout', $%d::text, true) AS v)`
+
+// limit is how one of Do's statements bounds its lock waits: with limitCTE
+// from its parameter param (the last), or, in a session whose settings do
+// (session: AfterConnect), with nothing of its own and no such parameter.
+type limit struct {
+	session bool
+	param   int
+}
+
+// with starts the statement: WITH limitCTE (unless session) and ctes.
+func (l limit) with(ctes ...string) string {
+	if !l.session {
+		ctes = append([]string{fmt.Sprintf(limitCTE, l.param)}, ctes...)
+	}
+	if len(ctes) == 0 {
+		return ""
+	}
+	return "WITH " + strings.Join(ctes, ",\n") + " "
+}
+
+// join is the CTE's place among the rows of a FROM list (after a comma).
+func (l limit) join() string {
+	if l.session {
+		return ""
+	}
+	return ", idem_limit"
+}
+
+// from is the CTE as an UPDATE's FROM clause.
+func (l limit) from() string {
+	if l.session {
+		return ""
+	}
+	return " FROM idem_limit"
+}
+
+// where is the WHERE clause of cond (none if empty) and the CTE's join
+// condition, which makes the rows wait for the setting.
+func (l limit) where(cond string) string {
+	switch {
+	case !l.session && cond != "":
+		return " WHERE idem_limit.v IS NOT NULL AND " + cond
+	case !l.session:
+		return " WHERE idem_limit.v IS NOT NULL"
+	case cond != "":
+		return " WHERE " + cond
+	}
+	return ""
+}
 
 // sql returns q with {schema}, {now} and {now_ns} replaced.
 func (b *backend) sql(q string) string {
@@ -148,6 +213,11 @@ func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error
 // idle_in_transaction_session_timeout (ms, as text), $3 the schema.
 const limitXidSQL = `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
 		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`
+
+// sessionXidSQL is limitXidSQL for a connection whose session has the
+// backend's lock_timeout and idle_in_transaction_session_timeout
+// (AfterConnect): $1 the schema.
+const sessionXidSQL = `SELECT txid_current() FROM (SELECT set_config('idem.schema', $1::text, true), set_config('idem.tx', 'on', true)) AS s`
 
 // ms is d in whole milliseconds (at least 1), as a setting's text.
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }

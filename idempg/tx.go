@@ -251,7 +251,11 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 	}
 	batch := &pgx.Batch{}
 	if xid != nil {
-		batch.Queue(limitXidSQL, ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)
+		if b.sessionSet(tx.Conn()) {
+			batch.Queue(sessionXidSQL, b.s.Schema)
+		} else {
+			batch.Queue(limitXidSQL, ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)
+		}
 	}
 	if sp != "" {
 		batch.Queue("SAVEPOINT " + sp)

@@ -46,6 +46,13 @@ func DSN(t testing.TB, env string) string {
 // QueryExecModeExec, as idempg's PollOnly option does.
 func Pool(t testing.TB, env string) *pgxpool.Pool {
 	t.Helper()
+	return PoolWith(t, env, nil)
+}
+
+// PoolWith is Pool with configure, if set, applied to the pool's
+// configuration before the pool is made.
+func PoolWith(t testing.TB, env string, configure func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
 	cfg, err := pgxpool.ParseConfig(DSN(t, env))
 	if err != nil {
 		t.Fatalf("%s: %v", env, err)
@@ -55,6 +62,9 @@ func Pool(t testing.TB, env string) *pgxpool.Pool {
 	}
 	cfg.MaxConns = 16
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	if configure != nil {
+		configure(cfg)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatalf("%s: %v", env, err)
