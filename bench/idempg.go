@@ -17,7 +17,10 @@ import (
 
 // IdemPG is idem's Postgres backend (idempg) on the server at IDEM_TEST_PG,
 // through a pgx pool of the same size as the naive Postgres pattern's, in a
-// schema of its own, dropped on Close.
+// schema of its own, dropped on Close. The pool is the engine's own, so its
+// connections get the engine's lock_timeout for the session
+// (idempg.AfterConnect), as the package's documentation advises for such a
+// pool.
 type IdemPG struct {
 	pool   *pgxpool.Pool
 	dsn    string
@@ -29,7 +32,11 @@ type IdemPG struct {
 // idempg engine on it. It returns an error wrapping ErrSkipped when dsn is
 // empty or the server does not answer.
 func OpenIdemPG(ctx context.Context, dsn string) (benchkit.Deduper, error) {
-	pool, suffix, err := openBenchPool(ctx, dsn, "idempg")
+	hook, err := idempg.AfterConnect(nil)
+	if err != nil {
+		return nil, err
+	}
+	pool, suffix, err := openBenchPool(ctx, dsn, "idempg", hook)
 	if err != nil {
 		return nil, err
 	}

@@ -41,7 +41,7 @@ type Postgres struct {
 // returns an error wrapping ErrSkipped when dsn is empty or the server does
 // not answer.
 func OpenPostgres(ctx context.Context, dsn string) (benchkit.Deduper, error) {
-	pool, suffix, err := openBenchPool(ctx, dsn, "postgres")
+	pool, suffix, err := openBenchPool(ctx, dsn, "postgres", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -220,10 +220,11 @@ func (p *Postgres) DiskSize(ctx context.Context) (int64, error) {
 }
 
 // openBenchPool connects a pool of postgresPoolSize to the server at dsn for
-// the contender name and returns it with a random suffix for a fresh schema.
-// It returns an error wrapping ErrSkipped when dsn is empty or the server
-// does not answer within 5 s.
-func openBenchPool(ctx context.Context, dsn, name string) (*pgxpool.Pool, string, error) {
+// the contender name, with afterConnect (if set) as its AfterConnect hook,
+// and returns it with a random suffix for a fresh schema. It returns an
+// error wrapping ErrSkipped when dsn is empty or the server does not answer
+// within 5 s.
+func openBenchPool(ctx context.Context, dsn, name string, afterConnect func(context.Context, *pgx.Conn) error) (*pgxpool.Pool, string, error) {
 	if dsn == "" {
 		return nil, "", fmt.Errorf("%w: %s not set (../scripts/postgres.sh start)", benchkit.ErrSkipped, PostgresEnv)
 	}
@@ -233,6 +234,7 @@ func openBenchPool(ctx context.Context, dsn, name string) (*pgxpool.Pool, string
 	}
 	cfg.MaxConns = postgresPoolSize
 	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
+	cfg.AfterConnect = afterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("%s: %w", name, err)

@@ -218,7 +218,16 @@ func ChildMain() {
 // then spec.Ops timed ones (or until spec.Max), by spec.Callers callers in a
 // closed loop.
 func runReplays(ctx context.Context, spec childSpec) (*childResult, error) {
-	pool, _, err := openBenchPool(ctx, spec.DSN, spec.Kind)
+	var (
+		hook func(context.Context, *pgx.Conn) error
+		err  error
+	)
+	if spec.Kind == childIdemPG {
+		if hook, err = idempg.AfterConnect(nil); err != nil {
+			return nil, err
+		}
+	}
+	pool, _, err := openBenchPool(ctx, spec.DSN, spec.Kind, hook)
 	if err != nil {
 		return nil, err
 	}
