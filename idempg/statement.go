@@ -214,10 +214,20 @@ func (b *backend) limitXid(ctx context.Context, tx pgx.Tx) (xid int64, err error
 const limitXidSQL = `SELECT txid_current() FROM (SELECT set_config('lock_timeout', $1::text, true), set_config('idle_in_transaction_session_timeout', $2::text, true),
 		set_config('idem.schema', $3::text, true), set_config('idem.tx', 'on', true)) AS s`
 
-// sessionXidSQL is limitXidSQL for a connection whose session has the
-// backend's lock_timeout and idle_in_transaction_session_timeout
-// (AfterConnect): $1 the schema.
-const sessionXidSQL = `SELECT txid_current() FROM (SELECT set_config('idem.schema', $1::text, true), set_config('idem.tx', 'on', true)) AS s`
+// beginSQL is how DoTx's transactions begin: BEGIN and the transaction's
+// settings (those of limitXidSQL, lock_timeout and
+// idle_in_transaction_session_timeout left out if session: AfterConnect set
+// them for the session) in one simple query, one round trip, as pgx sends
+// TxOptions.BeginQuery. The values are the backend's own (whole ms, and a
+// schema name of [a-z_][a-z0-9_]*, quoted), so the text is made once.
+func (b *backend) beginSQL(session bool) string {
+	set := "set_config('idem.schema', '" + b.s.Schema + "', true), set_config('idem.tx', 'on', true)"
+	if !session {
+		set = "set_config('lock_timeout', '" + ms(b.s.LockTimeout) + "', true), set_config('idle_in_transaction_session_timeout', '" +
+			ms(b.s.IdleInTransactionTimeout) + "', true), " + set
+	}
+	return "BEGIN; SELECT " + set
+}
 
 // ms is d in whole milliseconds (at least 1), as a setting's text.
 func ms(d time.Duration) string { return strconv.FormatInt(max(d.Milliseconds(), 1), 10) }

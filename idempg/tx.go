@@ -101,17 +101,18 @@ func (b *backend) runSegment(reqs []*txReq) (rest []*txReq) {
 		r.err = err
 		close(r.done)
 	}
-	tx, err := b.pool.Begin(ctx)
+	tx, release, err := b.begin(ctx)
 	if err != nil {
 		for _, r := range reqs {
 			answer(r, err)
 		}
 		return nil
 	}
+	defer release()
 	defer func() { _ = tx.Rollback(ctx) }() // after Commit: a no-op
 	// xid is the transaction's id (txid_current), by which an ambiguous
-	// COMMIT is resolved (commitOutcome); it comes with the settings, in
-	// the first call's round trip.
+	// COMMIT is resolved (commitOutcome); each call's completion answers
+	// it (a savepoint's subtransaction answers its top transaction's).
 	var (
 		xid    int64
 		note   = &outboxNote{}
@@ -128,11 +129,7 @@ func (b *backend) runSegment(reqs []*txReq) (rest []*txReq) {
 		if alone {
 			sp = "" // the transaction is the call's: no savepoint
 		}
-		var xp *int64
-		if i == 0 {
-			xp = &xid
-		}
-		err := b.runOne(ctx, tx, sp, r, xp, note)
+		err := b.runOne(ctx, tx, sp, r, &xid, note)
 		var broken *batchBroken
 		if errors.As(err, &broken) {
 			// The transaction is lost: nothing of it commits.
@@ -230,15 +227,30 @@ type batchBroken struct {
 
 func (e *batchBroken) Error() string { return e.cause.Error() }
 
+// begin begins a DoTx transaction with its settings (beginSQL) in one
+// round trip, on a connection of the pool that release gives back once the
+// transaction has ended.
+func (b *backend) begin(ctx context.Context) (tx pgx.Tx, release func(), err error) {
+	conn, err := b.pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	tx, err = conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.beginSQL(b.sessionSet(conn.Conn()))})
+	if err != nil {
+		conn.Release()
+		return nil, nil, err
+	}
+	return tx, conn.Release, nil
+}
+
 // runOne runs r in tx under savepoint sp: claim (Token zero), fn, done
 // record. On an error the savepoint is rolled back to, so that nothing of r
 // stays in tx; if that fails too, the error is a *batchBroken. With sp
 // empty the transaction is r's alone: no savepoint, and an error leaves
 // the transaction to be rolled back (its caller commits nothing without a
-// call stored). With xid set (the transaction's first call), the
-// transaction's settings (limitXidSQL) go in the claim's round trip and
-// xid gets its id. note is the transaction's outbox notification, which
-// the done write of its first call that enqueued sends.
+// call stored). The done write sets xid to the transaction's id. note is
+// the transaction's outbox notification, which the done write of its first
+// call that enqueued sends.
 func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xid *int64, note *outboxNote) error {
 	fail := func(err error) error {
 		if sp == "" {
@@ -250,44 +262,33 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		return err
 	}
 	batch := &pgx.Batch{}
-	if xid != nil {
-		if b.sessionSet(tx.Conn()) {
-			batch.Queue(sessionXidSQL, b.s.Schema)
-		} else {
-			batch.Queue(limitXidSQL, ms(b.s.LockTimeout), ms(b.s.IdleInTransactionTimeout), b.s.Schema)
-		}
-	}
 	if sp != "" {
 		batch.Queue("SAVEPOINT " + sp)
 	}
 	if r.token == 0 {
 		batch.Queue(b.stmts().txClaim, r.c.Key, int64(r.c.Fingerprint), b.owner, int64(b.s.retention))
 	}
-	br := tx.SendBatch(ctx, batch)
 	var err error
-	if xid != nil {
-		if err = br.QueryRow().Scan(xid); err != nil {
-			_ = br.Close()
-			return &batchBroken{err: err, cause: err} // the transaction has no settings: nothing runs in it
+	if batch.Len() > 0 {
+		br := tx.SendBatch(ctx, batch)
+		if sp != "" {
+			_, err = br.Exec()
 		}
-	}
-	if sp != "" {
-		_, err = br.Exec()
-	}
-	if err == nil && r.token == 0 {
-		var fence int64
-		err = br.QueryRow().Scan(&fence)
-		switch {
-		case errors.Is(err, pgx.ErrNoRows), isLockWait(err):
-			// A live record, or a row another transaction holds (lock
-			// timeout, or this one chosen to end a deadlock over keys).
-			err = idemcore.ErrClaimTaken
-		case err == nil:
-			r.token = idemcore.Fence(fence)
+		if err == nil && r.token == 0 {
+			var fence int64
+			err = br.QueryRow().Scan(&fence)
+			switch {
+			case errors.Is(err, pgx.ErrNoRows), isLockWait(err):
+				// A live record, or a row another transaction holds (lock
+				// timeout, or this one chosen to end a deadlock over keys).
+				err = idemcore.ErrClaimTaken
+			case err == nil:
+				r.token = idemcore.Fence(fence)
+			}
 		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
 	}
 	if err != nil {
 		return fail(err)
@@ -308,7 +309,7 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		startedNs, completedNs int64
 		ignored, notified      any
 	)
-	q, dest := b.stmts().txComplete, []any{&startedNs, &completedNs, &ignored}
+	q, dest := b.stmts().txComplete, []any{&startedNs, &completedNs, &ignored, xid}
 	wake := st.next > 0 && !note.sent && !b.s.PollOnly // its messages wake the other processes' dispatchers
 	if wake {
 		q = b.stmts().txCompleteWake
@@ -348,13 +349,14 @@ func (b *backend) txClaimSQL() string {
 }
 
 // txCompleteSQL is DoTx's completion in its transaction (completeStmt of
-// completeSQL and txLiveSQL), and, if wake, notifying the other processes'
-// dispatchers too (a column more).
+// completeSQL and txLiveSQL), answering the transaction's id too
+// (txid_current), and, if wake, notifying the other processes' dispatchers
+// (a column more).
 func (b *backend) txCompleteSQL(wake bool) string {
 	if wake {
-		return b.completeWith("", completeSQL+txLiveSQL, `, pg_notify('`+b.s.channel()+`_outbox', '')`)
+		return b.completeWith("", completeSQL+txLiveSQL, `, txid_current(), pg_notify('`+b.s.channel()+`_outbox', '')`)
 	}
-	return b.completeStmt(completeSQL + txLiveSQL)
+	return b.completeWith("", completeSQL+txLiveSQL, `, txid_current()`)
 }
 
 // txLiveSQL ends DoTx's completion statement's WHERE: it matches only in
