@@ -126,8 +126,8 @@ type foundRow struct {
 }
 
 // claimFreshSQL claims the keys of src that no row holds: a plain INSERT …
-// ON CONFLICT DO NOTHING, answering key, fence, µs of lease left and
-// started_ns per key claimed (src, keys' order, owner and lock_timeout as
+// ON CONFLICT DO NOTHING, answering key, fence and started_ns per key
+// claimed (the lease left is the whole lease: no column for it) (src, keys' order, owner and lock_timeout as
 // in claimSQL). A key with a row, live or expired, is left alone (not
 // locked, not written) for claimSQL to judge. It is the claim of a fresh
 // key: against claimSQL's statement (a CTE around the INSERT, the row found
@@ -141,7 +141,7 @@ func (b *backend) claimFreshSQL(src string, l limit) string {
 		FROM ` + src + ` AS u(key, fp, attempt, ret, kept)` + l.join() + l.where("") + `
 		ORDER BY u.key
 		ON CONFLICT (key) DO NOTHING
-		RETURNING key, fence, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint, started_ns`
+		RETURNING key, fence, started_ns`
 }
 
 // claimSQL claims the free keys of src in one statement, which also answers,
@@ -313,8 +313,10 @@ func (b *backend) claimRows(ctx context.Context, q func(*statements) string, req
 			)
 			var err error
 			if fresh {
-				claimed = true
-				err = rows.Scan(&f.rec.Key, &fence, &left, &f.startedNs)
+				// The lease it took is Lease long by the database's clock,
+				// now: the statement's lease_until is now() + Lease.
+				claimed, left = true, b.s.Lease.Microseconds()
+				err = rows.Scan(&f.rec.Key, &fence, &f.startedNs)
 			} else {
 				err = rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
 					&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at)
