@@ -68,14 +68,16 @@ func (p *IdemPG) Do(ctx context.Context, key string, fp []byte, fn func(context.
 }
 
 // DoTx calls Engine.DoTx; fn's effect is a row of the schema's effects
-// table, written in the transaction that stores the record.
+// table, written in the transaction that stores the record, by the naive
+// pattern's plain INSERT (idempg runs fn once per transaction: a call its
+// batch rolls back to a savepoint is not run again).
 func (p *IdemPG) DoTx(ctx context.Context, key string, fp []byte, fn benchkit.TxFunc) ([]byte, bool, error) {
 	res, err := p.e.DoTx(ctx, key, fp, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
 		eff, resp, err := fn(ctx)
 		if err != nil {
 			return nil, err
 		}
-		_, err = tx.Exec(ctx, "INSERT INTO "+p.schema+".effects (key, value) VALUES ($1, $2) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value", eff.Key, eff.Value)
+		_, err = tx.Exec(ctx, "INSERT INTO "+p.schema+".effects (key, value) VALUES ($1, $2)", eff.Key, eff.Value)
 		return resp, err
 	})
 	return res.Response, res.Replayed, pgErr(err)
