@@ -15,9 +15,9 @@ import (
 // connection as set. An engine opened with the same settings then sends
 // Do's claims and completions on such a connection without a setting of
 // their own: each statement otherwise sets lock_timeout for its own
-// transaction (a set_config in a CTE), which cost the server about 45 µs
-// per statement on the bench machine, a tenth of a fresh key's claim
-// (bench/RESULTS.md, "Issue 21: the row's own costs"). A connection not
+// transaction (a set_config in a CTE), which took 18-37 µs of a statement
+// of about 400 µs on the bench machine (bench/RESULTS.md, "Issue 21: the
+// row's own costs"). A connection not
 // marked, or marked with other settings, gets the statements that carry
 // their setting: the engine is correct either way.
 //

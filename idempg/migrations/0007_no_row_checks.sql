@@ -1,12 +1,11 @@
 -- Version 7: idem_records loses its four CHECK constraints (state in 1 or 2,
 -- attempt at least 1, and the lease columns set exactly while a record is
 -- started). Postgres checks a table's CHECK constraints on every insert and
--- update, and with them a claim and a completion each cost the server about
--- 65-80 µs more per statement on the bench machine, against statements of
--- 350-450 µs in all (bench/RESULTS.md, "Issue 21: the row's own costs"):
--- a fifth of a fresh key's Do. The backend is the table's only writer, and
--- every statement that writes a row sets those columns together
--- (TestRowInvariants checks them after the conformance suite's calls). A
+-- update, and with them a claim and a completion each took 57-72 µs more
+-- on the bench machine, of statements of 400-480 µs in all (bench/RESULTS.md,
+-- "Issue 21: the row's own costs"). The backend is the table's only
+-- writer, and every statement that writes a row sets those columns
+-- together (TestRowInvariants checks the rules after every kind of write). A
 -- row broken by hand is still caught where it is read: a state other than
 -- 1 or 2, or an attempt below 1, decodes to ErrCorrupt (row.go).
 --
