@@ -99,3 +99,28 @@ func TestBreakerBatchChainEndThenError(t *testing.T) {
 		})
 	}
 }
+
+// TestBreakerAloneChainEndThenError: a lone DoTx call whose fn sends COMMIT
+// AND CHAIN (its writes and its started claim commit) and then returns an
+// error. tx.go promises such a fn is detected after it returns: the call
+// fails with ErrTxEnded and no outcome is stored for it (as
+// TestDoTxFnEndingItsTransaction has it for a fn that returns nil).
+func TestBreakerAloneChainEndThenError(t *testing.T) {
+	ctx := context.Background()
+	e, pool := breakerHooked(t, pgtest.Env, Options{}, 0)
+	schema := e.b.s.Schema
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+schema+".effects (key text PRIMARY KEY)"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.DoTx(ctx, "k", nil, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+		if _, err := tx.Exec(ctx, "INSERT INTO "+schema+".effects (key) VALUES ('k')"); err != nil {
+			return nil, err
+		}
+		_, _ = tx.Exec(ctx, "COMMIT AND CHAIN")
+		return nil, errors.New("a later step failed")
+	})
+	rec, gerr := e.Get("k")
+	if !errors.Is(err, ErrTxEnded) || (gerr == nil && rec.State == idemcore.StateDone) {
+		t.Errorf("DoTx whose fn sent COMMIT AND CHAIN, then failed: %v; record %+v (%v); want ErrTxEnded and no outcome stored", err, rec, gerr)
+	}
+}
