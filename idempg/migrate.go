@@ -140,6 +140,13 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts *Options) ([]int, err
 // (ok false).
 func apply(ctx context.Context, pool *pgxpool.Pool, s *settings, m migration) (ok bool, err error) {
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// A migration waits for the locks it needs as long as the server's
+		// own setting says, also on a pool whose sessions have the engine's
+		// lock_timeout (AfterConnect): another process's Migrate may hold
+		// them for as long as its version takes.
+		if _, err := tx.Exec(ctx, `SET LOCAL lock_timeout TO DEFAULT`); err != nil {
+			return err
+		}
 		// The row lock on the version's primary key is the only lock taken:
 		// a concurrent Migrate blocks here until this one commits (and then
 		// inserts nothing) or rolls back (and then applies the version).
