@@ -3,6 +3,7 @@ package idempg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,8 +41,8 @@ const lookupSQL = `SELECT ` + recordValues + `, {now_ns} FROM {schema}.idem_reco
 // has not lapsed by the database's clock.
 func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Ownership, error) {
 	var (
-		owner  string
-		left   int64 // µs until the lease lapses; ≤ 0 once it has
+		owner  *string
+		left   *int64 // µs until the lease lapses; ≤ 0 once it has
 		before = time.Now()
 	)
 	err := b.pool.QueryRow(ctx, b.sql(`SELECT owner, (extract(epoch FROM lease_until - {now}) * 1000000)::bigint
@@ -54,12 +55,17 @@ func (b *backend) Owner(ctx context.Context, rec *idemcore.Record) (idemcore.Own
 	if err != nil {
 		return idemcore.Ownership{}, err
 	}
-	if left <= 0 || owner == b.owner {
+	if owner == nil || left == nil {
+		// No claim writes a started row without both (the table's CHECK
+		// constraints said so until version 7): a row broken by hand.
+		return idemcore.Ownership{}, fmt.Errorf("%w: key %q: a started record without an owner or a lease", idemcore.ErrCorrupt, rec.Key)
+	}
+	if *left <= 0 || *owner == b.owner {
 		// Lapsed; or claimed by this engine, whose calls the engine knows:
 		// none runs for the key while it asks (it holds the key), so the
 		// record is an interrupted execution of this engine's, recovered at
 		// once, as on bbolt.
-		return idemcore.Ownership{Owner: owner}, nil
+		return idemcore.Ownership{Owner: *owner}, nil
 	}
-	return idemcore.Ownership{Owned: true, Owner: owner, Until: before.Add(time.Duration(left) * time.Microsecond)}, nil
+	return idemcore.Ownership{Owned: true, Owner: *owner, Until: before.Add(time.Duration(*left) * time.Microsecond)}, nil
 }

@@ -7,7 +7,9 @@
 -- writer, and every statement that writes a row sets those columns
 -- together (TestRowInvariants checks the rules after every kind of write). A
 -- row broken by hand is still caught where it is read: a state other than
--- 1 or 2, or an attempt below 1, decodes to ErrCorrupt (row.go).
+-- 1 or 2, or an attempt below 1, decodes to ErrCorrupt (row.go), and so
+-- does a started row without an owner or a lease where its lease is judged
+-- (Owner, lookup.go).
 --
 -- Dropping a constraint rewrites no row and takes the table's lock only for
 -- the catalog change. NOT NULL stays on every column that had it.
