@@ -303,6 +303,13 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		return ended
 	}
 	if err != nil {
+		// fn's writes go with its savepoint (or its transaction), unless
+		// fn ended the transaction and chained a new one (COMMIT AND CHAIN,
+		// ROLLBACK AND CHAIN), which only the transaction's marker tells:
+		// one round trip more, on this path only.
+		if ended := b.txEnded(ctx, tx, true); ended != nil {
+			return ended
+		}
 		return fail(err)
 	}
 	var (
