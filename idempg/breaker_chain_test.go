@@ -31,27 +31,9 @@ func TestBreakerBatchChainEndThenError(t *testing.T) {
 			}
 			e.b.commitAvg.Store(int64(time.Hour)) // one transaction per batch
 			q := &e.b.dotx
-			gate, gate2 := make(chan struct{}), make(chan struct{})
-			var holders, wg sync.WaitGroup
-			for i := range q.max {
-				holders.Go(func() {
-					if _, err := e.DoTx(ctx, fmt.Sprintf("holder-%d", i), nil, func(context.Context, pgx.Tx) ([]byte, error) {
-						<-gate
-						return []byte("held"), nil
-					}); err != nil {
-						t.Errorf("holder %d: %v", i, err)
-					}
-				})
-			}
-			for {
-				q.mu.Lock()
-				running := q.running
-				q.mu.Unlock()
-				if running == q.max {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			gate2 := make(chan struct{})
+			var wg sync.WaitGroup
+			release := holdDoTxSlots(t, ctx, e)
 			const n = 3
 			errs := make([]error, n)
 			for i := range n {
@@ -69,18 +51,9 @@ func TestBreakerBatchChainEndThenError(t *testing.T) {
 						return []byte("ok " + key), nil
 					})
 				})
-				for { // queued in this order: b0, b1, b2
-					q.mu.Lock()
-					queued := len(q.queue)
-					q.mu.Unlock()
-					if queued == i+1 {
-						break
-					}
-					time.Sleep(time.Millisecond)
-				}
+				q.waitFor(func() bool { return len(q.queue) == i+1 }) // queued in this order: b0, b1, b2
 			}
-			close(gate)
-			holders.Wait()
+			release()
 			close(gate2)
 			wg.Wait()
 			for i := range n - 1 {
@@ -122,5 +95,31 @@ func TestBreakerAloneChainEndThenError(t *testing.T) {
 	rec, gerr := e.Get("k")
 	if !errors.Is(err, ErrTxEnded) || (gerr == nil && rec.State == idemcore.StateDone) {
 		t.Errorf("DoTx whose fn sent COMMIT AND CHAIN, then failed: %v; record %+v (%v); want ErrTxEnded and no outcome stored", err, rec, gerr)
+	}
+}
+
+// holdDoTxSlots starts one DoTx call per slot of e's DoTx batcher, each
+// waiting in its fn, and returns once they all run: the calls made after it
+// queue, and go in the batches that follow. release lets the holders end
+// and waits for them.
+func holdDoTxSlots(t *testing.T, ctx context.Context, e *Engine) (release func()) {
+	t.Helper()
+	q := &e.b.dotx
+	gate := make(chan struct{})
+	var holders sync.WaitGroup
+	for i := range q.max {
+		holders.Go(func() {
+			if _, err := e.DoTx(ctx, fmt.Sprintf("holder-%d", i), nil, func(context.Context, pgx.Tx) ([]byte, error) {
+				<-gate
+				return []byte("held"), nil
+			}); err != nil {
+				t.Errorf("holder %d: %v", i, err)
+			}
+		})
+	}
+	q.waitFor(func() bool { return q.running == q.max })
+	return func() {
+		close(gate)
+		holders.Wait()
 	}
 }

@@ -69,27 +69,9 @@ func TestBreakerBatchCommitCutHooked(t *testing.T) {
 			// The calls holding the slots end (and commit) before the cut is
 			// armed; the batch's fns wait at gate2 meanwhile, inside the
 			// batch's transaction, so that the COMMIT cut is the batch's.
-			gate, gate2 := make(chan struct{}), make(chan struct{})
-			var wg, holders sync.WaitGroup
-			for i := range q.max {
-				holders.Go(func() {
-					if _, err := e.DoTx(ctx, fmt.Sprintf("holder-%d", i), nil, func(context.Context, pgx.Tx) ([]byte, error) {
-						<-gate
-						return []byte("held"), nil
-					}); err != nil {
-						t.Errorf("holder %d: %v", i, err)
-					}
-				})
-			}
-			for {
-				q.mu.Lock()
-				running := q.running
-				q.mu.Unlock()
-				if running == q.max {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			gate2 := make(chan struct{})
+			var wg sync.WaitGroup
+			release := holdDoTxSlots(t, ctx, e)
 			const n = 6
 			errs := make([]error, n)
 			ress := make([]idemcore.Result, n)
@@ -107,17 +89,8 @@ func TestBreakerBatchCommitCutHooked(t *testing.T) {
 					})
 				})
 			}
-			for {
-				q.mu.Lock()
-				queued := len(q.queue)
-				q.mu.Unlock()
-				if queued == n {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
-			close(gate)
-			holders.Wait()
+			q.waitFor(func() bool { return len(q.queue) == n })
+			release()
 			tc.cut(proxy, "commit\x00")
 			close(gate2)
 			wg.Wait()

@@ -154,15 +154,7 @@ func TestBreakerHookedDoTxBatchMisbehaving(t *testing.T) {
 					})
 				})
 			}
-			for {
-				q.mu.Lock()
-				queued := len(q.queue)
-				q.mu.Unlock()
-				if queued == n-q.max {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			q.waitFor(func() bool { return len(q.queue) == n-q.max })
 			close(gate)
 			wg.Wait()
 			for i := range n {

@@ -90,15 +90,7 @@ func TestDoTxBatchSavepoints(t *testing.T) {
 			}
 			// Wait for the event: every call beyond the running
 			// transactions is queued.
-			for {
-				q.mu.Lock()
-				queued := len(q.queue)
-				q.mu.Unlock()
-				if queued == n-q.max {
-					break
-				}
-				time.Sleep(time.Millisecond)
-			}
+			q.waitFor(func() bool { return len(q.queue) == n-q.max })
 			close(gate)
 			wg.Wait()
 
