@@ -113,13 +113,17 @@ func (s *session) readChild(c *child, stdout io.Reader) {
 // died handles the end of server c: the calls waiting for it fail, the
 // relayed requests it did not answer get CodeServerDied, and a live server
 // of an initialized session is restarted.
+//
+// The session forgets c before c's context ends: a protected call that sees
+// it end runs again on the server liveChild gives it, which must not be c.
 func (s *session) died(c *child) {
-	c.cancel()
 	s.mu.Lock()
 	wasLive := c.live
 	if s.child == c {
 		s.child, s.ready = nil, make(chan struct{})
 	}
+	c.cancel() // under the lock: no liveChild between the two
+
 	var orphans []string
 	for k, pd := range s.pending {
 		if pd.gen == c.gen {
