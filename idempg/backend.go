@@ -57,6 +57,9 @@ type backend struct {
 	// tests move the clock.
 	fixed [2]*statements
 	mark  string
+	// begins are DoTx's BEGIN queries (beginSQL): for a connection without
+	// the backend's session settings, and for one with them.
+	begins [2]string
 
 	// outboxClaims holds the outbox claims this engine's dispatcher holds, by
 	// seq (uint64 → outboxClaim): the token that fences Failed (delivery.go).
@@ -84,6 +87,7 @@ func newBackend(ctx context.Context, pool *pgxpool.Pool, s *settings, ownsPool b
 	}
 	b := &backend{pool: pool, s: s, owner: instanceOwner(s.Owner), ownsPool: ownsPool, offset: s.clockOffset, fake: s.clock,
 		commits: make(chan struct{}, 1), mark: s.sessionMark()}
+	b.begins = [2]string{b.beginSQL(false), b.beginSQL(true)}
 	conns := int(pool.Config().MaxConns)
 	stmts := max(2, conns/stmtBatchShare)
 	// Do's statements take stmts slots of each kind; DoTx batches hold

@@ -219,7 +219,8 @@ const limitXidSQL = `SELECT txid_current() FROM (SELECT set_config('lock_timeout
 // idle_in_transaction_session_timeout left out if session: AfterConnect set
 // them for the session) in one simple query, one round trip, as pgx sends
 // TxOptions.BeginQuery. The values are the backend's own (whole ms, and a
-// schema name of [a-z_][a-z0-9_]*, quoted), so the text is made once.
+// schema name of [a-z_][a-z0-9_]*, quoted), so newBackend makes both texts
+// once (backend.begins).
 func (b *backend) beginSQL(session bool) string {
 	set := "set_config('idem.schema', '" + b.s.Schema + "', true), set_config('idem.tx', 'on', true)"
 	if !session {

@@ -235,7 +235,7 @@ func (b *backend) begin(ctx context.Context) (tx pgx.Tx, release func(), err err
 	if err != nil {
 		return nil, nil, err
 	}
-	tx, err = conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.beginSQL(b.sessionSet(conn.Conn()))})
+	tx, err = conn.BeginTx(ctx, pgx.TxOptions{BeginQuery: b.begins[boolIndex(b.sessionSet(conn.Conn()))]})
 	if err != nil {
 		conn.Release()
 		return nil, nil, err
