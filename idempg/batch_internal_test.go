@@ -207,13 +207,25 @@ func deadlockAttempt(t *testing.T, ctx context.Context, b *backend, claim func(k
 // on the server of IDEM_TEST_PG, closed when the test ends.
 func testEngine(t *testing.T) *Engine {
 	t.Helper()
+	return openEngine(t, pgtest.Pool(t, pgtest.Env), &Options{}, nil)
+}
+
+// openEngine migrates o's schema on pool (a new one of its own if
+// o.Schema is empty, set in o) and opens an engine on it with eo (nil: no
+// pruner), closed when the test ends.
+func openEngine(t *testing.T, pool *pgxpool.Pool, o *Options, eo *idemcore.Options) *Engine {
+	t.Helper()
 	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.Env)
-	o := &Options{Schema: pgtest.Schema(t, pool)}
+	if o.Schema == "" {
+		o.Schema = pgtest.Schema(t, pool)
+	}
 	if _, err := Migrate(ctx, pool, o); err != nil {
 		t.Fatal(err)
 	}
-	e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
+	if eo == nil {
+		eo = &idemcore.Options{PruneInterval: -1}
+	}
+	e, err := Open(ctx, pool, o, eo)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package idempg
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -41,15 +39,9 @@ func TestBreakerBatchCommitCutHooked(t *testing.T) {
 			if _, err := plain.Exec(ctx, "CREATE TABLE "+o.Schema+".effects (key text PRIMARY KEY)"); err != nil {
 				t.Fatal(err)
 			}
-			cfg, err := pgxpool.ParseConfig(pgtest.DSN(t, pgtest.Env))
-			if err != nil {
-				t.Fatal(err)
-			}
-			proxy := pgtest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-			host, port, _ := net.SplitHostPort(proxy.Addr())
-			p, _ := strconv.Atoi(port)
-			cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+			cfg, proxy := pgtest.ProxiedConfig(t, pgtest.Env)
 			cfg.MaxConns = 4
+			var err error
 			if cfg.AfterConnect, err = AfterConnect(o); err != nil {
 				t.Fatal(err)
 			}

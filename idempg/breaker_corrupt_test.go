@@ -31,15 +31,7 @@ func TestBreakerCorruptRowsEveryPath(t *testing.T) {
 			} else {
 				pool = pgtest.Pool(t, pgtest.Env)
 			}
-			o := &Options{Schema: pgtest.Schema(t, pool)}
-			if _, err := Migrate(ctx, pool, o); err != nil {
-				t.Fatal(err)
-			}
-			e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = e.Close() })
+			e := openEngine(t, pool, &Options{}, nil)
 			const hour = `3600000000000`
 			if _, err := pool.Exec(ctx, e.b.sql(`INSERT INTO {schema}.idem_records (key, fingerprint, state, attempt, fence, owner, lease_until,
 					started_ns, completed_ns, retention_ns, expires_ns) VALUES

@@ -22,13 +22,7 @@ import (
 // PollOnly), with the pool's MaxConns conns.
 func breakerHooked(t *testing.T, env string, o Options, conns int32) (*Engine, *pgxpool.Pool) {
 	t.Helper()
-	ctx := context.Background()
-	plain := pgtest.Pool(t, pgtest.Env)
-	o.Schema = pgtest.Schema(t, plain)
 	o.PollOnly = env == pgtest.BouncerEnv
-	if _, err := Migrate(ctx, plain, &o); err != nil {
-		t.Fatal(err)
-	}
 	after, err := AfterConnect(&o)
 	if err != nil {
 		t.Fatal(err)
@@ -39,12 +33,7 @@ func breakerHooked(t *testing.T, env string, o Options, conns int32) (*Engine, *
 			c.MaxConns = conns
 		}
 	})
-	e, err := Open(ctx, pool, &o, &idemcore.Options{PruneInterval: -1, MaxResponseSize: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = e.Close() })
-	return e, pool
+	return openEngine(t, pool, &o, &idemcore.Options{PruneInterval: -1, MaxResponseSize: -1}), pool
 }
 
 var breakerEnvs = []string{pgtest.Env, pgtest.BouncerEnv}

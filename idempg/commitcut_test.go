@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
-	"strconv"
 	"sync/atomic"
 	"testing"
 
@@ -21,14 +19,7 @@ import (
 // front of the server.
 func proxiedEngine(t *testing.T, st *store) (*idempg.Engine, *pgtest.Proxy) {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.DSN(t, pgtest.Env))
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := pgtest.NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
-	host, port, _ := net.SplitHostPort(proxy.Addr())
-	p, _ := strconv.Atoi(port)
-	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg, proxy := pgtest.ProxiedConfig(t, pgtest.Env)
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)

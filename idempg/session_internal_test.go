@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkit/idem/idemcore"
 	"github.com/idemkit/idem/idempg/internal/pgtest"
 )
 
@@ -92,15 +91,7 @@ func TestSessionBoundsLockWaits(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := context.Background()
 			pool := hookedPool(t, &c.hook)
-			o := &Options{Schema: pgtest.Schema(t, pool), LockTimeout: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond}
-			if _, err := Migrate(ctx, pool, o); err != nil {
-				t.Fatal(err)
-			}
-			e, err := Open(ctx, pool, o, &idemcore.Options{PruneInterval: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer e.Close()
+			e := openEngine(t, pool, &Options{LockTimeout: 100 * time.Millisecond, PollInterval: 20 * time.Millisecond}, nil)
 			tx, err := pool.Begin(ctx)
 			if err != nil {
 				t.Fatal(err)

@@ -3,9 +3,12 @@ package pgtest
 import (
 	"bytes"
 	"net"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Proxy is a TCP proxy in front of a real server that cuts a connection
@@ -338,4 +341,20 @@ func messageStart(data []byte, at int) int {
 		i += 1 + n
 	}
 	return 0
+}
+
+// ProxiedConfig is the pool configuration of the server in env (see DSN),
+// with its host and port those of a new Proxy in front of it, and the
+// Proxy, closed when t ends.
+func ProxiedConfig(t testing.TB, env string) (*pgxpool.Config, *Proxy) {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(DSN(t, env))
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := NewProxy(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))))
+	host, port, _ := net.SplitHostPort(proxy.Addr())
+	p, _ := strconv.Atoi(port)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	return cfg, proxy
 }
