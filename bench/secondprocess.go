@@ -49,6 +49,11 @@ type childSpec struct {
 	Warmup   int           `json:"warmup"`
 	Max      time.Duration `json:"max"`
 	PoolSize int           `json:"pool_size"`
+	// Draw numbers the sequence of keys replayed: two processes of
+	// different draws replay different keys (but for the few a uniform
+	// pick repeats), so that the second does not find the pages the first
+	// read in the server's cache.
+	Draw int `json:"draw"`
 }
 
 // childResult is what a second process prints: every timed operation's
@@ -257,9 +262,9 @@ func runReplays(ctx context.Context, spec childSpec) (*childResult, error) {
 		return nil, fmt.Errorf("unknown kind %q", spec.Kind)
 	}
 	// Keys picked uniformly over the stored ones (splitmix64 of the
-	// operation's number).
+	// operation's number in the draw).
 	pick := func(i int) int {
-		z := uint64(i)*0x9e3779b97f4a7c15 + 0x2545f4914f6cdd1d
+		z := (uint64(i)+uint64(spec.Draw)<<40)*0x9e3779b97f4a7c15 + 0x2545f4914f6cdd1d
 		z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
 		z = (z ^ (z >> 27)) * 0x94d049bb133111eb
 		return int((z ^ (z >> 31)) % uint64(spec.Stored))
