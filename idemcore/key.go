@@ -26,11 +26,23 @@ func ValidateKey(key string) error {
 		return fmt.Errorf("%w: leading or trailing white space (refused, not trimmed)", ErrInvalidKey)
 	}
 	for i, r := range key {
-		if unicode.In(r, unicode.Cc, unicode.Cf) {
+		if refusedRune(r) {
 			return fmt.Errorf("%w: control or format character %U at byte %d", ErrInvalidKey, r, i)
 		}
 	}
 	return nil
+}
+
+// refusedRune reports whether r is a control or format character (Unicode
+// categories Cc and Cf). ASCII, most keys' every rune, is judged without
+// the tables' search, which cost a replay on Postgres 2–3 µs of its CPU
+// for a 36-byte key: its only such runes are the controls below space and
+// DEL.
+func refusedRune(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r < ' ' || r == 0x7f
+	}
+	return unicode.In(r, unicode.Cc, unicode.Cf)
 }
 
 // validateStoredKey checks a key for an operator call (Get, Forget,

@@ -34,3 +34,13 @@ func FuzzValidateKey(f *testing.F) {
 		}
 	})
 }
+
+// TestRefusedRune checks refusedRune's ASCII shortcut against the Unicode
+// tables for every rune.
+func TestRefusedRune(t *testing.T) {
+	for r := rune(0); r <= unicode.MaxRune; r++ {
+		if got, want := refusedRune(r), unicode.In(r, unicode.Cc, unicode.Cf); got != want {
+			t.Fatalf("refusedRune(%U) = %v, want %v", r, got, want)
+		}
+	}
+}
