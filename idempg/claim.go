@@ -316,9 +316,9 @@ func (b *backend) claimRows(ctx context.Context, q func(*statements) string, req
 				// The lease it took is Lease long by the database's clock,
 				// now: the statement's lease_until is now() + Lease.
 				claimed, left = true, b.s.Lease.Microseconds()
-				err = rows.Scan(&f.rec.Key, &fence, &f.startedNs)
+				err = scanRow(rows, &f.rec.Key, &fence, &f.startedNs)
 			} else {
-				err = rows.Scan(&claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
+				err = scanRow(rows, &claimed, &f.rec.Key, &fence, &left, &f.startedNs, &f.fp, &f.state, &f.rec.Attempt,
 					&f.completedNs, &f.retentionNs, &f.rec.KeptUntilResolved, &f.rec.Response, &f.hasError, &f.code, &f.msg, &at)
 			}
 			if err != nil {

@@ -137,16 +137,13 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 	}
 	if len(reqs) == 1 {
 		r := reqs[0]
-		var (
-			started, completed int64
-			ignored            any
-		)
+		var started, completed int64
 		err := b.onConn(ctx, func(conn *pgxpool.Conn, st *statements, session bool) error {
 			args := append([]any{r.c.Key, int64(r.c.Token)}, doneArgs(r.rec)...)
 			if !session {
 				args = append(args, ms(b.s.LockTimeout))
 			}
-			return conn.QueryRow(ctx, st.complete, b.s.args(args...)...).Scan(&started, &completed, &ignored)
+			return queryRow(ctx, conn, st.complete, b.s.args(args...), &started, &completed, nil) // nil: pg_notify's void
 		})
 		if err == nil {
 			r.found = true
@@ -183,9 +180,8 @@ func (b *backend) completeBatch(reqs []*completeReq) {
 			var (
 				key                string
 				started, completed int64
-				ignored            any
 			)
-			if err := rows.Scan(&key, &started, &completed, &ignored); err != nil {
+			if err := scanRow(rows, &key, &started, &completed, nil); err != nil { // nil: pg_notify's void
 				return err
 			}
 			if r := byKey[key]; r != nil {

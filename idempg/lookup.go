@@ -22,7 +22,7 @@ func (b *backend) Lookup(ctx context.Context, q idemcore.Lookup) (*idemcore.Reco
 		r  scanned
 		at int64
 	)
-	err := b.pool.QueryRow(ctx, b.stmts().lookup, b.s.args(q.Key)...).Scan(append(r.values(), &at)...)
+	err := queryRow(ctx, b.pool, b.stmts().lookup, b.s.args(q.Key), append(r.values(), &at)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, time.Time{}, nil
 	}

@@ -312,17 +312,15 @@ func (b *backend) runOne(ctx context.Context, tx pgx.Tx, sp string, r *txReq, xi
 		}
 		return fail(err)
 	}
-	var (
-		startedNs, completedNs int64
-		ignored, notified      any
-	)
-	q, dest := b.stmts().txComplete, []any{&startedNs, &completedNs, &ignored, xid}
+	// The nil destinations skip pg_notify's void.
+	var startedNs, completedNs int64
+	q, dest := b.stmts().txComplete, []any{&startedNs, &completedNs, nil, xid}
 	wake := st.next > 0 && !note.sent && !b.s.PollOnly // its messages wake the other processes' dispatchers
 	if wake {
 		q = b.stmts().txCompleteWake
-		dest = append(dest, &notified)
+		dest = append(dest, nil)
 	}
-	err = tx.QueryRow(ctx, q, b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...)...).Scan(dest...)
+	err = queryRow(ctx, tx, q, b.s.args(append([]any{r.c.Key, int64(r.token)}, doneArgs(done)...)...), dest...)
 	if err == nil && wake {
 		note.sent = true
 	}
