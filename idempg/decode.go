@@ -12,8 +12,8 @@ import (
 // The hot statements (Lookup, the claims, the completions) read their rows
 // with scanRow instead of pgx's Scan. pgx plans a scan for each column of
 // each row it scans (a lookup by the column's type and the destination's,
-// then the plan's own checks): for Lookup's twelve columns that was 8–9 µs
-// of the client's CPU per replay on the bench machine, a replay's sixth
+// then the plan's own checks): for Lookup's twelve columns that was 5–9 µs
+// of the client's CPU per replay on the bench machine, up to a sixth of it
 // (bench/RESULTS.md, "Issue 21: the replay's decode"). The columns these
 // statements answer are few and of fixed types, and pgx asks the server for
 // them in the binary format whenever it has prepared the statement (its
