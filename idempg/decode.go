@@ -51,101 +51,88 @@ func queryRow(ctx context.Context, q querier, sql string, args []any, dst ...any
 }
 
 // scanRow reads the current row of rows into dst, as rows.Scan(dst...)
-// does: each destination of the types below from a binary column of the
-// matching type directly, or the whole row by rows.Scan if any one is not.
+// does: by decodeRow, or the whole row by rows.Scan if decodeRow cannot.
+func scanRow(rows pgx.Rows, dst ...any) error {
+	if decodeRow(rows.FieldDescriptions(), rows.RawValues(), dst) {
+		return nil
+	}
+	return rows.Scan(dst...)
+}
+
+// decodeRow decodes each of vals into its destination in dst and reports
+// whether it could: each column in the binary format (text in either), of
+// the type its destination reads, of that type's length, and NULL only
+// where the destination can say so. Reporting false, it may have written
+// some of dst (rows.Scan then writes them all).
 //
 //	*int64   bigint        **int64   bigint or NULL
 //	*int32   integer       *string   text
 //	*int     integer       **string  text or NULL
 //	*int16   smallint      *[]byte   bytea or NULL (nil), copied
 //	*bool    boolean       nil       any column, skipped
-func scanRow(rows pgx.Rows, dst ...any) error {
-	fds, vals := rows.FieldDescriptions(), rows.RawValues()
-	if len(fds) != len(dst) || len(vals) != len(dst) || !decodable(fds, vals, dst) {
-		return rows.Scan(dst...)
+func decodeRow(fds []pgconn.FieldDescription, vals [][]byte, dst []any) bool {
+	if len(fds) != len(dst) || len(vals) != len(dst) {
+		return false
 	}
 	for i, d := range dst {
-		v := vals[i]
+		if d == nil {
+			continue // skipped, as by Scan
+		}
+		fd, v := fds[i], vals[i]
+		if fd.Format != pgx.BinaryFormatCode && fd.DataTypeOID != pgtype.TextOID {
+			return false // text's binary format is its text; pgx asks for text as text
+		}
+		ok := false
 		switch d := d.(type) {
 		case *int64:
-			*d = int64(binary.BigEndian.Uint64(v))
+			if ok = fd.DataTypeOID == pgtype.Int8OID && len(v) == 8; ok {
+				*d = int64(binary.BigEndian.Uint64(v))
+			}
 		case **int64:
-			if v == nil {
+			if ok = fd.DataTypeOID == pgtype.Int8OID && (v == nil || len(v) == 8); ok {
 				*d = nil
-			} else {
-				n := int64(binary.BigEndian.Uint64(v))
-				*d = &n
+				if v != nil {
+					n := int64(binary.BigEndian.Uint64(v))
+					*d = &n
+				}
 			}
 		case *int32:
-			*d = int32(binary.BigEndian.Uint32(v))
+			if ok = fd.DataTypeOID == pgtype.Int4OID && len(v) == 4; ok {
+				*d = int32(binary.BigEndian.Uint32(v))
+			}
 		case *int:
-			*d = int(int32(binary.BigEndian.Uint32(v)))
+			if ok = fd.DataTypeOID == pgtype.Int4OID && len(v) == 4; ok {
+				*d = int(int32(binary.BigEndian.Uint32(v)))
+			}
 		case *int16:
-			*d = int16(binary.BigEndian.Uint16(v))
+			if ok = fd.DataTypeOID == pgtype.Int2OID && len(v) == 2; ok {
+				*d = int16(binary.BigEndian.Uint16(v))
+			}
 		case *bool:
-			*d = v[0] != 0
+			if ok = fd.DataTypeOID == pgtype.BoolOID && len(v) == 1; ok {
+				*d = v[0] != 0
+			}
 		case *string:
-			*d = string(v)
+			if ok = fd.DataTypeOID == pgtype.TextOID && v != nil; ok {
+				*d = string(v)
+			}
 		case **string:
-			if v == nil {
+			if ok = fd.DataTypeOID == pgtype.TextOID; ok {
 				*d = nil
-			} else {
-				s := string(v)
-				*d = &s
+				if v != nil {
+					s := string(v)
+					*d = &s
+				}
 			}
 		case *[]byte:
-			if v == nil {
+			if ok = fd.DataTypeOID == pgtype.ByteaOID; ok {
 				*d = nil
-			} else {
-				*d = append(make([]byte, 0, len(v)), v...)
+				if v != nil {
+					*d = append(make([]byte, 0, len(v)), v...)
+				}
 			}
 		}
-	}
-	return nil
-}
-
-// decodable reports whether scanRow decodes every column itself: each in
-// the binary format (text in either), of the type its destination reads, of that type's
-// length, and NULL only where the destination can say so.
-func decodable(fds []pgconn.FieldDescription, vals [][]byte, dst []any) bool {
-	for i, d := range dst {
-		fd, v := fds[i], vals[i]
-		var oid uint32
-		size := -1 // any length
-		null := false
-		switch d.(type) {
-		case nil:
-			continue // skipped, as by Scan
-		case *int64:
-			oid, size = pgtype.Int8OID, 8
-		case **int64:
-			oid, size, null = pgtype.Int8OID, 8, true
-		case *int32, *int:
-			oid, size = pgtype.Int4OID, 4
-		case *int16:
-			oid, size = pgtype.Int2OID, 2
-		case *bool:
-			oid, size = pgtype.BoolOID, 1
-		case *string:
-			oid = pgtype.TextOID
-		case **string:
-			oid, null = pgtype.TextOID, true
-		case *[]byte:
-			oid, null = pgtype.ByteaOID, true
-		default:
-			return false
-		}
-		// text's binary format is its text; pgx asks for text as text.
-		if fd.DataTypeOID != oid || fd.Format != pgx.BinaryFormatCode && oid != pgtype.TextOID {
-			return false
-		}
-		if v == nil {
-			if !null {
-				return false
-			}
-			continue
-		}
-		if size >= 0 && len(v) != size {
+		if !ok {
 			return false
 		}
 	}

@@ -67,8 +67,8 @@ func TestScanRowDecodesAsScan(t *testing.T) {
 			defer rows.Close()
 			for n := 0; rows.Next(); n++ {
 				d := decodeDests()
-				if got, want := decodable(rows.FieldDescriptions(), rows.RawValues(), d), mode == pgx.QueryExecModeCacheStatement; got != want {
-					t.Fatalf("row %d: decodable = %v, want %v", n, got, want)
+				if got, want := decodeRow(rows.FieldDescriptions(), rows.RawValues(), decodeDests()), mode == pgx.QueryExecModeCacheStatement; got != want {
+					t.Fatalf("row %d: decodeRow = %v, want %v", n, got, want)
 				}
 				if err := scanRow(rows, d...); err != nil {
 					t.Fatal(err)
